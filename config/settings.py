@@ -1,0 +1,363 @@
+"""Django settings, read from environment variables.
+
+With no environment set, everything runs on embedded defaults: SQLite, a filesystem Celery broker,
+a file-based cache and local folders for artifacts and MLflow. Setting ``DATABASE_URL``,
+``REDIS_URL``, ``ARTIFACT_ROOT`` and ``MLFLOW_TRACKING_URI`` switches to the real services.
+``DJANGO_ENV=production`` turns on the hardened mode that refuses to start without a secret key or
+with DEBUG on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+DJANGO_ENV = os.environ.get("DJANGO_ENV", "development").strip().lower()
+if DJANGO_ENV not in {"development", "demo", "test", "production"}:
+    raise ImproperlyConfigured(
+        f"DJANGO_ENV must be one of development, demo, test, production; got {DJANGO_ENV!r}"
+    )
+# pytest always runs on test settings, whatever the shell exported.
+if "pytest" in sys.modules:
+    DJANGO_ENV = "test"
+PRODUCTION = DJANGO_ENV == "production"
+TESTING = DJANGO_ENV == "test"
+# Demo credentials (the demo admin and users) may only be created in this mode.
+DEMO_MODE = DJANGO_ENV in {"development", "demo", "test"}
+
+# Local state (SQLite, broker folders, artifacts, MLflow): one folder, ignored by git.
+VAR_DIR = Path(os.environ.get("RANKOPS_VAR_DIR", BASE_DIR / "var")).resolve()
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+DEBUG = env_bool("DEBUG", default=not PRODUCTION)
+
+if PRODUCTION:
+    if not SECRET_KEY:
+        raise ImproperlyConfigured("DJANGO_ENV=production needs SECRET_KEY to be set.")
+    if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is too weak for production: use at least 50 random characters."
+        )
+    if DEBUG:
+        raise ImproperlyConfigured("DJANGO_ENV=production refuses to run with DEBUG on.")
+elif not SECRET_KEY:
+    # Development only: a fixed key so sessions survive restarts of `make run`.
+    SECRET_KEY = "django-insecure-development-only-key-never-used-in-production-0123456789"
+
+ALLOWED_HOSTS = env_list(
+    "ALLOWED_HOSTS", [] if PRODUCTION else ["localhost", "127.0.0.1", "[::1]", "testserver"]
+)
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("DJANGO_ENV=production needs ALLOWED_HOSTS.")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "guardian",
+    "workspaces",
+    "features",
+    "training",
+    "serving",
+    "experiments",
+    "lineage",
+]
+
+MIDDLEWARE = [
+    "workspaces.middleware.HealthProbeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "workspaces.middleware.RequestBodyLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "workspaces.context_processors.workspace_navigation",
+            ],
+        },
+    },
+]
+
+# Database: SQLite in VAR_DIR unless DATABASE_URL names a real server.
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60), conn_health_checks=True
+        )
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "db.sqlite3",
+            # WAL and a busy timeout let the web server and the worker share the file.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis: broker, cache and (later) the online store. Without it: files under VAR_DIR.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+# Test runs get their own prefix so they never read another run's (or `make run`'s) keys.
+CACHE_KEY_PREFIX = (
+    f"rankops-test-{os.getpid()}" if TESTING else os.environ.get("CACHE_KEY_PREFIX", "rankops")
+)
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": CACHE_KEY_PREFIX,
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(VAR_DIR / "cache"),
+            "KEY_PREFIX": CACHE_KEY_PREFIX,
+        }
+    }
+
+ARTIFACT_ROOT = os.environ.get("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))
+MLFLOW_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI", (VAR_DIR / "mlruns").as_uri())
+
+# Celery: Redis when REDIS_URL is set, else kombu's filesystem transport (no server needed).
+if REDIS_URL:
+    CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 3600}
+    CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
+else:
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        # Broadcast (remote control) exchanges; kombu's default is ./control in the cwd.
+        "control_folder": str(_broker_dir / "control"),
+        "store_processed": False,
+    }
+    CELERY_RESULT_BACKEND = os.environ.get(
+        "CELERY_RESULT_BACKEND", (VAR_DIR / "celery-results").as_uri()
+    )
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 3600
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
+}
+
+for _folder in (
+    "cache",
+    "broker/queue",
+    "broker/processed",
+    "broker/control",
+    "celery-results",
+    "artifacts",
+    "static",
+):
+    (VAR_DIR / _folder).mkdir(parents=True, exist_ok=True)
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+# django-guardian: no anonymous user row; anonymous requests never hold object permissions.
+ANONYMOUS_USER_NAME = None
+GUARDIAN_RAISE_403 = False
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+if TESTING:
+    # Hashing passwords slowly protects nothing in a test database; it only slows the suite.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if PRODUCTION
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
+
+# Request bodies: refused with 413 before parsing when larger than this (per-view overrides exist).
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+API_MAX_PAGE_SIZE = 500
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "workspaces.api.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "workspaces.api.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.CappedLimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "workspaces.api.errors.error_envelope_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "DEFAULT_THROTTLE_RATES": {
+        "auth": os.environ.get("AUTH_THROTTLE_RATE", "10000/minute" if TESTING else "30/minute")
+    },
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "RankOps API",
+    "DESCRIPTION": (
+        "The REST API of the ranking-model platform: workspaces, features, training, serving, "
+        "A/B experiments and lineage. Every workspace-owned resource is nested under "
+        "/api/v1/workspaces/{ws}/."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    # Swagger UI from the vendored sidecar package, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "WorkspaceRoleEnum": "workspaces.models.Role",
+        "ServiceAccountRoleEnum": ["viewer", "developer", "maintainer"],
+    },
+}
+
+# Security: strict in production; `manage.py check --deploy` is clean there.
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # /healthz and /readyz are probed over plain HTTP inside the cluster.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+    if not SECURE_SSL_REDIRECT:
+        # Behind a TLS-terminating proxy the redirect happens there; silence only that check.
+        SILENCED_SYSTEM_CHECKS = ["security.W008"]
+
+EMAIL_BACKEND = os.environ.get(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if PRODUCTION
+    else "django.core.mail.backends.console.EmailBackend",
+)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "rankops@localhost")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

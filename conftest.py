@@ -1,0 +1,45 @@
+"""Fixtures shared by every app's tests."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from workspaces.models import Role
+from workspaces.testing.factories import UserFactory, make_member, make_workspace, token_for
+
+
+@pytest.fixture
+def workspace(db):
+    return make_workspace()
+
+
+@pytest.fixture
+def other_workspace(db):
+    return make_workspace()
+
+
+@pytest.fixture
+def members(workspace):
+    """One user per role in ``workspace``, plus an outsider who belongs to no workspace."""
+    users = {role: make_member(workspace, role) for role in Role.values}
+    users["outsider"] = UserFactory()
+    return users
+
+
+@pytest.fixture
+def api_client():
+    return APIClient()
+
+
+@pytest.fixture
+def client_for():
+    """An APIClient that authenticates as ``user`` with a real API token (None: anonymous)."""
+
+    def build(user=None, *, workspaces=None) -> APIClient:
+        client = APIClient()
+        if user is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(user, workspaces=workspaces)}")
+        return client
+
+    return build

@@ -1,0 +1,1 @@
+"""A/B experiments: assignment, ramp, analysis, guardrails and promotion."""

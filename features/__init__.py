@@ -1,0 +1,1 @@
+"""Feature management: registry, producer ingestion, offline and online stores, samples, health."""

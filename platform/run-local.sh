@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `make run`: the web server and a Celery worker with beat, on embedded defaults.
+# Ctrl-C stops all of them.
+set -euo pipefail
+BIN=${BIN:-.venv/bin}
+PORT=${PORT:-8000}
+mkdir -p var/log
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  echo
+  echo "Stopping the platform..."
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop INT TERM EXIT
+
+"$BIN/celery" -A config worker -B --loglevel INFO --concurrency 2 \
+  --hostname "local@%h" --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
+pids+=($!)
+
+"$BIN/python" manage.py runserver "127.0.0.1:$PORT" --noreload >var/log/web.log 2>&1 &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+  if "$BIN/python" - "$PORT" <<'PY' 2>/dev/null; then break; fi
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=1)
+PY
+  sleep 0.3
+done
+
+cat <<MSG
+
+  RankOps is running at http://127.0.0.1:$PORT/
+  API docs:   http://127.0.0.1:$PORT/api/docs/
+  Admin:      http://127.0.0.1:$PORT/admin/
+  Logs:       var/log/web.log, var/log/worker.log
+  Press Ctrl-C to stop.
+
+MSG
+# Exit (and stop the rest) as soon as either process dies.
+wait -n "${pids[@]}"
+echo "A platform process exited; see var/log/." >&2
+exit 1

@@ -1,0 +1,1 @@
+"""Serving: model registry, release gates, deployments, the inference gateway and rollback."""

@@ -1,0 +1,1 @@
+"""Training: jobs, pipelines, the scheduler, node agents, templates, tracking and evaluation."""

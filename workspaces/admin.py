@@ -1,0 +1,283 @@
+"""Admin console: workspaces with their quotas and members, tokens, service accounts, events.
+
+Writes made here go through the same services as the API, so each one records its event. Events
+are read-only here, as everywhere.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from workspaces import services
+from workspaces.exceptions import ConflictError
+from workspaces.models import (
+    ApiToken,
+    Event,
+    EventRef,
+    Membership,
+    Quota,
+    ServiceAccount,
+    Workspace,
+)
+
+
+class UnscopedAdminMixin:
+    """The admin console sees every workspace's rows, deliberately."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        return queryset.unscoped() if hasattr(queryset, "unscoped") else queryset
+
+
+class QuotaInline(UnscopedAdminMixin, admin.StackedInline):
+    model = Quota
+    can_delete = False
+    readonly_fields = ["cpu_cores_used", "memory_gb_used", "gpus_used", "storage_gb_used"]
+
+
+class MembershipInline(UnscopedAdminMixin, admin.TabularInline):
+    model = Membership
+    extra = 0
+    fields = ["user", "role", "granted_by", "granted_at"]
+    readonly_fields = ["user", "role", "granted_by", "granted_at"]
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Workspace)
+class WorkspaceAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "scene", "prediction_type", "created_at"]
+    list_filter = ["prediction_type", "scene"]
+    search_fields = ["slug", "name", "scene"]
+    readonly_fields = ["created_at", "created_by"]
+    inlines = [QuotaInline, MembershipInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Slug and scene identify the workspace in URLs, tokens and events: fixed once created.
+        if obj:
+            return [*self.readonly_fields, "slug", "scene", "prediction_type"]
+        return self.readonly_fields
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj else []
+
+    def save_model(self, request, obj: Workspace, form, change: bool) -> None:
+        if change:
+            services.workspace_update(
+                actor=request.user,
+                workspace=Workspace.objects.get(pk=obj.pk),
+                name=obj.name,
+                description=obj.description,
+                template=obj.template,
+            )
+        else:
+            created = services.workspace_create(
+                actor=request.user,
+                slug=obj.slug,
+                name=obj.name,
+                scene=obj.scene,
+                prediction_type=obj.prediction_type,
+                description=obj.description,
+                template=obj.template,
+            )
+            obj.pk = created.pk
+
+    def save_formset(self, request, form, formset, change: bool) -> None:
+        if formset.model is Quota:
+            for quota_form in formset.forms:
+                if quota_form.has_changed():
+                    services.quota_set(
+                        actor=request.user,
+                        workspace=form.instance,
+                        **{name: quota_form.cleaned_data[name] for name in Quota.RESOURCES},
+                    )
+            return
+        super().save_formset(request, form, formset, change)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Workspaces own an immutable event log; they are never deleted.
+        return False
+
+
+class MembershipAdminForm(forms.ModelForm):
+    class Meta:
+        model = Membership
+        fields = ["workspace", "user", "role"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    form = MembershipAdminForm
+    list_display = ["workspace", "user", "role", "granted_by", "granted_at"]
+    list_filter = ["role", "workspace"]
+    search_fields = ["user__username", "workspace__slug"]
+    autocomplete_fields = ["user", "workspace"]
+    actions = ["revoke_selected"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["workspace", "user"] if obj else []
+
+    def save_model(self, request, obj: Membership, form, change: bool) -> None:
+        try:
+            saved = services.membership_grant(
+                actor=request.user, workspace=obj.workspace, user=obj.user, role=obj.role
+            )
+        except (ValidationError, ConflictError) as exc:
+            messages.error(request, str(exc))
+            return
+        obj.pk = saved.pk
+
+    def delete_model(self, request, obj: Membership) -> None:
+        services.membership_revoke(actor=request.user, workspace=obj.workspace, user=obj.user)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.action(description="Remove selected members (recorded in the event log)")
+    def revoke_selected(self, request, queryset: QuerySet) -> None:
+        for membership in queryset.select_related("workspace", "user"):
+            try:
+                services.membership_revoke(
+                    actor=request.user, workspace=membership.workspace, user=membership.user
+                )
+            except (ValidationError, ConflictError) as exc:
+                messages.error(request, str(exc))
+
+
+@admin.register(Quota)
+class QuotaAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    list_display = [
+        "workspace",
+        "cpu_cores",
+        "cpu_cores_used",
+        "memory_gb",
+        "memory_gb_used",
+        "gpus",
+        "gpus_used",
+        "storage_gb",
+        "storage_gb_used",
+    ]
+    readonly_fields = [
+        "workspace",
+        "cpu_cores_used",
+        "memory_gb_used",
+        "gpus_used",
+        "storage_gb_used",
+    ]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # created with the workspace
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj: Quota, form, change: bool) -> None:
+        services.quota_set(
+            actor=request.user,
+            workspace=obj.workspace,
+            **{name: form.cleaned_data[name] for name in Quota.RESOURCES},
+        )
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = [
+        "prefix",
+        "name",
+        "user",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = ["revoked_at"]
+    search_fields = ["prefix", "name", "user__username"]
+    readonly_fields = [
+        "user",
+        "name",
+        "prefix",
+        "workspaces",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    actions = ["revoke_selected"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # keys are issued by `manage.py token create`, the API or the UI
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke_selected(self, request, queryset: QuerySet) -> None:
+        for token in queryset:
+            services.api_token_revoke(actor=request.user, token=token)
+        messages.success(request, f"Revoked {queryset.count()} token(s).")
+
+
+@admin.register(ServiceAccount)
+class ServiceAccountAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    list_display = ["user", "workspace", "created_by", "created_at"]
+    list_filter = ["workspace"]
+    readonly_fields = ["user", "workspace", "created_by", "created_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # created with its token by the API or `manage.py serviceaccount create`
+
+
+class EventRefInline(admin.TabularInline):
+    model = EventRef
+    fields = ["role", "kind", "object_id", "label"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Event)
+class EventAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    """The audit trail: filter by workspace, verb, actor and time; nothing can be changed."""
+
+    list_display = ["created_at", "workspace", "actor_name", "verb", "resources"]
+    list_filter = ["workspace", "verb", ("created_at", admin.DateFieldListFilter), "actor_name"]
+    search_fields = ["verb", "actor_name", "refs__label", "refs__object_id"]
+    date_hierarchy = "created_at"
+    readonly_fields = [
+        "created_at",
+        "workspace",
+        "actor",
+        "actor_name",
+        "token_prefix",
+        "verb",
+        "resources",
+        "payload",
+    ]
+    inlines = [EventRefInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("workspace")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

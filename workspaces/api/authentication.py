@@ -1,0 +1,42 @@
+"""Token authentication: ``Authorization: Token <key>`` (or ``Bearer``), keys stored as hashes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from workspaces.models import ApiToken, hash_token_key
+
+# Writing last_used_at on every request would turn every read into a write; once a minute is enough.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    """Authenticates a request by API token; ``request.auth`` is the ApiToken row."""
+
+    keywords = ("token", "bearer")
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower().decode(errors="replace") not in self.keywords:
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Token <key>'.")
+        try:
+            key = header[1].decode()
+        except UnicodeDecodeError as exc:
+            raise exceptions.AuthenticationFailed("Token contains invalid characters.") from exc
+        token = ApiToken.objects.select_related("user").filter(key_hash=hash_token_key(key)).first()
+        if token is None or not token.is_active:
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("The token's user is inactive.")
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request) -> str:
+        return 'Token realm="api"'

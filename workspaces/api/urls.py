@@ -1,0 +1,20 @@
+"""Routes of the workspaces app under /api/v1/."""
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from workspaces.api import views
+
+WS = r"workspaces/(?P<ws>[a-z0-9-]+)"
+
+router = SimpleRouter()
+router.register("auth/tokens", views.ApiTokenViewSet, basename="api-token")
+router.register("workspaces", views.WorkspaceViewSet, basename="workspace")
+router.register(rf"{WS}/members", views.MemberViewSet, basename="member")
+router.register(rf"{WS}/activity", views.ActivityViewSet, basename="activity")
+router.register(rf"{WS}/service-accounts", views.ServiceAccountViewSet, basename="service-account")
+
+urlpatterns = [
+    path("auth/token/", views.TokenObtainView.as_view(), name="auth-token"),
+    *router.urls,
+]

@@ -1,0 +1,339 @@
+"""Workspaces (business scenes), memberships and roles, quotas, API tokens and the event log."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from workspaces.scoping import WorkspaceScopedQuerySet
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
+    "Use 1-50 lowercase letters, digits and hyphens, starting and ending with a letter or digit.",
+)
+
+
+class PredictionType(models.TextChoices):
+    PCTR = "pctr", "pCTR (click-through)"
+    PCVR = "pcvr", "pCVR (conversion)"
+    PCTCVR = "pctcvr", "pCTCVR (click and conversion)"
+    RECALL = "recall", "Recall (candidate retrieval)"
+    COARSE_RANK = "coarse_rank", "Coarse ranking"
+    FINE_RANK = "fine_rank", "Fine ranking"
+
+
+class Role(models.TextChoices):
+    """Workspace roles, weakest first. Each role holds every permission of the ones before it."""
+
+    VIEWER = "viewer", "Viewer"
+    DEVELOPER = "developer", "Developer"
+    MAINTAINER = "maintainer", "Maintainer"
+    ADMIN = "admin", "Admin"
+
+    @classmethod
+    def rank(cls, role: str) -> int:
+        return list(cls.values).index(role)
+
+
+# The django-guardian object permissions on a Workspace that each role holds.
+ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    Role.VIEWER: ("view_workspace",),
+    Role.DEVELOPER: ("view_workspace", "develop_in_workspace"),
+    Role.MAINTAINER: ("view_workspace", "develop_in_workspace", "release_in_workspace"),
+    Role.ADMIN: (
+        "view_workspace",
+        "develop_in_workspace",
+        "release_in_workspace",
+        "administer_workspace",
+    ),
+}
+WORKSPACE_PERMISSIONS = ROLE_PERMISSIONS[Role.ADMIN]
+
+
+def default_workspace_template() -> dict[str, Any]:
+    return {
+        "sample_stream": {"label_source": None, "features": []},
+        "model": {"template": "fine_rank_dcn", "params": {}},
+    }
+
+
+class Workspace(models.Model):
+    """A business scene (ad placement x prediction type) that owns all work done inside it."""
+
+    slug = models.SlugField(max_length=50, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=120)
+    scene = models.CharField(
+        max_length=80, help_text="The ad placement or business scene, e.g. 'feed' or 'search'."
+    )
+    prediction_type = models.CharField(max_length=20, choices=PredictionType.choices)
+    description = models.TextField(blank=True)
+    template = models.JSONField(
+        default=default_workspace_template,
+        help_text="The default sample stream and model config that new work starts from.",
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scene", "prediction_type"], name="workspace_unique_scene_prediction_type"
+            )
+        ]
+        permissions = [
+            ("develop_in_workspace", "Create and change work in the workspace"),
+            ("release_in_workspace", "Release, roll back and retire in the workspace"),
+            ("administer_workspace", "Manage members, tokens and settings of the workspace"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.slug} ({self.scene} / {self.get_prediction_type_display()})"
+
+
+class Membership(models.Model):
+    """A user's role in a workspace; its service keeps guardian permissions in step with it."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=20, choices=Role.choices)
+    granted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    granted_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["workspace__slug", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "user"], name="membership_unique_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} is {self.role} in {self.workspace.slug}"
+
+
+class Quota(models.Model):
+    """Resource limits of a workspace and what it uses now."""
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="quota")
+    cpu_cores = models.DecimalField(
+        max_digits=8, decimal_places=2, default=16, validators=[MinValueValidator(0)]
+    )
+    memory_gb = models.DecimalField(
+        max_digits=10, decimal_places=2, default=64, validators=[MinValueValidator(0)]
+    )
+    gpus = models.DecimalField(
+        max_digits=6,
+        decimal_places=2,
+        default=0,
+        validators=[MinValueValidator(0)],
+        help_text="Whole or fractional GPUs.",
+    )
+    storage_gb = models.DecimalField(
+        max_digits=12, decimal_places=2, default=100, validators=[MinValueValidator(0)]
+    )
+    cpu_cores_used = models.DecimalField(max_digits=8, decimal_places=2, default=0)
+    memory_gb_used = models.DecimalField(max_digits=10, decimal_places=2, default=0)
+    gpus_used = models.DecimalField(max_digits=6, decimal_places=2, default=0)
+    storage_gb_used = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    RESOURCES = ("cpu_cores", "memory_gb", "gpus", "storage_gb")
+
+    def __str__(self) -> str:
+        return f"quota of {self.workspace.slug}"
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {
+                "limit": float(getattr(self, name)),
+                "used": float(getattr(self, f"{name}_used")),
+            }
+            for name in self.RESOURCES
+        }
+
+
+class ServiceAccount(models.Model):
+    """A non-human principal (a feature producer, CI) that acts in one workspace by token."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="service_account"
+    )
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.CASCADE, related_name="service_accounts"
+    )
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"service account {self.user.username} in {self.workspace.slug}"
+
+
+def hash_token_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for scripts and producers; only its hash is stored.
+
+    A token acts as its owner, never beyond the owner's roles, and can be narrowed further to a set
+    of workspaces.
+    """
+
+    KEY_PREFIX = "rk_"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(
+        max_length=16, editable=False, help_text="The key's first characters."
+    )
+    workspaces = models.ManyToManyField(
+        Workspace,
+        blank=True,
+        related_name="+",
+        help_text="If any are set, the token only reaches these workspaces.",
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name}) of {self.user}"
+
+    @property
+    def is_active(self) -> bool:
+        now = timezone.now()
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class ImmutableEventError(RuntimeError):
+    """Events are append-only: nothing updates or deletes them."""
+
+
+class EventQuerySet(WorkspaceScopedQuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise ImmutableEventError("events cannot be updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise ImmutableEventError("events cannot be deleted")
+
+    def _raw_delete(self, using: Any) -> int:
+        raise ImmutableEventError("events cannot be deleted")
+
+
+class Event(models.Model):
+    """One immutable record of a state change, written in the same transaction as the change.
+
+    The audit trail, the lineage graph and notifications are projections of these rows.
+    """
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+        editable=False,
+    )
+    actor_name = models.CharField(
+        max_length=150, editable=False, help_text="The actor's username when the event happened."
+    )
+    token_prefix = models.CharField(max_length=16, blank=True, editable=False)
+    workspace = models.ForeignKey(
+        Workspace,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="events",
+        editable=False,
+    )
+    verb = models.CharField(max_length=80, db_index=True, editable=False)
+    resources = models.JSONField(
+        default=dict, blank=True, editable=False, help_text="Resource figures, e.g. gpu_hours."
+    )
+    payload = models.JSONField(default=dict, blank=True, editable=False)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["workspace", "-created_at"], name="event_ws_time")]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.verb}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ImmutableEventError("events cannot be changed once written")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ImmutableEventError("events cannot be deleted")
+
+
+class EventRefQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise ImmutableEventError("event references cannot be updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise ImmutableEventError("event references cannot be deleted")
+
+
+class EventRef(models.Model):
+    """A typed reference from an event to an object it touched, with the object's role in it."""
+
+    class RefRole(models.TextChoices):
+        SUBJECT = "subject", "Subject"
+        INPUT = "input", "Input"
+        OUTPUT = "output", "Output"
+        RELATED = "related", "Related"
+
+    event = models.ForeignKey(Event, on_delete=models.DO_NOTHING, related_name="refs")
+    role = models.CharField(max_length=10, choices=RefRole.choices, default=RefRole.SUBJECT)
+    kind = models.CharField(max_length=60, help_text="The object's type, e.g. 'feature_group'.")
+    object_id = models.CharField(max_length=64)
+    label = models.CharField(max_length=200, blank=True)
+
+    objects = EventRefQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["kind", "object_id"], name="eventref_object")]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.kind}:{self.object_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ImmutableEventError("event references cannot be changed once written")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ImmutableEventError("event references cannot be deleted")

@@ -1,0 +1,99 @@
+"""Fail-closed tenant scoping for workspace-owned models.
+
+A queryset of a workspace-owned model must be narrowed to one workspace (``for_workspace``) before
+it is evaluated; evaluating an unnarrowed one raises ``UnscopedQueryError`` instead of returning
+every tenant's rows. Code that really needs all rows (the admin console, maintenance tasks) says so
+with ``unscoped()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+from django.db import models
+
+if TYPE_CHECKING:
+    from workspaces.models import Workspace
+
+
+class UnscopedQueryError(RuntimeError):
+    """A workspace-owned queryset was evaluated without being narrowed to a workspace."""
+
+
+class WorkspaceScopedQuerySet(models.QuerySet):
+    """A queryset that refuses to run until it is narrowed to a workspace."""
+
+    workspace_field = "workspace"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._workspace_scoped = False
+
+    def _clone(self) -> Self:
+        clone = super()._clone()
+        clone._workspace_scoped = self._workspace_scoped
+        return clone
+
+    def for_workspace(self, workspace: Workspace | int) -> Self:
+        """Rows of one workspace only."""
+        workspace_id = workspace if isinstance(workspace, int) else workspace.pk
+        clone = self.filter(**{f"{self.workspace_field}_id": workspace_id})
+        clone._workspace_scoped = True
+        return clone
+
+    def for_workspaces(self, workspaces: models.QuerySet) -> Self:
+        """Rows of a set of workspaces (already narrowed to what the caller may see)."""
+        clone = self.filter(**{f"{self.workspace_field}__in": workspaces})
+        clone._workspace_scoped = True
+        return clone
+
+    def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> Self:
+        clone = super()._filter_or_exclude(negate, args, kwargs)
+        # filter(workspace=...) narrows as well (Django's own unique checks filter this way).
+        field = self.workspace_field
+        if not negate and any(key == field or key.startswith(f"{field}_") for key in kwargs):
+            clone._workspace_scoped = True
+        return clone
+
+    def unscoped(self) -> Self:
+        """All workspaces' rows: for the admin console and platform maintenance only."""
+        clone = self._clone()
+        clone._workspace_scoped = True
+        return clone
+
+    def _is_scoped(self) -> bool:
+        if self._workspace_scoped:
+            return True
+        # A related manager reached through a workspace (workspace.events.all()) is scoped by it.
+        instance = self._hints.get("instance")
+        return instance is not None and instance._meta.label == "workspaces.Workspace"
+
+    def _fetch_all(self) -> None:
+        if self._result_cache is None and not self._is_scoped():
+            raise UnscopedQueryError(
+                f"{self.model._meta.label} queryset evaluated without for_workspace(); "
+                "narrow it to a workspace or call unscoped() deliberately."
+            )
+        super()._fetch_all()
+
+    def iterator(self, chunk_size: int | None = None):
+        if not self._is_scoped():
+            raise UnscopedQueryError(f"{self.model._meta.label}.iterator() without for_workspace()")
+        return super().iterator(chunk_size=chunk_size)
+
+    def count(self) -> int:
+        if not self._is_scoped():
+            raise UnscopedQueryError(f"{self.model._meta.label}.count() without for_workspace()")
+        return super().count()
+
+    def exists(self) -> bool:
+        if not self._is_scoped():
+            raise UnscopedQueryError(f"{self.model._meta.label}.exists() without for_workspace()")
+        return super().exists()
+
+    def aggregate(self, *args: Any, **kwargs: Any) -> dict:
+        if not self._is_scoped():
+            raise UnscopedQueryError(
+                f"{self.model._meta.label}.aggregate() without for_workspace()"
+            )
+        return super().aggregate(*args, **kwargs)

@@ -1,0 +1,332 @@
+"""Writes for workspaces, memberships, quotas, service accounts and tokens.
+
+Each function is one use case, runs in one transaction and records its event in it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from guardian.shortcuts import assign_perm, remove_perm
+
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+from workspaces.models import (
+    ROLE_PERMISSIONS,
+    WORKSPACE_PERMISSIONS,
+    ApiToken,
+    Membership,
+    Quota,
+    Role,
+    ServiceAccount,
+    Workspace,
+    default_workspace_template,
+    hash_token_key,
+)
+
+User = get_user_model()
+
+
+def _validate(instance: Any, *, exclude: list[str] | None = None) -> None:
+    instance.full_clean(exclude=exclude)
+
+
+@transaction.atomic
+def workspace_create(
+    *,
+    actor: AbstractBaseUser | None,
+    slug: str,
+    name: str,
+    scene: str,
+    prediction_type: str,
+    description: str = "",
+    template: dict[str, Any] | None = None,
+    quota: dict[str, Decimal | float | int] | None = None,
+) -> Workspace:
+    """Create a workspace for a business scene, with its quota and template. Admins only."""
+    if Workspace.objects.filter(slug=slug).exists():
+        raise ConflictError(f"a workspace with slug '{slug}' already exists", attr="slug")
+    if Workspace.objects.filter(scene=scene, prediction_type=prediction_type).exists():
+        raise ConflictError(
+            f"scene '{scene}' already has a '{prediction_type}' workspace", attr="prediction_type"
+        )
+    workspace = Workspace(
+        slug=slug,
+        name=name or slug,
+        scene=scene,
+        prediction_type=prediction_type,
+        description=description,
+        template=template if template is not None else default_workspace_template(),
+        created_by=actor if actor is not None and actor.is_authenticated else None,
+    )
+    _validate(workspace, exclude=["created_by"])
+    workspace.save()
+    quota_row = Quota(workspace=workspace, **(quota or {}))
+    _validate(quota_row, exclude=["workspace"])
+    quota_row.save()
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="workspace.created",
+        refs=[Ref.to(workspace)],
+        resources={name: quota_row.as_dict()[name]["limit"] for name in Quota.RESOURCES},
+        payload={
+            "slug": slug,
+            "scene": scene,
+            "prediction_type": prediction_type,
+            "template": workspace.template,
+        },
+    )
+    return workspace
+
+
+@transaction.atomic
+def workspace_update(
+    *,
+    actor: AbstractBaseUser,
+    workspace: Workspace,
+    name: str | None = None,
+    description: str | None = None,
+    template: dict[str, Any] | None = None,
+) -> Workspace:
+    """Change a workspace's name, description or template (its default sample stream and model)."""
+    changes = {
+        field: value
+        for field, value in (("name", name), ("description", description), ("template", template))
+        if value is not None and value != getattr(workspace, field)
+    }
+    if "template" in changes and not isinstance(template, dict):
+        raise ValidationError({"template": "must be a JSON object"})
+    if not changes:
+        return workspace
+    before = {field: getattr(workspace, field) for field in changes}
+    for field, value in changes.items():
+        setattr(workspace, field, value)
+    _validate(workspace, exclude=["created_by", "slug"])
+    workspace.save(update_fields=list(changes))
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="workspace.changed",
+        refs=[Ref.to(workspace)],
+        payload={"before": before, "after": changes},
+    )
+    return workspace
+
+
+def _assign_role_permissions(*, user: AbstractBaseUser, workspace: Workspace, role: str) -> None:
+    granted = set(ROLE_PERMISSIONS[role])
+    for codename in WORKSPACE_PERMISSIONS:
+        if codename in granted:
+            assign_perm(f"workspaces.{codename}", user, workspace)
+        else:
+            remove_perm(f"workspaces.{codename}", user, workspace)
+
+
+def _refuse_removing_last_admin(*, workspace: Workspace, user: AbstractBaseUser) -> None:
+    admins = (
+        Membership.objects.for_workspace(workspace)
+        .select_for_update()
+        .filter(role=Role.ADMIN)
+        .values_list("user_id", flat=True)
+    )
+    if list(admins) == [user.pk]:
+        raise ConflictError(
+            f"'{user.get_username()}' is the last admin of '{workspace.slug}'", attr="user"
+        )
+
+
+@transaction.atomic
+def membership_grant(
+    *, actor: AbstractBaseUser | None, workspace: Workspace, user: AbstractBaseUser, role: str
+) -> Membership:
+    """Give a user a role in a workspace (or change it), with guardian permissions to match."""
+    if role not in Role.values:
+        raise ValidationError({"role": f"'{role}' is not one of {', '.join(Role.values)}"})
+    if not user.is_active:
+        raise ValidationError({"user": f"user '{user.get_username()}' is inactive"})
+    membership = (
+        Membership.objects.select_for_update().filter(workspace=workspace, user=user).first()
+    )
+    previous_role = membership.role if membership else None
+    if previous_role == Role.ADMIN and role != Role.ADMIN:
+        _refuse_removing_last_admin(workspace=workspace, user=user)
+    if membership is None:
+        membership = Membership(workspace=workspace, user=user, role=role, granted_by=actor)
+    else:
+        membership.role = role
+        membership.granted_by = actor
+        membership.granted_at = timezone.now()
+    try:
+        with transaction.atomic():
+            membership.save()
+    except IntegrityError as exc:
+        raise ConflictError(
+            f"membership of '{user.get_username()}' changed concurrently; retry", attr="user"
+        ) from exc
+    _assign_role_permissions(user=user, workspace=workspace, role=role)
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="membership.granted" if previous_role is None else "membership.changed",
+        refs=[Ref.to(workspace), Ref(kind="user", object_id=user.pk, label=user.get_username())],
+        payload={"user": user.get_username(), "role": role, "previous_role": previous_role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_revoke(
+    *, actor: AbstractBaseUser | None, workspace: Workspace, user: AbstractBaseUser
+) -> None:
+    """Remove a user from a workspace; the last admin of a workspace cannot be removed."""
+    membership = (
+        Membership.objects.select_for_update().filter(workspace=workspace, user=user).first()
+    )
+    if membership is None:
+        raise ValidationError({"user": f"'{user.get_username()}' is not a member"})
+    if membership.role == Role.ADMIN:
+        _refuse_removing_last_admin(workspace=workspace, user=user)
+    membership.delete()
+    for codename in WORKSPACE_PERMISSIONS:
+        remove_perm(f"workspaces.{codename}", user, workspace)
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="membership.revoked",
+        refs=[Ref.to(workspace), Ref(kind="user", object_id=user.pk, label=user.get_username())],
+        payload={"user": user.get_username(), "previous_role": membership.role},
+    )
+
+
+@transaction.atomic
+def quota_set(
+    *, actor: AbstractBaseUser | None, workspace: Workspace, **limits: Decimal | float | int
+) -> Quota:
+    """Change a workspace's resource limits; every change is recorded (A2)."""
+    unknown = set(limits) - set(Quota.RESOURCES)
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: "not a quota resource"})
+    quota = Quota.objects.select_for_update().get(workspace=workspace)
+    before = {name: float(getattr(quota, name)) for name in Quota.RESOURCES}
+    for name, value in limits.items():
+        setattr(quota, name, Decimal(str(value)))
+    _validate(quota, exclude=["workspace"])
+    quota.save()
+    after = {name: float(getattr(quota, name)) for name in Quota.RESOURCES}
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="quota.changed",
+        refs=[Ref.to(workspace)],
+        resources=after,
+        payload={"before": before, "after": after},
+    )
+    return quota
+
+
+def _new_token_key() -> str:
+    return ApiToken.KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+@transaction.atomic
+def api_token_create(
+    *,
+    actor: AbstractBaseUser | None,
+    user: AbstractBaseUser,
+    name: str,
+    workspaces: list[Workspace] | None = None,
+    expires_at: datetime | None = None,
+) -> tuple[ApiToken, str]:
+    """Issue a token for a user; returns the row and the key, which is shown only this once."""
+    if not name or len(name) > 100:
+        raise ValidationError({"name": "give the token a name of 1-100 characters"})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "must be in the future"})
+    key = _new_token_key()
+    token = ApiToken.objects.create(
+        user=user,
+        name=name,
+        key_hash=hash_token_key(key),
+        prefix=key[:10],
+        expires_at=expires_at,
+    )
+    scope = list(workspaces or [])
+    if scope:
+        token.workspaces.set(scope)
+    for workspace in scope or [None]:
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="token.created",
+            refs=[Ref(kind="api_token", object_id=token.pk, label=token.prefix)],
+            payload={"owner": user.get_username(), "name": name, "prefix": token.prefix},
+        )
+    return token, key
+
+
+@transaction.atomic
+def api_token_revoke(*, actor: AbstractBaseUser | None, token: ApiToken) -> ApiToken:
+    """Revoke a token at once; revoking twice is harmless."""
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is not None:
+        return token
+    token.revoked_at = timezone.now()
+    token.save(update_fields=["revoked_at"])
+    scope = list(token.workspaces.all())
+    for workspace in scope or [None]:
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="token.revoked",
+            refs=[Ref(kind="api_token", object_id=token.pk, label=token.prefix)],
+            payload={"owner": token.user.get_username(), "prefix": token.prefix},
+        )
+    return token
+
+
+@transaction.atomic
+def service_account_create(
+    *,
+    actor: AbstractBaseUser | None,
+    workspace: Workspace,
+    username: str,
+    role: str = Role.DEVELOPER,
+    description: str = "",
+) -> tuple[ServiceAccount, str]:
+    """Create a producer/automation account in one workspace and its first token.
+
+    Returns the account and the token key (shown once). The account cannot log in with a
+    password and cannot be given a role above maintainer.
+    """
+    if role not in (Role.VIEWER, Role.DEVELOPER, Role.MAINTAINER):
+        raise ValidationError({"role": "a service account can be viewer, developer or maintainer"})
+    if User.objects.filter(username=username).exists():
+        raise ConflictError(f"username '{username}' is taken", attr="username")
+    user = User(username=username)
+    user.set_unusable_password()
+    _validate(user, exclude=["password"])
+    user.save()
+    account = ServiceAccount.objects.create(
+        user=user, workspace=workspace, description=description, created_by=actor
+    )
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="service_account.created",
+        refs=[Ref.to(workspace), Ref(kind="user", object_id=user.pk, label=username)],
+        payload={"username": username, "role": role},
+    )
+    membership_grant(actor=actor, workspace=workspace, user=user, role=role)
+    _token, key = api_token_create(
+        actor=actor, user=user, name=f"{username} producer", workspaces=[workspace]
+    )
+    return account, key

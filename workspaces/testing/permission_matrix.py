@@ -1,0 +1,136 @@
+"""The reusable API permission matrix.
+
+Every API route declares, in its app's ``tests/matrix.py``, an ``ENDPOINTS`` list of ``Endpoint``
+rows: the method, the path template, the least role that may call it and how to build a valid
+request. ``workspaces/tests/test_permission_matrix.py`` runs each row through every principal
+(anonymous, outsider, each role, a member of another workspace, a token narrowed to another
+workspace, an object of another workspace) and fails when a route under ``/api/v1/`` has no row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from workspaces.models import Role, Workspace
+from workspaces.testing.factories import UserFactory, make_member
+
+API_PREFIX = "/api/v1/"
+# The apps whose tests/matrix.py declares endpoints, left to right in the dependency order.
+MATRIX_APPS = ["workspaces", "features", "training", "serving", "experiments", "lineage"]
+
+
+@dataclass
+class MatrixContext:
+    """What a row's ``setup`` and ``body`` callables get: the actor and the target workspace."""
+
+    actor: Any
+    workspace: Workspace
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def new_user(self):
+        return UserFactory()
+
+    def new_member(self, role: str = Role.VIEWER):
+        return make_member(self.workspace, role)
+
+
+PathKwargs = dict[str, Any]
+
+
+@dataclass
+class Endpoint:
+    """One API route and method, with what it takes to call it successfully."""
+
+    method: str
+    path: str  # e.g. "/api/v1/workspaces/{ws}/members/{username}/"
+    role: str | None = Role.VIEWER  # least workspace role; None = any authenticated user
+    success: int = 200
+    setup: Callable[[MatrixContext], PathKwargs] | None = None
+    body: Callable[[MatrixContext], Any] | None = None
+    public: bool = False  # callable without credentials (the token endpoint)
+    # Whether the path names an object that setup() makes inside the workspace, so that
+    # the same object in another workspace can be tried (must answer 404).
+    has_object: bool = False
+    format: str = "json"
+
+    @property
+    def workspace_scoped(self) -> bool:
+        return "{ws}" in self.path
+
+    @property
+    def id(self) -> str:
+        return f"{self.method} {self.path}"
+
+    def build(
+        self, ctx: MatrixContext, *, url_workspace: Workspace | None = None
+    ) -> tuple[str, Any]:
+        """The URL and body for a call in ``ctx.workspace`` (or, for the path, another one)."""
+        kwargs = dict(self.setup(ctx)) if self.setup else {}
+        kwargs["ws"] = (url_workspace or ctx.workspace).slug
+        return self.path.format(**kwargs), (self.body(ctx) if self.body else None)
+
+
+def load_endpoints() -> list[Endpoint]:
+    endpoints: list[Endpoint] = []
+    for app in MATRIX_APPS:
+        try:
+            module = importlib.import_module(f"{app}.tests.matrix")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{app}.tests.matrix":
+                raise
+            continue
+        endpoints.extend(module.ENDPOINTS)
+    return endpoints
+
+
+_GROUP = re.compile(r"\(\?P<(?P<name>\w+)>[^)]*\)")
+
+
+def _route_text(pattern: Any) -> str:
+    text = str(pattern)
+    text = text.removeprefix("^").removesuffix("$").removesuffix("\\Z")
+    text = _GROUP.sub(lambda m: "{" + m.group("name") + "}", text)
+    text = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", text)  # path() converters
+    return text.replace("\\.", ".")
+
+
+def _walk(patterns: list, prefix: str = "") -> Iterator[tuple[str, URLPattern]]:
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            yield from _walk(entry.url_patterns, prefix + _route_text(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield prefix + _route_text(entry.pattern), entry
+
+
+def _methods_of(pattern: URLPattern) -> set[str]:
+    callback = pattern.callback
+    actions = getattr(callback, "actions", None)
+    if actions:
+        return {method.upper() for method in actions if method not in ("options", "head")}
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if view_class is None:
+        return set()
+    return {
+        method.upper()
+        for method in view_class.http_method_names
+        if method not in ("options", "head") and hasattr(view_class, method)
+    }
+
+
+def api_routes() -> set[tuple[str, str]]:
+    """Every (method, path template) served under /api/v1/, as declared by the URLconf."""
+    routes = set()
+    for route, pattern in _walk(get_resolver(settings.ROOT_URLCONF).url_patterns):
+        path = "/" + route
+        if not path.startswith(API_PREFIX):
+            continue
+        for method in _methods_of(pattern):
+            routes.add((method, path))
+    return routes

@@ -1,0 +1,150 @@
+"""The workspace shell in a real browser: Debian's chromium, driven by playwright, on live_server.
+
+Needs ``/usr/bin/chromium`` (``apt-get install chromium``); playwright's own browser downloads are
+not used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from workspaces import services
+from workspaces.models import Membership, Role
+from workspaces.testing.factories import TEST_PASSWORD, UserFactory, make_member, make_workspace
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = Path("/tmp/dashboard.png")
+SECTIONS = ("features", "jobs", "models", "experiments", "lineage", "quota", "activity")
+
+
+@pytest.fixture(scope="module")
+def _allow_orm_beside_playwright():
+    """Let the ORM run in this module's tests while playwright's event loop is alive.
+
+    Playwright's sync API keeps an asyncio event loop running in the main thread (on a greenlet).
+    Django's ORM refuses to run while it sees a running loop (SynchronousOnlyOperation), yet these
+    tests create their data, and pytest-django flushes the database, from that same thread. Nothing
+    here is really concurrent: the ORM calls happen between browser steps, never inside the loop.
+    The flag is restored when the module ends so the rest of the suite keeps Django's guard.
+    """
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def chromium(_allow_orm_beside_playwright):
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: the browser tests drive Debian's chromium. "
+            "Install it with `apt-get install chromium`."
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium, live_server):
+    context = chromium.new_context(
+        base_url=live_server.url, viewport={"width": 1280, "height": 800}
+    )
+    context.set_default_timeout(5_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def scene(_allow_orm_beside_playwright, transactional_db):
+    """A user who is admin of ``alpha``, viewer of ``beta`` and not in ``gamma``."""
+    alpha = make_workspace(slug="alpha", name="Alpha feed", description="Feed pCTR models.")
+    beta = make_workspace(slug="beta", name="Beta search")
+    gamma = make_workspace(slug="gamma", name="Gamma secret")
+    user = make_member(alpha, Role.ADMIN, username="ada")
+    services.membership_grant(actor=None, workspace=beta, user=user, role=Role.VIEWER)
+    make_member(gamma, Role.ADMIN, username="gamma-admin")
+    return {"alpha": alpha, "beta": beta, "gamma": gamma, "user": user}
+
+
+def log_in(page: Page, username: str) -> None:
+    page.goto("/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+
+
+def test_login_lands_on_the_dashboard_with_its_sections(page, scene, live_server):
+    log_in(page, "ada")
+    expect(page).to_have_url(f"{live_server.url}/w/alpha/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Alpha feed")
+    for section in SECTIONS:
+        expect(page.locator(f'[data-section="{section}"]')).to_be_visible()
+    expect(page.get_by_test_id("role")).to_have_text("admin")
+    expect(page.get_by_test_id("current-user")).to_have_text("ada")
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_switcher_goes_to_the_other_workspace_with_its_role(page, scene, live_server):
+    log_in(page, "ada")
+    expect(page).to_have_url(f"{live_server.url}/w/alpha/")
+    switcher = page.locator("#ws-switch")
+    expect(switcher.locator("option")).to_have_count(2)
+    expect(switcher).not_to_contain_text("Gamma")
+    switcher.select_option("/w/beta/")
+    expect(page).to_have_url(f"{live_server.url}/w/beta/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Beta search")
+    expect(page.get_by_test_id("role")).to_have_text("viewer")
+
+
+def test_admin_adds_a_member_through_the_members_form(page, scene, live_server):
+    newcomer = UserFactory(username="grace")
+    log_in(page, "ada")
+    page.get_by_role("link", name="Members").click()
+    expect(page).to_have_url(f"{live_server.url}/w/alpha/members/")
+    rows = page.locator("[data-testid=members] tbody tr")
+    expect(rows).to_have_count(1)
+    page.fill("#id_username", "grace")
+    page.select_option("#id_role", "developer")
+    page.get_by_role("button", name="Add").click()
+    expect(page.locator(".messages .success")).to_have_text("grace is now developer.")
+    expect(rows).to_have_count(2)
+    expect(page.locator('tr[data-username="grace"]')).to_contain_text("ada")
+    membership = Membership.objects.for_workspace(scene["alpha"]).get(user=newcomer)
+    assert membership.role == "developer"
+
+
+def test_a_workspace_the_user_is_not_in_shows_the_404_page(page, scene):
+    log_in(page, "ada")
+    response = page.goto("/w/gamma/members/")
+    assert response is not None
+    assert response.status == 404
+    expect(page.get_by_role("heading", level=1)).to_have_text("Not found")
+    expect(page.locator("body")).not_to_contain_text("gamma-admin")
+    expect(page.locator("body")).not_to_contain_text("Gamma secret")
+
+
+def test_log_out_button_ends_on_the_login_page(page, scene, live_server):
+    log_in(page, "ada")
+    expect(page).to_have_url(f"{live_server.url}/w/alpha/")
+    page.get_by_role("button", name="Log out").click()
+    expect(page).to_have_url(f"{live_server.url}/accounts/login/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Log in to RankOps")
+    # The session is gone: the dashboard sends us back to the login form.
+    page.goto("/w/alpha/")
+    expect(page).to_have_url(f"{live_server.url}/accounts/login/?next=/w/alpha/")

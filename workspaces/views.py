@@ -1,0 +1,215 @@
+"""Browser UI: the workspace shell (dashboard, members, activity) and the user's API tokens."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from workspaces import services
+from workspaces.exceptions import ConflictError
+from workspaces.forms import MemberGrantForm, MemberRoleForm, TokenCreateForm
+from workspaces.models import Role
+from workspaces.selectors import (
+    events_of,
+    members_of,
+    role_at_least,
+    role_in_workspace,
+    tokens_of,
+    workspace_get_visible,
+    workspaces_visible_to,
+)
+
+DASHBOARD_SECTIONS = [
+    ("features", "Features", "Feature groups, producers and their health."),
+    ("jobs", "Training jobs", "Jobs, pipelines and their progress."),
+    ("models", "Models", "Registered model versions and deployments."),
+    ("experiments", "Experiments", "A/B experiments and their results."),
+    ("lineage", "Lineage", "From feature to experiment, with cost."),
+]
+
+
+def workspace_page(required_role: str = Role.VIEWER):
+    """Resolve ``ws`` to a workspace the user can see (404 otherwise) holding ``required_role``."""
+
+    def decorator(view):
+        @login_required
+        @wraps(view)
+        def wrapper(request: HttpRequest, ws: str, *args, **kwargs) -> HttpResponse:
+            workspace = workspace_get_visible(user=request.user, slug=ws)
+            role = role_in_workspace(user=request.user, workspace=workspace)
+            if not role_at_least(role, required_role):
+                raise PermissionDenied(f"This needs the {required_role} role.")
+            request.workspace = workspace
+            request.workspace_role = role
+            return view(request, workspace, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def _context(request: HttpRequest, **extra) -> dict:
+    return {
+        "workspace": request.workspace,
+        "role": request.workspace_role,
+        "is_workspace_admin": role_at_least(request.workspace_role, Role.ADMIN),
+        **extra,
+    }
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    first = workspaces_visible_to(user=request.user).first()
+    if first is not None:
+        return redirect("workspace-dashboard", ws=first.slug)
+    return render(request, "workspaces/no_workspace.html")
+
+
+@workspace_page()
+def dashboard(request: HttpRequest, workspace) -> HttpResponse:
+    recent = list(events_of(workspace=workspace)[:10])
+    return render(
+        request,
+        "workspaces/dashboard.html",
+        _context(
+            request,
+            sections=DASHBOARD_SECTIONS,
+            recent_events=recent,
+            member_count=members_of(workspace=workspace).count(),
+            quota=workspace.quota.as_dict(),
+            section="dashboard",
+        ),
+    )
+
+
+@workspace_page()
+def members(request: HttpRequest, workspace) -> HttpResponse:
+    return render(
+        request,
+        "workspaces/members.html",
+        _context(
+            request,
+            memberships=members_of(workspace=workspace),
+            grant_form=MemberGrantForm(),
+            roles=Role.choices,
+            section="members",
+        ),
+    )
+
+
+def _report(request: HttpRequest, exc: Exception) -> None:
+    if isinstance(exc, ValidationError):
+        for message in exc.messages:
+            messages.error(request, message)
+    else:
+        messages.error(request, str(exc))
+
+
+@require_POST
+@workspace_page(Role.ADMIN)
+def member_grant(request: HttpRequest, workspace) -> HttpResponse:
+    form = MemberGrantForm(request.POST)
+    if form.is_valid():
+        try:
+            services.membership_grant(
+                actor=request.user,
+                workspace=workspace,
+                user=form.cleaned_data["username"],
+                role=form.cleaned_data["role"],
+            )
+            messages.success(
+                request, f"{form.cleaned_data['username']} is now {form.cleaned_data['role']}."
+            )
+        except (ValidationError, ConflictError) as exc:
+            _report(request, exc)
+    else:
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+    return redirect("workspace-members", ws=workspace.slug)
+
+
+@require_POST
+@workspace_page(Role.ADMIN)
+def member_change(request: HttpRequest, workspace, username: str) -> HttpResponse:
+    membership = get_object_or_404(members_of(workspace=workspace), user__username=username)
+    form = MemberRoleForm(request.POST)
+    if form.is_valid():
+        try:
+            services.membership_grant(
+                actor=request.user,
+                workspace=workspace,
+                user=membership.user,
+                role=form.cleaned_data["role"],
+            )
+            messages.success(request, f"{username} is now {form.cleaned_data['role']}.")
+        except (ValidationError, ConflictError) as exc:
+            _report(request, exc)
+    return redirect("workspace-members", ws=workspace.slug)
+
+
+@require_POST
+@workspace_page(Role.ADMIN)
+def member_remove(request: HttpRequest, workspace, username: str) -> HttpResponse:
+    membership = get_object_or_404(members_of(workspace=workspace), user__username=username)
+    try:
+        services.membership_revoke(actor=request.user, workspace=workspace, user=membership.user)
+        messages.success(request, f"{username} was removed.")
+    except (ValidationError, ConflictError) as exc:
+        _report(request, exc)
+    return redirect("workspace-members", ws=workspace.slug)
+
+
+@workspace_page()
+def activity(request: HttpRequest, workspace) -> HttpResponse:
+    events = events_of(workspace=workspace)
+    verb = request.GET.get("verb", "").strip()
+    if verb:
+        events = events.filter(verb__startswith=verb)
+    page = Paginator(events, 50).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "workspaces/activity.html",
+        _context(request, page=page, verb=verb, section="activity"),
+    )
+
+
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    visible = list(workspaces_visible_to(user=request.user))
+    choices = [(w.slug, w.slug) for w in visible]
+    new_key = None
+    if request.method == "POST":
+        form = TokenCreateForm(request.POST, workspace_choices=choices)
+        if form.is_valid():
+            scope = [w for w in visible if w.slug in form.cleaned_data["workspaces"]]
+            _token, new_key = services.api_token_create(
+                actor=request.user,
+                user=request.user,
+                name=form.cleaned_data["name"],
+                workspaces=scope,
+            )
+            form = TokenCreateForm(workspace_choices=choices)
+    else:
+        form = TokenCreateForm(workspace_choices=choices)
+    return render(
+        request,
+        "workspaces/tokens.html",
+        {"tokens": tokens_of(user=request.user), "form": form, "new_key": new_key},
+    )
+
+
+@require_POST
+@login_required
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(tokens_of(user=request.user), pk=token_id)
+    services.api_token_revoke(actor=request.user, token=token)
+    messages.success(request, f"Token {token.prefix}… was revoked.")
+    return redirect("tokens")
