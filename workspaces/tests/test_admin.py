@@ -1,0 +1,108 @@
+"""The admin console writes through the services (with events) and cannot change events."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from workspaces.models import Event, Quota, Workspace
+from workspaces.testing.factories import UserFactory
+
+
+@pytest.fixture
+def staff_client(client, db):
+    admin = UserFactory(is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    return client
+
+
+def test_admin_creates_a_workspace_through_the_service(staff_client):
+    response = staff_client.post(
+        "/admin/workspaces/workspace/add/",
+        {
+            "slug": "video-recall",
+            "name": "Video recall",
+            "scene": "video",
+            "prediction_type": "recall",
+            "description": "",
+            "template": '{"sample_stream": {"features": []}}',
+        },
+    )
+    assert response.status_code == 302, response.content[:2000]
+    workspace = Workspace.objects.get(slug="video-recall")
+    assert Quota.objects.for_workspace(workspace).exists()
+    event = Event.objects.for_workspace(workspace).get()
+    assert event.verb == "workspace.created"
+    assert event.actor_name == response.wsgi_request.user.username
+
+
+def test_admin_quota_change_is_recorded(staff_client, workspace):
+    quota = Quota.objects.for_workspace(workspace).get()
+    response = staff_client.post(
+        f"/admin/workspaces/quota/{quota.pk}/change/",
+        {"cpu_cores": "64", "memory_gb": "256", "gpus": "8", "storage_gb": "500"},
+    )
+    assert response.status_code == 302, response.content[:2000]
+    quota.refresh_from_db()
+    assert (quota.cpu_cores, quota.gpus) == (64, 8)
+    event = Event.objects.for_workspace(workspace).get(verb="quota.changed")
+    assert event.payload["after"]["gpus"] == 8.0
+    assert event.payload["before"]["gpus"] == 0.0
+
+
+def test_events_are_view_only_in_the_admin(staff_client, workspace):
+    event = Event.objects.for_workspace(workspace).get()
+    page = staff_client.get(f"/admin/workspaces/event/{event.pk}/change/")
+    assert page.status_code == 200
+    assert b'name="_save"' not in page.content
+    assert (
+        staff_client.post(
+            f"/admin/workspaces/event/{event.pk}/change/", {"verb": "forged"}
+        ).status_code
+        == 403
+    )
+    assert (
+        staff_client.post(
+            f"/admin/workspaces/event/{event.pk}/delete/", {"post": "yes"}
+        ).status_code
+        == 403
+    )
+    assert staff_client.get("/admin/workspaces/event/add/").status_code == 403
+    listing = staff_client.get("/admin/workspaces/event/", {"workspace__id__exact": workspace.pk})
+    assert listing.status_code == 200
+    assert b"workspace.created" in listing.content
+    assert Event.objects.unscoped().get(pk=event.pk).verb == "workspace.created"
+
+
+def test_events_cannot_be_written_through_the_api(client_for, workspace, members):
+    client = client_for(members["admin"])
+    url = f"/api/v1/workspaces/{workspace.slug}/activity/"
+    event = Event.objects.for_workspace(workspace).first()
+    # Refused before dispatch (no role may write here), so 403 rather than 405.
+    assert client.post(url, {"verb": "forged"}, format="json").status_code == 403
+    assert client.delete(f"{url}{event.pk}/").status_code == 404
+    assert client.put(f"{url}{event.pk}/", {"verb": "x"}, format="json").status_code == 404
+    assert Event.objects.unscoped().get(pk=event.pk).verb == event.verb
+
+
+def test_workspaces_cannot_be_deleted_in_the_admin(staff_client, workspace):
+    response = staff_client.post(
+        f"/admin/workspaces/workspace/{workspace.pk}/delete/", {"post": "yes"}
+    )
+    assert response.status_code == 403
+    assert Workspace.objects.filter(pk=workspace.pk).exists()
+
+
+def test_demo_admin_sees_both_demo_workspaces(client, db):
+    call_command("demo_setup", stdout=StringIO())
+    assert client.login(username="admin", password="admin")
+    response = client.get("/")
+    assert response.status_code == 302
+    dashboard = client.get(response["Location"])
+    options = dashboard.content.decode()
+    assert "Feed pCTR" in options and "Search pCVR" in options
+    api = client.get("/api/v1/workspaces/").json()
+    assert sorted(w["slug"] for w in api) == ["feed-pctr", "search-pcvr"]
+    assert {w["role"] for w in api} == {"admin"}
