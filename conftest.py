@@ -43,3 +43,14 @@ def client_for():
         return client
 
     return build
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_state_dir():
+    """Each test run writes artifacts and the embedded online store under its own folder."""
+    yield
+    import shutil
+
+    from django.conf import settings
+
+    shutil.rmtree(settings.TEST_STATE_DIR, ignore_errors=True)

@@ -186,7 +186,16 @@ else:
         }
     }
 
-ARTIFACT_ROOT = os.environ.get("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))
+# Test runs write their artifacts and embedded online store under a folder of their own.
+TEST_STATE_DIR = VAR_DIR / "test" / f"run-{os.getpid()}"
+ARTIFACT_ROOT = (
+    str(TEST_STATE_DIR / "artifacts")
+    if TESTING
+    else os.environ.get("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))
+)
+ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
+if TESTING:
+    TEST_STATE_DIR.mkdir(parents=True, exist_ok=True)
 MLFLOW_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI", (VAR_DIR / "mlruns").as_uri())
 
 # Celery: Redis when REDIS_URL is set, else kombu's filesystem transport (no server needed).
@@ -275,7 +284,14 @@ STORAGES = {
 
 # Request bodies: refused with 413 before parsing when larger than this (per-view overrides exist).
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# Producer batches may be larger; still refused well below 50 MB.
+FEATURE_BATCH_MAX_BYTES = env_int("FEATURE_BATCH_MAX_BYTES", 32 * 1024 * 1024)
+API_BODY_LIMITS = [
+    (r"^/api/v1/workspaces/[^/]+/feature-groups/[^/]+/batches/$", "FEATURE_BATCH_MAX_BYTES"),
+]
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES)
+# Uploaded files stay in memory up to this size (a batch is read whole anyway).
+FILE_UPLOAD_MAX_MEMORY_SIZE = FEATURE_BATCH_MAX_BYTES
 API_MAX_PAGE_SIZE = 500
 
 REST_FRAMEWORK = {
@@ -322,6 +338,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "WorkspaceRoleEnum": "workspaces.models.Role",
         "ServiceAccountRoleEnum": ["viewer", "developer", "maintainer"],
+        "LifecycleEnum": "features.models.Lifecycle",
+        "FeatureStatusChangeEnum": ["active", "deprecated", "retired"],
+        "NewGroupStatusEnum": ["draft", "active"],
     },
 }
 

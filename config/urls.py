@@ -9,6 +9,7 @@ from workspaces import health
 
 api_v1 = [
     path("", include("workspaces.api.urls")),
+    path("", include("features.api.urls")),
 ]
 
 urlpatterns = [

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from functools import cache
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-# Larger limits for specific paths (e.g. producer batch uploads), as (path prefix, bytes).
-BODY_LIMIT_OVERRIDES: list[tuple[str, int]] = []
-
 
 def body_limit_for(path: str) -> int:
-    for prefix, limit in BODY_LIMIT_OVERRIDES:
-        if path.startswith(prefix):
-            return limit
+    """The body limit of a path: API_BODY_LIMITS holds (regex, setting name) overrides."""
+    for pattern, setting_name in _compiled_overrides():
+        if pattern.match(path):
+            return getattr(settings, setting_name)
     return settings.API_MAX_BODY_BYTES
+
+
+@cache
+def _compiled_overrides() -> list[tuple[re.Pattern, str]]:
+    return [(re.compile(regex), name) for regex, name in settings.API_BODY_LIMITS]
 
 
 class RequestBodyLimitMiddleware:

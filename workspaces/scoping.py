@@ -64,9 +64,12 @@ class WorkspaceScopedQuerySet(models.QuerySet):
     def _is_scoped(self) -> bool:
         if self._workspace_scoped:
             return True
-        # A related manager reached through a workspace (workspace.events.all()) is scoped by it.
+        # A related manager reached through a workspace (workspace.events.all()) or through an
+        # object that belongs to one (group.versions.all()) is scoped by that parent.
         instance = self._hints.get("instance")
-        return instance is not None and instance._meta.label == "workspaces.Workspace"
+        if instance is None:
+            return False
+        return instance._meta.label == "workspaces.Workspace" or hasattr(instance, "workspace_id")
 
     def _fetch_all(self) -> None:
         if self._result_cache is None and not self._is_scoped():

@@ -1,7 +1,7 @@
 """A JSON parser that refuses what Python's json module would quietly accept.
 
 NaN, Infinity and overflowing numbers such as 1e999, duplicate keys and pathologically deep
-nesting all answer 400 instead of reaching a service.
+nesting (the decoder's recursion guard) all answer 400 instead of reaching a service.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from typing import Any
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
-
-MAX_JSON_DEPTH = 64
 
 
 def _reject_constant(name: str) -> Any:
@@ -36,28 +34,22 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _depth_exceeds(raw: bytes, limit: int) -> bool:
-    """Bracket depth outside strings, checked before json recurses into it."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return False
+def parse_strict_json(raw: bytes) -> Any:
+    """Parse JSON bytes strictly; raises ValueError naming what is wrong."""
+    if not raw.strip():
+        raise ValueError("the body is empty; send a JSON document")
+    try:
+        return json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_float=_parse_float,
+            object_pairs_hook=_no_duplicate_keys,
+        )
+    except UnicodeDecodeError as exc:
+        raise ValueError(str(exc)) from exc
+    except RecursionError as exc:
+        # The C scanner guards its recursion: pathologically deep nesting ends here, not in a crash.
+        raise ValueError("JSON is nested too deeply") from exc
 
 
 class StrictJSONParser(JSONParser):
@@ -65,16 +57,7 @@ class StrictJSONParser(JSONParser):
 
     def parse(self, stream, media_type=None, parser_context=None):
         raw = stream.read() if stream is not None else b""
-        if not raw.strip():
-            raise ParseError("Request body is empty; send a JSON document.")
-        if _depth_exceeds(raw, MAX_JSON_DEPTH):
-            raise ParseError(f"JSON is nested deeper than {MAX_JSON_DEPTH} levels.")
         try:
-            return json.loads(
-                raw.decode("utf-8"),
-                parse_constant=_reject_constant,
-                parse_float=_parse_float,
-                object_pairs_hook=_no_duplicate_keys,
-            )
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            return parse_strict_json(raw)
+        except ValueError as exc:
             raise ParseError(f"JSON parse error: {exc}") from exc

@@ -1,0 +1,16 @@
+"""Routes of the features app under /api/v1/workspaces/{ws}/."""
+
+from rest_framework.routers import SimpleRouter
+
+from features.api import views
+
+WS = r"workspaces/(?P<ws>[a-z0-9-]+)"
+GROUP = WS + r"/feature-groups/(?P<name>[a-z][a-z0-9_]*)"
+
+router = SimpleRouter()
+router.register(rf"{WS}/feature-groups", views.FeatureGroupViewSet, basename="feature-group")
+router.register(rf"{GROUP}/features", views.FeatureViewSet, basename="feature")
+router.register(rf"{GROUP}/batches", views.BatchViewSet, basename="feature-batch")
+router.register(rf"{WS}/online-features", views.OnlineFeaturesViewSet, basename="online-features")
+
+urlpatterns = router.urls

@@ -1,0 +1,571 @@
+"""Producer pushes: validate a batch against the group's schema, store it once, serve it online.
+
+A batch is all or nothing: the first problems are reported by row and column and nothing is
+stored. Every accepted batch lands as Parquet (the record, rebuilt into the online store by the
+materialisation task if needed) and, for online groups, in the online store. An Idempotency-Key
+makes a retried batch a replay of the first one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from features import offline_store, online_store
+from features.models import Batch, BatchFormat, Dtype, FeatureGroup, FeatureGroupVersion, Lifecycle
+from features.registry import touch_ingested
+from workspaces.api.parsers import parse_strict_json
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+
+MAX_ERRORS = 10
+MAX_ROWS = 1_000_000
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+FUTURE_TOLERANCE = timedelta(days=1)
+
+ARROW_TYPES: dict[str, Callable[[dict], pa.DataType]] = {
+    Dtype.INT: lambda spec: pa.int64(),
+    Dtype.FLOAT: lambda spec: pa.float64(),
+    Dtype.BOOL: lambda spec: pa.bool_(),
+    Dtype.STRING: lambda spec: pa.string(),
+    Dtype.CATEGORICAL: lambda spec: pa.string(),
+    Dtype.EMBEDDING: lambda spec: pa.list_(pa.float32(), spec["dimension"]),
+}
+
+
+class BatchRejected(ValidationError):
+    """The batch broke the schema; ``problems`` lists the first ones by row and column."""
+
+    def __init__(self, problems: list[dict[str, Any]]) -> None:
+        self.problems = problems[:MAX_ERRORS]
+        first = self.problems[0]
+        super().__init__({first["column"] or "rows": first["detail"]})
+
+
+@dataclass
+class IngestResult:
+    batch: Batch
+    replayed: bool
+    online_rows: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def _problem(row: int | None, column: str | None, detail: str) -> dict[str, Any]:
+    return {"row": row, "column": column, "detail": detail}
+
+
+# --- cell checks (the error-reporting path) -----------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+def _is_float(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _embedding_check(dimension: int) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        return (
+            isinstance(value, list) and len(value) == dimension and all(_is_float(v) for v in value)
+        )
+
+    return check
+
+
+def _cell_check(spec: dict[str, Any]) -> tuple[Callable[[Any], bool], str]:
+    dtype = spec["dtype"]
+    if dtype == Dtype.INT:
+        return _is_int, "an integer"
+    if dtype == Dtype.FLOAT:
+        return _is_float, "a finite number"
+    if dtype == Dtype.BOOL:
+        return (lambda v: isinstance(v, bool)), "true or false"
+    if dtype in (Dtype.STRING, Dtype.CATEGORICAL):
+        return (lambda v: isinstance(v, str) and len(v) <= 10_000), "a string"
+    return _embedding_check(spec["dimension"]), f"a list of {spec['dimension']} finite numbers"
+
+
+def parse_event_time(value: Any, *, now: datetime) -> datetime:
+    """ISO 8601 with a time zone, or unix seconds; between 1970 and a day from now."""
+    if isinstance(value, bool):
+        raise ValueError("must be an ISO 8601 time with a zone or unix seconds")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        moment = datetime.fromtimestamp(value, tz=UTC)
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise ValueError(f"'{value[:40]}' is not an ISO 8601 time") from exc
+        if moment.tzinfo is None:
+            raise ValueError("has no time zone; add Z or an offset")
+    elif isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("has no time zone")
+        moment = value
+    else:
+        raise ValueError("must be an ISO 8601 time with a zone or unix seconds")
+    if moment < EARLIEST:
+        raise ValueError("is before 1970")
+    if moment > now + FUTURE_TOLERANCE:
+        raise ValueError("is more than a day in the future")
+    return moment.astimezone(UTC)
+
+
+# --- building the Arrow table ---------------------------------------------------------------------
+
+
+def _schema(group: FeatureGroup, version: FeatureGroupVersion) -> pa.Schema:
+    fields = [pa.field(key, pa.string(), nullable=False) for key in group.entity_keys]
+    fields.append(pa.field(group.event_time_column, pa.timestamp("us", tz="UTC"), nullable=False))
+    fields.extend(pa.field(s["name"], ARROW_TYPES[s["dtype"]](s)) for s in version.features)
+    return pa.schema(fields)
+
+
+def _key_text(value: Any) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= 256:
+        return value
+    if _is_int(value):
+        return str(value)
+    return None
+
+
+def table_from_rows(
+    rows: Any, *, group: FeatureGroup, version: FeatureGroupVersion, now: datetime
+) -> pa.Table:
+    """Validate JSON rows (a list of objects) and build the batch's Arrow table."""
+    if not isinstance(rows, list):
+        raise BatchRejected([_problem(None, "rows", "must be a list of objects")])
+    if not rows:
+        raise BatchRejected([_problem(None, "rows", "the batch is empty")])
+    if len(rows) > MAX_ROWS:
+        raise BatchRejected([_problem(None, "rows", f"at most {MAX_ROWS} rows per batch")])
+    problems: list[dict[str, Any]] = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            problems.append(_problem(index, None, "each row must be an object"))
+            if len(problems) >= MAX_ERRORS:
+                break
+    if problems:
+        raise BatchRejected(problems)
+    allowed = {*group.entity_keys, group.event_time_column, *version.feature_map()}
+    seen_columns: set[str] = set().union(*rows)
+    unknown = sorted(seen_columns - allowed)
+    if unknown:
+        first = next(i for i, row in enumerate(rows) if unknown[0] in row)
+        raise BatchRejected(
+            [_problem(first, column, "unknown column (not in the schema)") for column in unknown]
+        )
+
+    columns: dict[str, list[Any]] = {}
+    for key in group.entity_keys:
+        values = [row.get(key) for row in rows]
+        texts = [_key_text(v) for v in values]
+        for index, text in enumerate(texts):
+            if text is None:
+                problems.append(
+                    _problem(index, key, "entity key must be a non-empty string or an integer")
+                )
+                if len(problems) >= MAX_ERRORS:
+                    raise BatchRejected(problems)
+        columns[key] = texts
+
+    time_column = group.event_time_column
+    times: list[datetime | None] = []
+    for index, row in enumerate(rows):
+        try:
+            times.append(parse_event_time(row.get(time_column), now=now))
+        except ValueError as exc:
+            times.append(None)
+            problems.append(_problem(index, time_column, f"event time {exc}"))
+            if len(problems) >= MAX_ERRORS:
+                raise BatchRejected(problems) from exc
+    columns[time_column] = times
+
+    for spec in version.features:
+        name = spec["name"]
+        check, expected = _cell_check(spec)
+        values = [row.get(name) for row in rows]
+        for index, value in enumerate(values):
+            if value is not None and not check(value):
+                problems.append(_problem(index, name, f"expected {expected}, got {value!r:.60}"))
+                if len(problems) >= MAX_ERRORS:
+                    raise BatchRejected(problems)
+        columns[name] = values
+    if problems:
+        raise BatchRejected(problems)
+    schema = _schema(group, version)
+    return pa.Table.from_arrays(
+        [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
+    )
+
+
+def table_from_arrow(
+    table: pa.Table, *, group: FeatureGroup, version: FeatureGroupVersion, now: datetime
+) -> pa.Table:
+    """Validate an uploaded Parquet/CSV table column by column and cast it to the schema."""
+    if table.num_rows == 0:
+        raise BatchRejected([_problem(None, "rows", "the batch is empty")])
+    if table.num_rows > MAX_ROWS:
+        raise BatchRejected([_problem(None, "rows", f"at most {MAX_ROWS} rows per batch")])
+    schema = _schema(group, version)
+    unknown = sorted(set(table.column_names) - set(schema.names))
+    if unknown:
+        raise BatchRejected(
+            [_problem(None, c, "unknown column (not in the schema)") for c in unknown]
+        )
+    specs = version.feature_map()
+    arrays = []
+    for target in schema:
+        name = target.name
+        if name not in table.column_names:
+            if name in group.entity_keys or name == group.event_time_column:
+                raise BatchRejected([_problem(None, name, "required column is missing")])
+            arrays.append(pa.nulls(table.num_rows, type=target.type))
+            continue
+        column = table[name].combine_chunks()
+        if name in group.entity_keys:
+            arrays.append(_arrow_keys(column, name))
+        elif name == group.event_time_column:
+            arrays.append(_arrow_times(column, name, now=now))
+        else:
+            arrays.append(_arrow_feature(column, specs[name], target.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _first_index(mask: pa.Array) -> int | None:
+    indices = pc.indices_nonzero(mask.fill_null(False))
+    return indices[0].as_py() if len(indices) else None
+
+
+def _arrow_keys(column: pa.Array, name: str) -> pa.Array:
+    if not (
+        pa.types.is_integer(column.type)
+        or pa.types.is_string(column.type)
+        or pa.types.is_large_string(column.type)
+    ):
+        raise BatchRejected([_problem(None, name, f"entity key has type {column.type}")])
+    texts = column.cast(pa.string())
+    bad = _first_index(pc.or_kleene(pc.is_null(texts), pc.equal(pc.utf8_length(texts), 0)))
+    if bad is not None:
+        raise BatchRejected([_problem(bad, name, "entity key is missing or empty")])
+    return texts
+
+
+def _arrow_times(column: pa.Array, name: str, *, now: datetime) -> pa.Array:
+    target = pa.timestamp("us", tz="UTC")
+    if pa.types.is_timestamp(column.type):
+        if column.type.tz is None:
+            raise BatchRejected([_problem(None, name, "event time has no time zone")])
+        times = column.cast(target)
+    elif pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+        seconds = column.cast(pa.float64())
+        bad = _first_index(pc.invert(pc.is_finite(seconds)))
+        if bad is not None:
+            raise BatchRejected([_problem(bad, name, "event time must be finite")])
+        times = pc.multiply(seconds, 1_000_000).cast(pa.int64()).cast(target)
+    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        parsed = []
+        for index, value in enumerate(column.to_pylist()):
+            try:
+                parsed.append(parse_event_time(value, now=now))
+            except ValueError as exc:
+                raise BatchRejected([_problem(index, name, f"event time {exc}")]) from exc
+        return pa.array(parsed, type=target)
+    else:
+        raise BatchRejected([_problem(None, name, f"event time has type {column.type}")])
+    bad = _first_index(pc.is_null(times))
+    if bad is not None:
+        raise BatchRejected([_problem(bad, name, "event time is missing")])
+    early = _first_index(pc.less(times, pa.scalar(EARLIEST, type=target)))
+    if early is not None:
+        raise BatchRejected([_problem(early, name, "event time is before 1970")])
+    late = _first_index(pc.greater(times, pa.scalar(now + FUTURE_TOLERANCE, type=target)))
+    if late is not None:
+        raise BatchRejected([_problem(late, name, "event time is more than a day in the future")])
+    return times
+
+
+def _arrow_feature(column: pa.Array, spec: dict[str, Any], target: pa.DataType) -> pa.Array:
+    name, dtype = spec["name"], spec["dtype"]
+    compatible = {
+        Dtype.INT: pa.types.is_integer,
+        Dtype.FLOAT: lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
+        Dtype.BOOL: pa.types.is_boolean,
+        Dtype.STRING: lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+        Dtype.CATEGORICAL: lambda t: (
+            pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)
+        ),
+        Dtype.EMBEDDING: lambda t: (
+            pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t)
+        ),
+    }[dtype]
+    if not compatible(column.type):
+        raise BatchRejected([_problem(None, name, f"has type {column.type}, expected {dtype}")])
+    if dtype == Dtype.FLOAT:
+        values = column.cast(pa.float64())
+        bad = _first_index(pc.invert(pc.is_finite(values)))
+        if bad is not None:
+            raise BatchRejected([_problem(bad, name, "expected a finite number")])
+        return values
+    if dtype == Dtype.EMBEDDING:
+        lengths = pc.list_value_length(column)
+        bad = _first_index(pc.not_equal(lengths, spec["dimension"]))
+        if bad is not None:
+            raise BatchRejected(
+                [_problem(bad, name, f"expected a list of {spec['dimension']} numbers")]
+            )
+        flat = pc.list_flatten(column).cast(pa.float64())
+        if len(flat) and _first_index(pc.invert(pc.is_finite(flat))) is not None:
+            raise BatchRejected([_problem(None, name, "embedding values must be finite")])
+    try:
+        return column.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise BatchRejected([_problem(None, name, f"cannot be read as {dtype}: {exc}")]) from exc
+
+
+def table_from_csv(
+    raw: bytes, *, group: FeatureGroup, version: FeatureGroupVersion, now: datetime
+) -> pa.Table:
+    """CSV: each cell is read as text, then checked and converted like a JSON value."""
+    try:
+        text_table = pacsv.read_csv(
+            io.BytesIO(raw),
+            convert_options=pacsv.ConvertOptions(
+                column_types={}, strings_can_be_null=True, auto_dict_encode=False
+            ),
+            read_options=pacsv.ReadOptions(autogenerate_column_names=False),
+        )
+    except pa.ArrowInvalid as exc:
+        raise BatchRejected([_problem(None, "file", f"not a readable CSV file: {exc}")]) from exc
+    text_table = text_table.cast(
+        pa.schema([pa.field(n, pa.string()) for n in text_table.column_names])
+    )
+    specs = version.feature_map()
+    rows = text_table.to_pylist()
+    for row in rows:
+        for name, value in row.items():
+            if value is None or name not in specs:
+                continue
+            # Text that does not convert stays text: the checks below name its row and column.
+            with contextlib.suppress(ValueError):
+                row[name] = _from_csv_text(value, specs[name])
+    return table_from_rows(rows, group=group, version=version, now=now)
+
+
+def _from_csv_text(value: str, spec: dict[str, Any]) -> Any:
+    dtype = spec["dtype"]
+    if dtype == Dtype.INT:
+        return int(value)
+    if dtype == Dtype.FLOAT:
+        return float(value)
+    if dtype == Dtype.BOOL:
+        lowered = value.strip().lower()
+        if lowered in ("true", "1"):
+            return True
+        if lowered in ("false", "0"):
+            return False
+        raise ValueError(value)
+    if dtype == Dtype.EMBEDDING:
+        return json.loads(value)
+    return value
+
+
+def table_from_parquet(
+    raw: bytes, *, group: FeatureGroup, version: FeatureGroupVersion, now: datetime
+) -> pa.Table:
+    try:
+        table = pq.read_table(io.BytesIO(raw))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise BatchRejected(
+            [_problem(None, "file", f"not a readable Parquet file: {exc}")]
+        ) from exc
+    return table_from_arrow(table, group=group, version=version, now=now)
+
+
+# --- storing -----------------------------------------------------------------------------
+
+
+def _online_rows(table: pa.Table, group: FeatureGroup, feature_names: list[str]):
+    keys = [table[k].to_pylist() for k in group.entity_keys]
+    micros = table[group.event_time_column].cast(pa.int64()).to_pylist()
+    values = {name: table[name].to_pylist() for name in feature_names}
+    for index, stamp in enumerate(micros):
+        entity = online_store.entity_id([k[index] for k in keys])
+        yield entity, stamp / 1_000_000, {name: values[name][index] for name in feature_names}
+
+
+def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
+    feature_names = [
+        name
+        for name in table.column_names
+        if name not in group.entity_keys and name != group.event_time_column
+    ]
+    return online_store.get_online_store().write(
+        namespace=online_store.namespace(
+            workspace_id=group.workspace_id, group_id=group.pk, version=version
+        ),
+        rows=_online_rows(table, group, feature_names),
+    )
+
+
+def batch_ingest(
+    *,
+    actor: AbstractBaseUser,
+    group: FeatureGroup,
+    body: bytes,
+    format: str,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> IngestResult:
+    """Validate and store one producer batch (JSON ``{"rows": [...]}``, CSV or Parquet bytes)."""
+    if group.status == Lifecycle.RETIRED:
+        raise ConflictError(f"feature group '{group.name}' is retired", attr="name")
+    if idempotency_key is not None and not (0 < len(idempotency_key) <= 200):
+        raise ValidationError({"Idempotency-Key": "must be 1-200 characters"})
+    digest = hashlib.sha256(body).hexdigest()
+    if idempotency_key:
+        previous = _replay(group, idempotency_key, digest)
+        if previous is not None:
+            return IngestResult(batch=previous, replayed=True)
+
+    now = now or timezone.now()
+    version = group.versions.get(version=group.current_version)
+    if format == BatchFormat.JSON:
+        try:
+            document = parse_strict_json(body)
+        except ValueError as exc:
+            raise BatchRejected([_problem(None, "rows", f"JSON parse error: {exc}")]) from exc
+        if not isinstance(document, dict) or set(document) != {"rows"}:
+            raise BatchRejected([_problem(None, "rows", 'send {"rows": [...]}')])
+        table = table_from_rows(document["rows"], group=group, version=version, now=now)
+    elif format == BatchFormat.CSV:
+        table = table_from_csv(body, group=group, version=version, now=now)
+    elif format == BatchFormat.PARQUET:
+        table = table_from_parquet(body, group=group, version=version, now=now)
+    else:
+        raise ValidationError({"format": "one of json, csv, parquet"})
+
+    times = table[group.event_time_column]
+    min_time, max_time = pc.min(times).as_py(), pc.max(times).as_py()
+    files: list[str] = []
+    try:
+        with transaction.atomic():
+            locked = (
+                FeatureGroup.objects.select_for_update()
+                .filter(pk=group.pk, workspace=group.workspace)
+                .get()
+            )
+            if locked.current_version != version.version:
+                raise ConflictError(
+                    f"'{group.name}' moved to version {locked.current_version}; resend",
+                    attr="version",
+                )
+            batch = Batch.objects.create(
+                workspace=group.workspace,
+                group=group,
+                version=version.version,
+                idempotency_key=idempotency_key or None,
+                body_sha256=digest,
+                format=format,
+                rows=table.num_rows,
+                bytes=len(body),
+                min_event_time=min_time,
+                max_event_time=max_time,
+                producer=actor,
+            )
+            files = offline_store.write_batch(
+                workspace_id=group.workspace_id,
+                group_id=group.pk,
+                version=version.version,
+                batch_id=batch.pk,
+                table=table,
+                time_column=group.event_time_column,
+            )
+            batch.offline_path = str(
+                offline_store.group_dir(
+                    workspace_id=group.workspace_id, group_id=group.pk, version=version.version
+                )
+            )
+            batch.save(update_fields=["offline_path"])
+            touch_ingested(group=locked, max_event_time=max_time)
+            event_record(
+                actor=actor,
+                workspace=group.workspace,
+                verb="feature_batch.ingested",
+                refs=[Ref.to(group, role="output"), Ref.to(batch)],
+                resources={"rows": table.num_rows, "bytes": len(body)},
+                payload={
+                    "group": group.name,
+                    "version": version.version,
+                    "format": format,
+                    "rows": table.num_rows,
+                    "bytes": len(body),
+                    "producer": actor.get_username(),
+                    "min_event_time": min_time,
+                    "max_event_time": max_time,
+                },
+            )
+    except IntegrityError:
+        offline_store.remove_files(files)
+        previous = _replay(group, idempotency_key, digest) if idempotency_key else None
+        if previous is None:
+            raise
+        return IngestResult(batch=previous, replayed=True)
+    except BaseException:
+        offline_store.remove_files(files)
+        raise
+
+    online_rows = 0
+    if group.online:
+        # After commit: the batch is acknowledged once it is durable offline; if this write
+        # fails, materialisation rebuilds the online rows from the Parquet record.
+        online_rows = write_online(group=group, version=version.version, table=table)
+        Batch.objects.filter(pk=batch.pk, workspace=group.workspace).update(online_written=True)
+        batch.online_written = True
+    return IngestResult(batch=batch, replayed=False, online_rows=online_rows, files=files)
+
+
+def _replay(group: FeatureGroup, key: str, digest: str) -> Batch | None:
+    previous = (
+        Batch.objects.for_workspace(group.workspace)
+        .filter(group=group, idempotency_key=key)
+        .first()
+    )
+    if previous is None:
+        return None
+    if previous.body_sha256 != digest:
+        raise ConflictError(
+            f"Idempotency-Key '{key[:60]}' was already used for a different batch "
+            f"(batch {previous.pk})",
+            attr="Idempotency-Key",
+        )
+    return previous
+
+
+def batch_size_limit() -> int:
+    return settings.FEATURE_BATCH_MAX_BYTES

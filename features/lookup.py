@@ -1,0 +1,131 @@
+"""Online lookup: many features of many groups for many entities in one store round trip."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from features import online_store
+from features.models import FeatureGroup, FeatureGroupVersion, Lifecycle
+from workspaces.models import Workspace
+
+MAX_ENTITIES = 1000
+MAX_FEATURES = 500
+REF_PATTERN = re.compile(
+    r"^(?P<group>[a-z][a-z0-9_]{0,62})(?:@v(?P<version>\d{1,6}))?:(?P<feature>[a-z][a-z0-9_]{0,62})$"
+)
+
+
+@dataclass(frozen=True)
+class FeatureRef:
+    """``group:feature`` (the live version) or ``group@v2:feature`` (a pinned version)."""
+
+    group: str
+    feature: str
+    version: int | None = None
+
+    @classmethod
+    def parse(cls, text: Any, *, index: int) -> FeatureRef:
+        match = REF_PATTERN.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise ValidationError(
+                {f"features.{index}": "use 'group:feature' or 'group@v2:feature'"}
+            )
+        version = match.group("version")
+        return cls(match.group("group"), match.group("feature"), int(version) if version else None)
+
+    def __str__(self) -> str:
+        pinned = f"@v{self.version}" if self.version else ""
+        return f"{self.group}{pinned}:{self.feature}"
+
+
+def parse_refs(features: Any) -> list[FeatureRef]:
+    if not isinstance(features, list) or not features:
+        raise ValidationError({"features": "give a list of 'group:feature' references"})
+    if len(features) > MAX_FEATURES:
+        raise ValidationError({"features": f"at most {MAX_FEATURES} features per lookup"})
+    return [FeatureRef.parse(text, index=i) for i, text in enumerate(features)]
+
+
+def resolve_refs(
+    *, workspace: Workspace, refs: list[FeatureRef]
+) -> dict[tuple[str, int | None], tuple[FeatureGroup, FeatureGroupVersion]]:
+    """Each (group, pinned version) in the refs, checked against the registry."""
+    names = {ref.group for ref in refs}
+    groups = {
+        g.name: g for g in FeatureGroup.objects.for_workspace(workspace).filter(name__in=names)
+    }
+    versions = {
+        (v.group_id, v.version): v
+        for v in FeatureGroupVersion.objects.for_workspace(workspace).filter(group__name__in=names)
+    }
+    resolved: dict[tuple[str, int | None], tuple[FeatureGroup, FeatureGroupVersion]] = {}
+    for index, ref in enumerate(refs):
+        group = groups.get(ref.group)
+        if group is None:
+            raise ValidationError({f"features.{index}": f"no feature group '{ref.group}'"})
+        if group.status == Lifecycle.RETIRED:
+            raise ValidationError({f"features.{index}": f"feature group '{ref.group}' is retired"})
+        version = versions.get((group.pk, ref.version or group.current_version))
+        if version is None:
+            raise ValidationError(
+                {f"features.{index}": f"'{ref.group}' has no version {ref.version}"}
+            )
+        if ref.feature not in version.feature_map():
+            raise ValidationError({f"features.{index}": f"no feature '{ref}'"})
+        resolved[(ref.group, ref.version)] = (group, version)
+    return resolved
+
+
+def _entity_ids(entities: list[Any], group: FeatureGroup) -> list[str]:
+    keys = group.entity_keys
+    ids = []
+    for index, entity in enumerate(entities):
+        if isinstance(entity, dict):
+            missing = [k for k in keys if k not in entity]
+            if missing:
+                raise ValidationError(
+                    {f"entities.{index}": f"missing key '{missing[0]}' for '{group.name}'"}
+                )
+            ids.append(online_store.entity_id([entity[k] for k in keys]))
+        elif len(keys) == 1 and isinstance(entity, (str, int)) and not isinstance(entity, bool):
+            ids.append(str(entity))
+        else:
+            raise ValidationError(
+                {f"entities.{index}": f"give an object with {', '.join(keys)} for '{group.name}'"}
+            )
+    return ids
+
+
+def online_lookup(*, workspace: Workspace, entities: Any, features: Any) -> dict[str, Any]:
+    """Values of ``features`` for each entity, in order; missing values are null."""
+    if not isinstance(entities, list) or not entities:
+        raise ValidationError({"entities": "give a list of entities"})
+    if len(entities) > MAX_ENTITIES:
+        raise ValidationError({"entities": f"at most {MAX_ENTITIES} entities per lookup"})
+    refs = parse_refs(features)
+    resolved = resolve_refs(workspace=workspace, refs=refs)
+    lookups = []
+    for group, version in resolved.values():
+        lookups.append(
+            online_store.Lookup(
+                namespace=online_store.namespace(
+                    workspace_id=workspace.pk, group_id=group.pk, version=version.version
+                ),
+                entities=_entity_ids(entities, group),
+                counter=f"{workspace.pk}:{group.pk}",
+            )
+        )
+    found = online_store.get_online_store().read(lookups)
+    by_source = dict(zip(resolved, found, strict=True))
+    rows = []
+    for position in range(len(entities)):
+        row = []
+        for ref in refs:
+            stored = by_source[(ref.group, ref.version)][position]
+            row.append(None if stored is None else stored.get(ref.feature))
+        rows.append(row)
+    return {"features": [str(ref) for ref in refs], "rows": rows}

@@ -1,0 +1,113 @@
+"""The offline store: Parquet partitions under ARTIFACT_ROOT, read with DuckDB.
+
+Layout: ``offline/ws=<id>/group=<id>/v=<version>/date=<YYYY-MM-DD>/batch-<id>.parquet``.
+A batch is written to a temporary name and renamed into place, so a reader never sees half a file
+and a crash leaves no partial partition behind.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from django.conf import settings
+
+
+def offline_root() -> Path:
+    return Path(settings.ARTIFACT_ROOT) / "offline"
+
+
+def group_dir(*, workspace_id: int, group_id: int, version: int) -> Path:
+    return offline_root() / f"ws={workspace_id}" / f"group={group_id}" / f"v={version}"
+
+
+def write_batch(
+    *,
+    workspace_id: int,
+    group_id: int,
+    version: int,
+    batch_id: int,
+    table: pa.Table,
+    time_column: str,
+) -> list[str]:
+    """Write one batch, split into date partitions by event time; returns the files written."""
+    base = group_dir(workspace_id=workspace_id, group_id=group_id, version=version)
+    dates = pc.strftime(table[time_column], format="%Y-%m-%d")
+    written: list[str] = []
+    for day in pc.unique(dates).to_pylist():
+        part = table.filter(pc.equal(dates, day))
+        folder = base / f"date={day}"
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"batch-{batch_id}.parquet"
+        temporary = folder / f".batch-{batch_id}-{uuid.uuid4().hex}.tmp"
+        pq.write_table(part, temporary, compression="zstd")
+        os.replace(temporary, final)
+        written.append(str(final))
+    return written
+
+
+def remove_files(paths: list[str]) -> None:
+    """Undo a batch whose database transaction failed after its files were written."""
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
+
+
+def parquet_glob(*, workspace_id: int, group_id: int, version: int) -> str | None:
+    base = group_dir(workspace_id=workspace_id, group_id=group_id, version=version)
+    if not any(base.glob("date=*/batch-*.parquet")):
+        return None
+    return str(base / "date=*" / "batch-*.parquet")
+
+
+def connect() -> duckdb.DuckDBPyConnection:
+    connection = duckdb.connect(database=":memory:")
+    connection.execute("SET threads TO 2")
+    return connection
+
+
+def read_group(
+    *, workspace_id: int, group_id: int, version: int, columns: list[str] | None = None
+) -> pa.Table | None:
+    """All rows of one group version (None when nothing was written yet)."""
+    pattern = parquet_glob(workspace_id=workspace_id, group_id=group_id, version=version)
+    if pattern is None:
+        return None
+    selected = ", ".join(_quote(c) for c in columns) if columns else "*"
+    with connect() as connection:
+        return connection.execute(
+            f"SELECT {selected} FROM read_parquet(?, union_by_name = true)",  # noqa: S608 - quoted identifiers
+            [pattern],
+        ).fetch_arrow_table()
+
+
+def latest_per_entity(
+    *,
+    workspace_id: int,
+    group_id: int,
+    version: int,
+    entity_keys: list[str],
+    time_column: str,
+    columns: list[str],
+) -> pa.Table | None:
+    """The latest row per entity (by event time) of one group version, for materialisation."""
+    pattern = parquet_glob(workspace_id=workspace_id, group_id=group_id, version=version)
+    if pattern is None:
+        return None
+    keys = ", ".join(_quote(k) for k in entity_keys)
+    selected = ", ".join(_quote(c) for c in [*entity_keys, time_column, *columns])
+    with connect() as connection:
+        return connection.execute(
+            f"SELECT {selected} FROM read_parquet(?, union_by_name = true) "  # noqa: S608 - quoted
+            f"QUALIFY row_number() OVER (PARTITION BY {keys} "
+            f"ORDER BY {_quote(time_column)} DESC) = 1",
+            [pattern],
+        ).fetch_arrow_table()
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'

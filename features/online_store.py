@@ -1,0 +1,269 @@
+"""The online store: the latest row per entity and group version, for low-latency lookups.
+
+Redis when REDIS_URL is set: one string per (group version, entity) holding the row as JSON with
+its event time; a write replaces it only when its event time is not older (a Lua script, so
+concurrent producers cannot regress a value). A lookup of many entities across many groups is one
+pipeline round trip (an MGET per group) that also counts requests and hits for coverage.
+Without Redis an embedded SQLite file in VAR_DIR plays the same part for `make run`.
+
+Versions are separate namespaces; a group's current version in the database decides which one
+lookups read, so a new version goes live in one atomic update.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any, Protocol
+
+from django.conf import settings
+
+COVERAGE_TTL_SECONDS = 3 * 24 * 3600
+
+# Replace the stored row only if the new one is at least as recent.
+_WRITE_IF_NEWER = """
+local n = 0
+for i = 1, #KEYS do
+  local ts = tonumber(ARGV[2 * i - 1])
+  local current = redis.call('GET', KEYS[i])
+  local newer = true
+  if current then
+    local stored = tonumber(string.match(current, '^(%-?[%d%.eE%+%-]+)|'))
+    if stored and stored > ts then newer = false end
+  end
+  if newer then
+    redis.call('SET', KEYS[i], ARGV[2 * i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def namespace(*, workspace_id: int, group_id: int, version: int) -> str:
+    return f"{workspace_id}:{group_id}:v{version}"
+
+
+def entity_id(values: Sequence[Any]) -> str:
+    """A stable string for a (possibly composite) entity key."""
+    return "|".join(str(v) for v in values)
+
+
+def _encode(ts: float, row: dict[str, Any]) -> str:
+    return f"{ts!r}|{json.dumps(row, separators=(',', ':'))}"
+
+
+def _decode(raw: bytes | str | None) -> tuple[float, dict[str, Any]] | None:
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ts, _, body = text.partition("|")
+    return float(ts), json.loads(body)
+
+
+def hour_bucket(moment: datetime | None = None) -> str:
+    return (moment or datetime.now(UTC)).strftime("%Y%m%d%H")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Entities to read from one group version; ``counter`` names the group for coverage."""
+
+    namespace: str
+    entities: list[str]
+    counter: str
+
+
+class OnlineStore(Protocol):
+    def write(
+        self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]
+    ) -> int: ...
+
+    def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]: ...
+
+    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]: ...
+
+    def drop_namespace(self, namespace: str) -> None: ...
+
+
+class RedisOnlineStore:
+    """Online store on Redis (production and CI)."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self._write_script = self.client.register_script(_WRITE_IF_NEWER)
+
+    def _key(self, ns: str, entity: str) -> str:
+        return f"{self.prefix}:ol:{ns}:{entity}"
+
+    def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
+        written = 0
+        pipe = self.client.pipeline(transaction=False)
+        keys: list[str] = []
+        args: list[Any] = []
+        chunks = 0
+        for entity, ts, row in rows:
+            keys.append(self._key(namespace, entity))
+            args.extend((repr(ts), _encode(ts, row)))
+            if len(keys) == 500:
+                self._write_script(keys=keys, args=args, client=pipe)
+                keys, args = [], []
+                chunks += 1
+                if chunks % 20 == 0:
+                    written += sum(pipe.execute())
+        if keys:
+            self._write_script(keys=keys, args=args, client=pipe)
+        written += sum(pipe.execute())
+        return written
+
+    def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]:
+        pipe = self.client.pipeline(transaction=False)
+        bucket = hour_bucket()
+        for lookup in lookups:
+            pipe.mget([self._key(lookup.namespace, e) for e in lookup.entities])
+        results = pipe.execute()
+        found = [[_decode(raw) for raw in values] for values in results]
+        # Coverage counters ride on a second, fire-and-forget pipeline.
+        counters = self.client.pipeline(transaction=False)
+        for lookup, rows in zip(lookups, found, strict=True):
+            key = f"{self.prefix}:cov:{lookup.counter}:{bucket}"
+            counters.hincrby(key, "requested", len(rows))
+            counters.hincrby(key, "found", sum(1 for r in rows if r is not None))
+            counters.expire(key, COVERAGE_TTL_SECONDS)
+        counters.execute()
+        return [[row[1] if row else None for row in rows] for rows in found]
+
+    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.hmget(f"{self.prefix}:cov:{counter}:{bucket}", ["requested", "found"])
+        requested = found = 0
+        for values in pipe.execute():
+            requested += int(values[0] or 0)
+            found += int(values[1] or 0)
+        return requested, found
+
+    def drop_namespace(self, namespace: str) -> None:
+        for key in self.client.scan_iter(match=f"{self.prefix}:ol:{namespace}:*", count=1000):
+            self.client.delete(key)
+
+
+class SQLiteOnlineStore:
+    """Embedded online store for `make run`: one SQLite file, no server."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local = threading.local()
+        with self._connection() as connection:
+            connection.executescript(
+                """
+                CREATE TABLE IF NOT EXISTS online_row (
+                    ns TEXT NOT NULL, entity TEXT NOT NULL, ts REAL NOT NULL, row TEXT NOT NULL,
+                    PRIMARY KEY (ns, entity)
+                ) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS online_coverage (
+                    counter TEXT NOT NULL, bucket TEXT NOT NULL,
+                    requested INTEGER NOT NULL DEFAULT 0, found INTEGER NOT NULL DEFAULT 0,
+                    PRIMARY KEY (counter, bucket)
+                ) WITHOUT ROWID;
+                """
+            )
+
+    def _connection(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            self._local.connection = connection
+        return connection
+
+    def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
+        connection = self._connection()
+        payload = [
+            (namespace, entity, ts, json.dumps(row, separators=(",", ":")))
+            for entity, ts, row in rows
+        ]
+        before = connection.total_changes
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            connection.executemany(
+                "INSERT INTO online_row (ns, entity, ts, row) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (ns, entity) DO UPDATE SET ts = excluded.ts, row = excluded.row "
+                "WHERE excluded.ts >= online_row.ts",
+                payload,
+            )
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        return connection.total_changes - before
+
+    def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]:
+        connection = self._connection()
+        bucket = hour_bucket()
+        results: list[list[dict[str, Any] | None]] = []
+        counts: list[tuple[str, str, int, int]] = []
+        for lookup in lookups:
+            found: dict[str, dict[str, Any]] = {}
+            unique = list(dict.fromkeys(lookup.entities))
+            for start in range(0, len(unique), 500):
+                chunk = unique[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for entity, row in connection.execute(
+                    f"SELECT entity, row FROM online_row WHERE ns = ? AND entity IN ({marks})",  # noqa: S608 - placeholders only
+                    [lookup.namespace, *chunk],
+                ):
+                    found[entity] = json.loads(row)
+            rows = [found.get(e) for e in lookup.entities]
+            results.append(rows)
+            hits = sum(1 for r in rows if r is not None)
+            counts.append((lookup.counter, bucket, len(rows), hits))
+        connection.executemany(
+            "INSERT INTO online_coverage (counter, bucket, requested, found) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (counter, bucket) DO UPDATE SET "
+            "requested = requested + excluded.requested, "
+            "found = found + excluded.found",
+            counts,
+        )
+        return results
+
+    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
+        marks = ",".join("?" * len(buckets))
+        row = (
+            self._connection()
+            .execute(
+                "SELECT coalesce(sum(requested), 0), coalesce(sum(found), 0) "  # noqa: S608
+                f"FROM online_coverage WHERE counter = ? AND bucket IN ({marks})",
+                [counter, *buckets],
+            )
+            .fetchone()
+        )
+        return int(row[0]), int(row[1])
+
+    def drop_namespace(self, namespace: str) -> None:
+        self._connection().execute("DELETE FROM online_row WHERE ns = ?", [namespace])
+
+
+@cache
+def _store_for(redis_url: str, prefix: str, sqlite_path: str) -> OnlineStore:
+    if redis_url:
+        return RedisOnlineStore(redis_url, prefix)
+    return SQLiteOnlineStore(sqlite_path)
+
+
+def get_online_store() -> OnlineStore:
+    """The configured online store (cached per configuration, so tests can switch settings)."""
+    return _store_for(
+        settings.REDIS_URL,
+        settings.CACHE_KEY_PREFIX,
+        str(settings.ONLINE_STORE_SQLITE_PATH),
+    )
