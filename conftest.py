@@ -54,3 +54,24 @@ def _remove_test_state_dir():
     from django.conf import settings
 
     shutil.rmtree(settings.TEST_STATE_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_feature_stores(settings):
+    """Offline files and online rows are keyed by database ids, which a rolled-back test database
+    hands out again; start every test with empty stores."""
+    import shutil
+
+    shutil.rmtree(settings.ARTIFACT_ROOT, ignore_errors=True)
+    yield
+    from features import online_store
+
+    store = online_store.get_online_store()
+    if isinstance(store, online_store.RedisOnlineStore):
+        keys = list(store.client.scan_iter(match=f"{store.prefix}:*", count=1000))
+        if keys:
+            store.client.delete(*keys)
+    else:
+        connection = store._connection()
+        connection.execute("DELETE FROM online_row")
+        connection.execute("DELETE FROM online_coverage")

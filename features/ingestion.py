@@ -525,7 +525,7 @@ def batch_ingest(
                     "format": format,
                     "rows": table.num_rows,
                     "bytes": len(body),
-                    "producer": actor.get_username(),
+                    "producer": actor.get_username() if actor else "system",
                     "min_event_time": min_time,
                     "max_event_time": max_time,
                 },

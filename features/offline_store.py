@@ -79,10 +79,10 @@ def read_group(
         return None
     selected = ", ".join(_quote(c) for c in columns) if columns else "*"
     with connect() as connection:
-        return connection.execute(
+        return connection.sql(
             f"SELECT {selected} FROM read_parquet(?, union_by_name = true)",  # noqa: S608 - quoted identifiers
-            [pattern],
-        ).fetch_arrow_table()
+            params=[pattern],
+        ).to_arrow_table()
 
 
 def latest_per_entity(
@@ -101,12 +101,12 @@ def latest_per_entity(
     keys = ", ".join(_quote(k) for k in entity_keys)
     selected = ", ".join(_quote(c) for c in [*entity_keys, time_column, *columns])
     with connect() as connection:
-        return connection.execute(
+        return connection.sql(
             f"SELECT {selected} FROM read_parquet(?, union_by_name = true) "  # noqa: S608 - quoted
             f"QUALIFY row_number() OVER (PARTITION BY {keys} "
             f"ORDER BY {_quote(time_column)} DESC) = 1",
-            [pattern],
-        ).fetch_arrow_table()
+            params=[pattern],
+        ).to_arrow_table()
 
 
 def _quote(identifier: str) -> str:

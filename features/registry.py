@@ -211,10 +211,10 @@ def feature_group_new_version(
     previous = current.feature_map()
     for spec in specs:
         Feature.objects.update_or_create(
+            workspace=group.workspace,
             group=group,
             name=spec["name"],
             defaults={
-                "workspace": group.workspace,
                 "dtype": spec["dtype"],
                 "dimension": spec["dimension"],
                 "description": spec["description"],
@@ -414,12 +414,12 @@ def consumer_register(
         if feature.status == Lifecycle.RETIRED:
             raise ConflictError(f"feature '{feature}' is retired", attr="features")
     consumer, created = Consumer.objects.update_or_create(
+        workspace=group.workspace,
         group=group,
         feature_name=feature_name,
         kind=kind,
         object_id=str(object_id),
         defaults={
-            "workspace": group.workspace,
             "label": label[:200],
             "owner": owner or actor,
             "live": True,

@@ -73,12 +73,7 @@ def _flatten(detail: Any, prefix: str | None = None) -> list[dict[str, Any]]:
 
 def _django_validation_to_drf(exc: DjangoValidationError) -> exceptions.ValidationError:
     if hasattr(exc, "error_dict"):
-        return exceptions.ValidationError(
-            {
-                field: [str(m) for e in errs for m in e.messages]
-                for field, errs in exc.message_dict.items()
-            }
-        )
+        return exceptions.ValidationError(dict(exc.message_dict))
     return exceptions.ValidationError(exc.messages)
 
 

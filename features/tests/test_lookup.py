@@ -1,0 +1,111 @@
+"""Online lookups: many entities, many groups, composite keys, versions, bad references."""
+
+from __future__ import annotations
+
+import pytest
+
+from features import ingestion, registry
+from features.models import EntityKind
+from features.tests.factories import make_group, user_row
+from workspaces.models import Role
+from workspaces.testing.factories import make_member
+
+
+def lookup_url(workspace) -> str:
+    return f"/api/v1/workspaces/{workspace.slug}/online-features/"
+
+
+def push(group, actor, rows):
+    import json
+
+    return ingestion.batch_ingest(
+        actor=actor, group=group, body=json.dumps({"rows": rows}).encode(), format="json"
+    )
+
+
+@pytest.fixture
+def developer(workspace):
+    return make_member(workspace, Role.DEVELOPER)
+
+
+def test_many_entities_across_groups_with_composite_keys(client_for, workspace, developer):
+    users = make_group(workspace, name="user_profile")
+    pairs = registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name="user_ad",
+        entity=EntityKind.CONTEXT,
+        entity_keys=["user_id", "ad_id"],
+        features=[{"name": "clicks", "dtype": "int"}],
+    )
+    push(users, developer, [user_row(i) for i in range(100)])
+    push(
+        pairs, developer, [{"user_id": "u3", "ad_id": 9, "event_time": 1_761_955_200, "clicks": 4}]
+    )
+    entities = [{"user_id": f"u{i}", "ad_id": 9} for i in range(100)] + [
+        {"user_id": "zz", "ad_id": 1}
+    ]
+    response = client_for(make_member(workspace, Role.VIEWER)).post(
+        lookup_url(workspace),
+        {
+            "entities": entities,
+            "features": ["user_profile:age", "user_ad:clicks", "user_profile:city"],
+        },
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    rows = response.json()["rows"]
+    assert len(rows) == 101
+    assert rows[3] == [23, 4, "c0"]
+    assert rows[4] == [24, None, "c1"]
+    assert rows[100] == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("body", "attr"),
+    [
+        ({"entities": [], "features": ["g:age"]}, "entities"),
+        ({"entities": ["u1"], "features": []}, "features"),
+        ({"entities": ["u1"], "features": ["no-colon"]}, "features.0"),
+        ({"entities": ["u1"], "features": ["missing:age"]}, "features.0"),
+        ({"entities": ["u1"], "features": ["user_profile:nope"]}, "features.0"),
+        ({"entities": ["u1"], "features": ["user_profile@v9:age"]}, "features.0"),
+        ({"entities": [["u1"]], "features": ["user_profile:age"]}, "entities.0"),
+        ({"entities": [True], "features": ["user_profile:age"]}, "entities.0"),
+        ({"entities": ["u"] * 1001, "features": ["user_profile:age"]}, "entities"),
+    ],
+)
+def test_bad_lookups_name_the_field(client_for, workspace, members, body, attr):
+    make_group(workspace, name="user_profile")
+    response = client_for(members["viewer"]).post(lookup_url(workspace), body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["attr"] == attr
+
+
+def test_another_workspaces_group_is_not_found_by_name(
+    client_for, workspace, other_workspace, members
+):
+    theirs = make_group(other_workspace, name="secret_profile")
+    push(theirs, None, [user_row(1)])
+    response = client_for(members["admin"]).post(
+        lookup_url(workspace),
+        {"entities": ["u1"], "features": ["secret_profile:age"]},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "no feature group" in response.json()["detail"]
+
+
+def test_lookups_feed_coverage_counters(workspace, developer):
+    from features import online_store
+    from features.lookup import online_lookup
+
+    group = make_group(workspace, name="user_profile")
+    push(group, developer, [user_row(1)])
+    online_lookup(
+        workspace=workspace, entities=["u1", "u2", "u3", "u1"], features=["user_profile:age"]
+    )
+    requested, found = online_store.get_online_store().coverage(
+        counter=f"{workspace.pk}:{group.pk}", buckets=[online_store.hour_bucket()]
+    )
+    assert (requested, found) == (4, 2)
