@@ -12,7 +12,6 @@ lookups read, so a new version goes live in one atomic update.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -21,6 +20,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any, Protocol
 
+import orjson
 from django.conf import settings
 
 COVERAGE_TTL_SECONDS = 3 * 24 * 3600
@@ -54,16 +54,15 @@ def entity_id(values: Sequence[Any]) -> str:
     return "|".join(str(v) for v in values)
 
 
-def _encode(ts: float, row: dict[str, Any]) -> str:
-    return f"{ts!r}|{json.dumps(row, separators=(',', ':'))}"
+def _encode(ts: float, row: dict[str, Any]) -> bytes:
+    return repr(ts).encode() + b"|" + orjson.dumps(row)
 
 
-def _decode(raw: bytes | str | None) -> tuple[float, dict[str, Any]] | None:
+def _decode(raw: bytes | None) -> tuple[float, dict[str, Any]] | None:
     if raw is None:
         return None
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ts, _, body = text.partition("|")
-    return float(ts), json.loads(body)
+    ts, _, body = raw.partition(b"|")
+    return float(ts), orjson.loads(body)
 
 
 def hour_bucket(moment: datetime | None = None) -> str:
@@ -189,8 +188,7 @@ class SQLiteOnlineStore:
     def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
         connection = self._connection()
         payload = [
-            (namespace, entity, ts, json.dumps(row, separators=(",", ":")))
-            for entity, ts, row in rows
+            (namespace, entity, ts, orjson.dumps(row)) for entity, ts, row in rows
         ]
         before = connection.total_changes
         connection.execute("BEGIN IMMEDIATE")
@@ -222,7 +220,7 @@ class SQLiteOnlineStore:
                     f"SELECT entity, row FROM online_row WHERE ns = ? AND entity IN ({marks})",  # noqa: S608 - placeholders only
                     [lookup.namespace, *chunk],
                 ):
-                    found[entity] = json.loads(row)
+                    found[entity] = orjson.loads(row)
             rows = [found.get(e) for e in lookup.entities]
             results.append(rows)
             hits = sum(1 for r in rows if r is not None)

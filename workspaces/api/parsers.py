@@ -26,23 +26,27 @@ def _parse_float(text: str) -> float:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key[:60]!r}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"duplicate key {duplicate[:60]!r}")
     return result
 
 
-def parse_strict_json(raw: bytes) -> Any:
-    """Parse JSON bytes strictly; raises ValueError naming what is wrong."""
+def parse_strict_json(raw: bytes, *, check_floats: bool = True) -> Any:
+    """Parse JSON bytes strictly; raises ValueError naming what is wrong.
+
+    ``check_floats=False`` leaves overflowing numbers (1e999 -> inf) to a caller that checks
+    every number itself anyway (producer batches), which saves a Python call per number.
+    """
     if not raw.strip():
         raise ValueError("the body is empty; send a JSON document")
     try:
         return json.loads(
             raw.decode("utf-8"),
             parse_constant=_reject_constant,
-            parse_float=_parse_float,
+            parse_float=_parse_float if check_floats else float,
             object_pairs_hook=_no_duplicate_keys,
         )
     except UnicodeDecodeError as exc:
