@@ -45,6 +45,20 @@ return n
 """
 
 
+# Read the rows and count requests and hits for coverage, in one round trip.
+_READ_AND_COUNT = """
+local values = redis.call('MGET', unpack(KEYS, 2))
+local found = 0
+for _, v in ipairs(values) do
+  if v then found = found + 1 end
+end
+redis.call('HINCRBY', KEYS[1], 'requested', #KEYS - 1)
+redis.call('HINCRBY', KEYS[1], 'found', found)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return values
+"""
+
+
 def namespace(*, workspace_id: int, group_id: int, version: int) -> str:
     return f"{workspace_id}:{group_id}:v{version}"
 
@@ -99,6 +113,7 @@ class RedisOnlineStore:
         self.client = redis.Redis.from_url(url)
         self.prefix = prefix
         self._write_script = self.client.register_script(_WRITE_IF_NEWER)
+        self._read_script = self.client.register_script(_READ_AND_COUNT)
 
     def _key(self, ns: str, entity: str) -> str:
         return f"{self.prefix}:ol:{ns}:{entity}"
@@ -127,18 +142,18 @@ class RedisOnlineStore:
         pipe = self.client.pipeline(transaction=False)
         bucket = hour_bucket()
         for lookup in lookups:
-            pipe.mget([self._key(lookup.namespace, e) for e in lookup.entities])
+            keys = [f"{self.prefix}:cov:{lookup.counter}:{bucket}"]
+            keys.extend(self._key(lookup.namespace, e) for e in lookup.entities)
+            self._read_script(keys=keys, args=[COVERAGE_TTL_SECONDS], client=pipe)
         results = pipe.execute()
-        found = [[_decode(raw) for raw in values] for values in results]
-        # Coverage counters ride on a second, fire-and-forget pipeline.
-        counters = self.client.pipeline(transaction=False)
-        for lookup, rows in zip(lookups, found, strict=True):
-            key = f"{self.prefix}:cov:{lookup.counter}:{bucket}"
-            counters.hincrby(key, "requested", len(rows))
-            counters.hincrby(key, "found", sum(1 for r in rows if r is not None))
-            counters.expire(key, COVERAGE_TTL_SECONDS)
-        counters.execute()
-        return [[row[1] if row else None for row in rows] for rows in found]
+        decoded = []
+        for values in results:
+            rows = []
+            for raw in values:
+                row = _decode(raw)
+                rows.append(row[1] if row else None)
+            decoded.append(rows)
+        return decoded
 
     def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
         pipe = self.client.pipeline(transaction=False)
