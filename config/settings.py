@@ -227,6 +227,8 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
+    "feature-health": {"task": "features.tasks.health_check_all", "schedule": 60.0},
+    "feature-materialize": {"task": "features.tasks.materialize_online", "schedule": 300.0},
 }
 
 for _folder in (
@@ -306,7 +308,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_RENDERER_CLASSES": [
-        "rest_framework.renderers.JSONRenderer",
+        "workspaces.api.renderers.FastJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.CappedLimitOffsetPagination",
@@ -339,6 +341,7 @@ SPECTACULAR_SETTINGS = {
         "WorkspaceRoleEnum": "workspaces.models.Role",
         "ServiceAccountRoleEnum": ["viewer", "developer", "maintainer"],
         "LifecycleEnum": "features.models.Lifecycle",
+        "HealthStatusEnum": "features.models.HealthStatus",
         "FeatureStatusChangeEnum": ["active", "deprecated", "retired"],
         "NewGroupStatusEnum": ["draft", "active"],
     },
@@ -371,6 +374,8 @@ EMAIL_BACKEND = os.environ.get(
     else "django.core.mail.backends.console.EmailBackend",
 )
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "rankops@localhost")
+# Webhooks may only reach public addresses unless an admin allows private ones (an intranet).
+WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 
 LOGGING = {
     "version": 1,

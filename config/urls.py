@@ -25,5 +25,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include((api_v1, "api"), namespace="v1")),
+    path("", include("features.urls")),
     path("", include("workspaces.urls")),
 ]

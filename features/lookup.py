@@ -55,13 +55,16 @@ def resolve_refs(
 ) -> dict[tuple[str, int | None], tuple[FeatureGroup, FeatureGroupVersion]]:
     """Each (group, pinned version) in the refs, checked against the registry."""
     names = {ref.group for ref in refs}
-    groups = {
-        g.name: g for g in FeatureGroup.objects.for_workspace(workspace).filter(name__in=names)
-    }
-    versions = {
-        (v.group_id, v.version): v
-        for v in FeatureGroupVersion.objects.for_workspace(workspace).filter(group__name__in=names)
-    }
+    groups: dict[str, FeatureGroup] = {}
+    versions: dict[tuple[int, int], FeatureGroupVersion] = {}
+    # One query: every version of the named groups, each with its group.
+    for version in (
+        FeatureGroupVersion.objects.for_workspace(workspace)
+        .filter(group__name__in=names)
+        .select_related("group")
+    ):
+        groups[version.group.name] = version.group
+        versions[(version.group_id, version.version)] = version
     resolved: dict[tuple[str, int | None], tuple[FeatureGroup, FeatureGroupVersion]] = {}
     for index, ref in enumerate(refs):
         group = groups.get(ref.group)
@@ -121,11 +124,20 @@ def online_lookup(*, workspace: Workspace, entities: Any, features: Any) -> dict
         )
     found = online_store.get_online_store().read(lookups)
     by_source = dict(zip(resolved, found, strict=True))
+    # Group the requested features by source so each stored row is visited once per entity.
+    plan: list[tuple[list[dict | None], list[tuple[int, str]]]] = []
+    positions: dict[tuple[str, int | None], list[tuple[int, str]]] = {}
+    for column, ref in enumerate(refs):
+        positions.setdefault((ref.group, ref.version), []).append((column, ref.feature))
+    plan = [(by_source[source], wanted) for source, wanted in positions.items()]
+    width = len(refs)
     rows = []
     for position in range(len(entities)):
-        row = []
-        for ref in refs:
-            stored = by_source[(ref.group, ref.version)][position]
-            row.append(None if stored is None else stored.get(ref.feature))
+        row: list[Any] = [None] * width
+        for stored_rows, wanted in plan:
+            stored = stored_rows[position]
+            if stored is not None:
+                for column, feature in wanted:
+                    row[column] = stored.get(feature)
         rows.append(row)
     return {"features": [str(ref) for ref in refs], "rows": rows}

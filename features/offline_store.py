@@ -64,6 +64,10 @@ def parquet_glob(*, workspace_id: int, group_id: int, version: int) -> str | Non
     return str(base / "date=*" / "batch-*.parquet")
 
 
+# The partition folders (ws=, group=, v=, date=) are layout, not columns.
+READ_OPTIONS = "union_by_name = true, hive_partitioning = false"
+
+
 def connect() -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect(database=":memory:")
     connection.execute("SET threads TO 2")
@@ -80,7 +84,7 @@ def read_group(
     selected = ", ".join(_quote(c) for c in columns) if columns else "*"
     with connect() as connection:
         return connection.sql(
-            f"SELECT {selected} FROM read_parquet(?, union_by_name = true)",  # noqa: S608 - quoted identifiers
+            f"SELECT {selected} FROM read_parquet(?, {READ_OPTIONS})",  # noqa: S608 - quoted identifiers
             params=[pattern],
         ).to_arrow_table()
 
@@ -102,7 +106,7 @@ def latest_per_entity(
     selected = ", ".join(_quote(c) for c in [*entity_keys, time_column, *columns])
     with connect() as connection:
         return connection.sql(
-            f"SELECT {selected} FROM read_parquet(?, union_by_name = true) "  # noqa: S608 - quoted
+            f"SELECT {selected} FROM read_parquet(?, {READ_OPTIONS}) "  # noqa: S608 - quoted
             f"QUALIFY row_number() OVER (PARTITION BY {keys} "
             f"ORDER BY {_quote(time_column)} DESC) = 1",
             params=[pattern],

@@ -202,9 +202,7 @@ class SQLiteOnlineStore:
 
     def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
         connection = self._connection()
-        payload = [
-            (namespace, entity, ts, orjson.dumps(row)) for entity, ts, row in rows
-        ]
+        payload = [(namespace, entity, ts, orjson.dumps(row)) for entity, ts, row in rows]
         before = connection.total_changes
         connection.execute("BEGIN IMMEDIATE")
         try:

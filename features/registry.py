@@ -30,6 +30,8 @@ from workspaces.models import Workspace
 
 MAX_FEATURES_PER_GROUP = 1000
 MAX_EMBEDDING_DIMENSION = 4096
+# Column names DuckDB adds when reading the Parquet record (file name, row number).
+RESERVED_COLUMNS = frozenset({"filename", "file_row_number"})
 
 
 def _validate_name(value: str, *, attr: str) -> None:
@@ -90,6 +92,11 @@ def _check_columns(entity_keys: Any, event_time_column: str, features: list[dict
         _validate_name(key, attr=f"entity_keys.{index}")
     _validate_name(event_time_column, attr="event_time_column")
     reserved = [*entity_keys, event_time_column]
+    for index, spec in enumerate(features):
+        if spec["name"] in RESERVED_COLUMNS:
+            raise ValidationError(
+                {f"features.{index}.name": f"'{spec['name']}' is reserved by the offline store"}
+            )
     if len(set(reserved)) != len(reserved):
         raise ValidationError({"entity_keys": "entity keys and the event time column must differ"})
     for index, spec in enumerate(features):

@@ -7,10 +7,12 @@ PORT=${PORT:-8000}
 mkdir -p var/log
 
 pids=()
+demo_pid=""
 stop() {
   trap - INT TERM EXIT
   echo
   echo "Stopping the platform..."
+  if [ -n "$demo_pid" ]; then kill -TERM "$demo_pid" 2>/dev/null || true; fi
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
@@ -36,11 +38,16 @@ cat <<MSG
   RankOps is running at http://127.0.0.1:$PORT/
   API docs:   http://127.0.0.1:$PORT/api/docs/
   Admin:      http://127.0.0.1:$PORT/admin/
-  Logs:       var/log/web.log, var/log/worker.log
+  Logs:       var/log/web.log, var/log/worker.log, var/log/demo.log
   Press Ctrl-C to stop.
 
 MSG
-# Exit (and stop the rest) as soon as either process dies.
-wait -n "${pids[@]}"
+# The demo feature data, pushed over the REST API like a producer would (idempotent: a second
+# `make run` stores nothing twice). Not in pids: the platform keeps running when it finishes.
+"$BIN/python" manage.py demo_features --base-url "http://127.0.0.1:$PORT" >var/log/demo.log 2>&1 &
+demo_pid=$!
+# Exit (and stop the rest) as soon as either process dies; the demo loader finishing is fine.
+all_running() { for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }
+while all_running; do wait -n "${pids[@]}"; done
 echo "A platform process exited; see var/log/." >&2
 exit 1

@@ -12,15 +12,17 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from workspaces import services
+from workspaces import notifications, services
 from workspaces.exceptions import ConflictError
 from workspaces.models import (
     ApiToken,
     Event,
     EventRef,
     Membership,
+    Notification,
     Quota,
     ServiceAccount,
+    WebhookEndpoint,
     Workspace,
 )
 
@@ -281,3 +283,73 @@ class EventAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(Notification)
+class NotificationAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    """Notifications as sent; read-only (``workspaces.notifications.notify`` writes them)."""
+
+    list_display = ["created_at", "workspace", "recipient", "verb", "title", "read_at"]
+    list_filter = ["verb", "workspace", ("created_at", admin.DateFieldListFilter)]
+    search_fields = ["title", "verb", "recipient__username"]
+    readonly_fields = [
+        "workspace",
+        "recipient",
+        "verb",
+        "title",
+        "body",
+        "link",
+        "event",
+        "created_at",
+        "read_at",
+        "delivered_at",
+    ]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("workspace", "recipient")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    """Webhooks of every workspace; added through the API (which checks the URL), removable here
+    through the same service, so the removal is recorded."""
+
+    list_display = ["workspace", "url", "active", "last_status", "last_attempt_at", "created_by"]
+    list_filter = ["active", "workspace"]
+    readonly_fields = [
+        "workspace",
+        "url",
+        "active",
+        "created_by",
+        "created_at",
+        "last_attempt_at",
+        "last_status",
+        "last_error",
+    ]
+    exclude = ["secret"]
+    actions = ["delete_webhooks"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def delete_model(self, request, obj: WebhookEndpoint) -> None:
+        notifications.webhook_delete(actor=request.user, webhook=obj)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.action(description="Delete selected webhooks (recorded in the event log)")
+    def delete_webhooks(self, request, queryset: QuerySet) -> None:
+        for webhook in queryset.select_related("workspace"):
+            notifications.webhook_delete(actor=request.user, webhook=webhook)

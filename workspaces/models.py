@@ -337,3 +337,69 @@ class EventRef(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise ImmutableEventError("event references cannot be deleted")
+
+
+class NotificationQuerySet(WorkspaceScopedQuerySet):
+    def unread(self) -> NotificationQuerySet:
+        return self.filter(read_at__isnull=True)
+
+
+class Notification(models.Model):
+    """A message to one user about something in a workspace (a feature group broke, a job ended);
+    shown in the app and delivered by e-mail and the workspace's webhooks after commit."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    recipient = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"
+    )
+    verb = models.CharField(max_length=80, help_text="What happened, e.g. feature_group.broken.")
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    link = models.CharField(max_length=500, blank=True)
+    event = models.ForeignKey(
+        Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the delivery task took it (e-mail and webhooks)."
+    )
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["recipient", "-created_at"], name="notification_inbox"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verb} to {self.recipient} in {self.workspace.slug}"
+
+
+class WebhookEndpoint(models.Model):
+    """An outbound URL that receives every notification of a workspace as signed JSON.
+
+    The body is signed with HMAC-SHA256 under ``secret`` (header ``X-RankOps-Signature``); the URL
+    is checked against private and link-local addresses when created and again when delivering.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    url = models.CharField(max_length=2000)
+    secret = models.CharField(max_length=200, editable=False)
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} of {self.workspace.slug}"

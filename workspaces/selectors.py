@@ -8,9 +8,18 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 from django.http import Http404
+from guardian.core import ObjectPermissionChecker
 from guardian.shortcuts import get_objects_for_user
 
-from workspaces.models import ApiToken, Event, Membership, Role, Workspace
+from workspaces.models import (
+    ROLE_PERMISSIONS,
+    WORKSPACE_PERMISSIONS,
+    ApiToken,
+    Event,
+    Membership,
+    Role,
+    Workspace,
+)
 
 Principal = AbstractBaseUser | AnonymousUser
 
@@ -31,14 +40,37 @@ def workspaces_visible_to(*, user: Principal, token: ApiToken | None = None) -> 
     return visible.order_by("slug")
 
 
+def workspace_access(
+    *, user: Principal, slug: str, token: ApiToken | None = None
+) -> tuple[Workspace, frozenset[str]]:
+    """One workspace by slug with the caller's guardian permissions on it.
+
+    Raises Http404 when it is missing, outside the token's scope, or not viewable by the caller.
+    A few simple queries, since every workspace-scoped request starts here.
+    """
+    if not user.is_authenticated or not user.is_active:
+        raise Http404("No such workspace.")
+    workspace = Workspace.objects.filter(slug=slug).first()
+    if workspace is None:
+        raise Http404("No such workspace.")
+    if token is not None:
+        scope = set(token.workspaces.values_list("pk", flat=True))
+        if scope and workspace.pk not in scope:
+            raise Http404("No such workspace.")
+    if user.is_superuser:
+        perms = frozenset(WORKSPACE_PERMISSIONS)
+    else:
+        perms = frozenset(ObjectPermissionChecker(user).get_perms(workspace))
+    if "view_workspace" not in perms:
+        raise Http404("No such workspace.")
+    return workspace, perms
+
+
 def workspace_get_visible(
     *, user: Principal, slug: str, token: ApiToken | None = None
 ) -> Workspace:
     """One workspace by slug, or Http404 when it is missing or invisible to the caller."""
-    workspace = workspaces_visible_to(user=user, token=token).filter(slug=slug).first()
-    if workspace is None:
-        raise Http404("No such workspace.")
-    return workspace
+    return workspace_access(user=user, slug=slug, token=token)[0]
 
 
 def role_in_workspace(*, user: Principal, workspace: Workspace) -> str | None:
@@ -50,6 +82,14 @@ def role_in_workspace(*, user: Principal, workspace: Workspace) -> str | None:
         return membership.role
     if user.is_superuser:
         return Role.ADMIN
+    return None
+
+
+def role_from_perms(perms: frozenset[str]) -> str | None:
+    """The strongest role whose permissions the caller holds on a workspace."""
+    for role in reversed(Role.values):
+        if set(ROLE_PERMISSIONS[role]) <= perms:
+            return role
     return None
 
 

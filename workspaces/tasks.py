@@ -15,3 +15,12 @@ def worker_heartbeat() -> str:
     now = timezone.now().isoformat()
     cache.set(WORKER_HEARTBEAT_KEY, now, timeout=3600)
     return now
+
+
+@shared_task(name="workspaces.tasks.deliver_notifications", ignore_result=True)
+def deliver_notifications(notification_ids: list[int]) -> dict[str, int]:
+    """E-mail the recipients of these notifications and post them to the workspace's webhooks;
+    each notification is delivered at most once, so a redelivered task sends nothing again."""
+    from workspaces.notifications import notifications_deliver
+
+    return notifications_deliver(notification_ids)

@@ -13,6 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from workspaces import services
+from workspaces.dashboard import sections_for
 from workspaces.exceptions import ConflictError
 from workspaces.forms import MemberGrantForm, MemberRoleForm, TokenCreateForm
 from workspaces.models import Role
@@ -20,9 +21,9 @@ from workspaces.selectors import (
     events_of,
     members_of,
     role_at_least,
-    role_in_workspace,
+    role_from_perms,
     tokens_of,
-    workspace_get_visible,
+    workspace_access,
     workspaces_visible_to,
 )
 
@@ -42,8 +43,8 @@ def workspace_page(required_role: str = Role.VIEWER):
         @login_required
         @wraps(view)
         def wrapper(request: HttpRequest, ws: str, *args, **kwargs) -> HttpResponse:
-            workspace = workspace_get_visible(user=request.user, slug=ws)
-            role = role_in_workspace(user=request.user, workspace=workspace)
+            workspace, perms = workspace_access(user=request.user, slug=ws)
+            role = role_from_perms(perms)
             if not role_at_least(role, required_role):
                 raise PermissionDenied(f"This needs the {required_role} role.")
             request.workspace = workspace
@@ -75,12 +76,15 @@ def home(request: HttpRequest) -> HttpResponse:
 @workspace_page()
 def dashboard(request: HttpRequest, workspace) -> HttpResponse:
     recent = list(events_of(workspace=workspace)[:10])
+    filled = sections_for(workspace=workspace, user=request.user)
     return render(
         request,
         "workspaces/dashboard.html",
         _context(
             request,
-            sections=DASHBOARD_SECTIONS,
+            sections=[
+                (key, label, blurb, filled.get(key)) for key, label, blurb in DASHBOARD_SECTIONS
+            ],
             recent_events=recent,
             member_count=members_of(workspace=workspace).count(),
             quota=workspace.quota.as_dict(),

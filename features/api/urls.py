@@ -3,6 +3,8 @@
 from rest_framework.routers import SimpleRouter
 
 from features.api import views
+from features.api.datasets import DatasetViewSet, SampleStreamFeaturesViewSet
+from features.api.health import FeatureGroupHealthViewSet
 
 WS = r"workspaces/(?P<ws>[a-z0-9-]+)"
 GROUP = WS + r"/feature-groups/(?P<name>[a-z][a-z0-9_]*)"
@@ -11,6 +13,13 @@ router = SimpleRouter()
 router.register(rf"{WS}/feature-groups", views.FeatureGroupViewSet, basename="feature-group")
 router.register(rf"{GROUP}/features", views.FeatureViewSet, basename="feature")
 router.register(rf"{GROUP}/batches", views.BatchViewSet, basename="feature-batch")
+router.register(rf"{GROUP}/health", FeatureGroupHealthViewSet, basename="feature-group-health")
 router.register(rf"{WS}/online-features", views.OnlineFeaturesViewSet, basename="online-features")
+router.register(rf"{WS}/datasets", DatasetViewSet, basename="dataset")
+router.register(
+    rf"{WS}/sample-stream/features",
+    SampleStreamFeaturesViewSet,
+    basename="sample-stream-feature",
+)
 
 urlpatterns = router.urls

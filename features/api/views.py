@@ -37,7 +37,7 @@ from features.selectors import (
 from workspaces.api.errors import error_body
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.models import Role
-from workspaces.selectors import role_at_least, role_in_workspace
+from workspaces.selectors import role_at_least, role_from_perms
 
 User = get_user_model()
 
@@ -115,7 +115,7 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
         data = serializer.validated_data
         new_status = data.get("status")
         if new_status in (Lifecycle.RETIRED, Lifecycle.DEPRECATED) and not role_at_least(
-            role_in_workspace(user=request.user, workspace=self.workspace), Role.MAINTAINER
+            role_from_perms(self.workspace_perms), Role.MAINTAINER
         ):
             self.permission_denied(request, message="Deprecating or retiring needs a maintainer.")
         fields = {k: data[k] for k in ("description", "tags", "freshness_sla_seconds") if k in data}
@@ -176,7 +176,7 @@ class FeatureViewSet(WorkspaceScopedViewSet):
         serializer.is_valid(raise_exception=True)
         new_status = serializer.validated_data["status"]
         if new_status == Lifecycle.RETIRED and not role_at_least(
-            role_in_workspace(user=request.user, workspace=self.workspace), Role.MAINTAINER
+            role_from_perms(self.workspace_perms), Role.MAINTAINER
         ):
             self.permission_denied(request, message="Retiring needs a maintainer.")
         updated = registry.feature_set_status(actor=request.user, feature=target, status=new_status)

@@ -17,14 +17,14 @@ from rest_framework.request import Request
 
 from workspaces.models import ApiToken, Role, Workspace
 from workspaces.scoping import WorkspaceScopedQuerySet
-from workspaces.selectors import workspace_get_visible
+from workspaces.selectors import workspace_access
 
 # The guardian object permission on the workspace that stands for each role.
 ROLE_PERMISSION = {
-    Role.VIEWER: "workspaces.view_workspace",
-    Role.DEVELOPER: "workspaces.develop_in_workspace",
-    Role.MAINTAINER: "workspaces.release_in_workspace",
-    Role.ADMIN: "workspaces.administer_workspace",
+    Role.VIEWER: "view_workspace",
+    Role.DEVELOPER: "develop_in_workspace",
+    Role.MAINTAINER: "release_in_workspace",
+    Role.ADMIN: "administer_workspace",
 }
 
 
@@ -39,7 +39,7 @@ class WorkspaceRolePermission(permissions.BasePermission):
         required = view.required_role(request)
         if required is None:
             return False
-        return request.user.has_perm(ROLE_PERMISSION[required], view.workspace)
+        return ROLE_PERMISSION[required] in view.workspace_perms
 
 
 class WorkspaceScopedViewSet(viewsets.GenericViewSet):
@@ -52,6 +52,7 @@ class WorkspaceScopedViewSet(viewsets.GenericViewSet):
     action_roles: dict[str, str] = {}
 
     workspace: Workspace
+    workspace_perms: frozenset[str]
 
     def required_role(self, request: Request) -> str | None:
         if self.action in self.action_roles:
@@ -63,7 +64,7 @@ class WorkspaceScopedViewSet(viewsets.GenericViewSet):
     def check_permissions(self, request: Request) -> None:
         if not request.user or not request.user.is_authenticated:
             raise exceptions.NotAuthenticated()
-        self.workspace = workspace_get_visible(
+        self.workspace, self.workspace_perms = workspace_access(
             user=request.user,
             slug=self.kwargs.get(self.workspace_url_kwarg, ""),
             token=request_token(request),

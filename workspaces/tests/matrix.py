@@ -75,3 +75,47 @@ ENDPOINTS = [
         body=lambda ctx: {"username": f"producer-{next(_accounts)}", "role": Role.DEVELOPER},
     ),
 ]
+
+
+# --- notifications: webhooks of a workspace (admins) and each user's own inbox -----------------
+
+PUBLIC_HOOK = "https://93.184.216.34/rankops-hook"  # a literal public address: no DNS needed
+
+
+def _webhook(ctx: MatrixContext) -> dict:
+    from workspaces.notifications import webhook_create
+
+    webhook, _secret = webhook_create(actor=None, workspace=ctx.workspace, url=PUBLIC_HOOK)
+    return {"pk": webhook.pk}
+
+
+def _own_notification(ctx: MatrixContext) -> dict:
+    from workspaces.models import Notification
+
+    owner = ctx.actor or ctx.new_user()
+    notification = Notification.objects.create(
+        workspace=ctx.workspace, recipient=owner, verb="matrix.test", title="Matrix"
+    )
+    return {"pk": notification.pk}
+
+
+ENDPOINTS += [
+    Endpoint("GET", WS + "/webhooks/", role=Role.ADMIN),
+    Endpoint(
+        "POST",
+        WS + "/webhooks/",
+        role=Role.ADMIN,
+        success=201,
+        body=lambda ctx: {"url": PUBLIC_HOOK},
+    ),
+    Endpoint(
+        "DELETE",
+        WS + "/webhooks/{pk}/",
+        role=Role.ADMIN,
+        success=204,
+        setup=_webhook,
+        has_object=True,
+    ),
+    Endpoint("GET", "/api/v1/notifications/", role=None),
+    Endpoint("POST", "/api/v1/notifications/{pk}/read/", role=None, setup=_own_notification),
+]

@@ -148,3 +148,69 @@ def test_log_out_button_ends_on_the_login_page(page, scene, live_server):
     # The session is gone: the dashboard sends us back to the login form.
     page.goto("/w/alpha/")
     expect(page).to_have_url(f"{live_server.url}/accounts/login/?next=/w/alpha/")
+
+
+def test_features_list_and_a_group_page_with_its_health_chart(page, scene, live_server):
+    import json
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from features import ingestion, registry
+    from features.models import HealthCheck, HealthStatus
+
+    alpha, user = scene["alpha"], scene["user"]
+    group = registry.feature_group_register(
+        actor=user,
+        workspace=alpha,
+        name="user_profile",
+        entity="user",
+        entity_keys=["user_id"],
+        features=[
+            {"name": "age", "dtype": "int", "description": "<b>not bold</b>"},
+            {"name": "emb", "dtype": "embedding", "dimension": 3},
+        ],
+        producer=user,
+        description="Users <script>window.pwned = 1</script>",
+    )
+    rows = [
+        {"user_id": f"u{i}", "event_time": timezone.now().isoformat(), "age": 30, "emb": [1, 2, i]}
+        for i in range(5)
+    ]
+    ingestion.batch_ingest(
+        actor=user, group=group, body=json.dumps({"rows": rows}).encode(), format="json"
+    )
+    now = timezone.now()
+    for hours in range(48, -1, -6):
+        HealthCheck.objects.create(
+            workspace=alpha,
+            group=group,
+            checked_at=now - timedelta(hours=hours),
+            status=HealthStatus.HEALTHY,
+            freshness_lag_seconds=600.0 + hours * 60,
+            coverage=0.9 + hours / 1000,
+        )
+
+    log_in(page, "ada")
+    page.locator("aside.sidenav").get_by_role("link", name="Features").click()
+    expect(page).to_have_url(f"{live_server.url}/w/alpha/features/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Features")
+    row = page.locator('tr[data-group="user_profile"]')
+    expect(row).to_contain_text("unknown")
+    expect(row).to_contain_text("ada")
+    page.screenshot(path="/tmp/features-list.png", full_page=True)
+
+    row.get_by_role("link", name="user_profile").click()
+    expect(page).to_have_url(f"{live_server.url}/w/alpha/features/groups/user_profile/")
+    expect(page.get_by_test_id("description")).to_have_text(
+        "Users <script>window.pwned = 1</script>"
+    )
+    assert page.evaluate("window.pwned") is None
+    expect(page.locator('[data-chart="health"]')).to_have_attribute("data-drawn", "true")
+    expect(page.locator('[data-chart="health"] canvas')).to_have_count(1)
+    expect(page.locator('tr[data-feature="emb"]')).to_contain_text("embedding")
+    expect(page.get_by_test_id("batches").locator("tbody tr")).to_have_count(1)
+    expect(page.get_by_test_id("curl-json")).to_contain_text(
+        f"{live_server.url}/api/v1/workspaces/alpha/feature-groups/user_profile/batches/"
+    )
+    page.screenshot(path="/tmp/features-group.png", full_page=True)

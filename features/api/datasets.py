@@ -1,0 +1,147 @@
+"""REST views of training samples (datasets) and the workspace's default sample stream."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from features import samples
+from features.lookup import MAX_FEATURES
+from features.models import Dataset
+from features.selectors import datasets_of, feature_groups_of
+from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.models import Role
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    label_source = serializers.CharField(source="label_group.name")
+    features = serializers.ListField(source="feature_refs", child=serializers.CharField())
+    columns = serializers.SerializerMethodField(
+        help_text="The file's columns in order: label keys, event_time, labels, then one "
+        "'<group>__<feature>' column per feature reference."
+    )
+    created_by = serializers.CharField(source="created_by.username", default=None)
+
+    class Meta:
+        model = Dataset
+        fields = [
+            "id",
+            "name",
+            "version",
+            "status",
+            "label_source",
+            "label_columns",
+            "features",
+            "start_time",
+            "end_time",
+            "row_count",
+            "coverage",
+            "columns",
+            "path",
+            "error",
+            "created_by",
+            "created_at",
+            "built_at",
+        ]
+        read_only_fields = fields
+        extra_kwargs = {"path": {"help_text": "The Parquet file, relative to the artifact root."}}
+
+    def get_columns(self, dataset: Dataset) -> list[str]:
+        return samples.dataset_columns(dataset)
+
+
+class DatasetCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    label_source = serializers.CharField(
+        max_length=63, help_text="The feature group whose rows are the labelled events."
+    )
+    label_columns = serializers.ListField(
+        child=serializers.CharField(max_length=63),
+        min_length=1,
+        max_length=samples.MAX_LABEL_COLUMNS,
+    )
+    features = serializers.ListField(
+        child=serializers.CharField(max_length=140),
+        min_length=1,
+        max_length=MAX_FEATURES,
+        help_text="'group:feature' or 'group@v2:feature'.",
+    )
+    start_time = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    end_time = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class SampleStreamFeatureSerializer(serializers.Serializer):
+    feature = serializers.CharField(max_length=140, help_text="'group:feature'.")
+
+
+class SampleStreamTemplateSerializer(serializers.Serializer):
+    sample_stream = serializers.JSONField()
+    model = serializers.JSONField(required=False)
+
+
+class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
+    """Training samples of a workspace: labelled events with point-in-time feature values."""
+
+    serializer_class = DatasetSerializer
+    lookup_value_regex = r"\d+"
+    action_roles = {"create": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        datasets = datasets_of(workspace=self.workspace)
+        if self.action == "list":
+            for field in ("name", "status"):
+                value = self.request.query_params.get(field)
+                if value:
+                    datasets = datasets.filter(**{field: value})
+        return datasets
+
+    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = DatasetCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        label_group = (
+            feature_groups_of(workspace=self.workspace).filter(name=data["label_source"]).first()
+        )
+        if label_group is None:
+            raise ValidationError({"label_source": f"no feature group '{data['label_source']}'"})
+        dataset = samples.dataset_create(
+            actor=request.user,
+            workspace=self.workspace,
+            name=data["name"],
+            label_group=label_group,
+            label_columns=data["label_columns"],
+            feature_refs=data["features"],
+            start_time=data["start_time"],
+            end_time=data["end_time"],
+        )
+        fresh = datasets_of(workspace=self.workspace).get(pk=dataset.pk)
+        return Response(DatasetSerializer(fresh).data, status=status.HTTP_201_CREATED)
+
+
+class SampleStreamFeaturesViewSet(WorkspaceScopedViewSet):
+    """The workspace's default sample stream: add a feature to it in one call."""
+
+    serializer_class = SampleStreamFeatureSerializer
+    action_roles = {"create": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:  # no rows of its own
+        raise Http404
+
+    @extend_schema(
+        request=SampleStreamFeatureSerializer, responses={200: SampleStreamTemplateSerializer}
+    )
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = SampleStreamFeatureSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        template = samples.sample_stream_add_feature(
+            actor=request.user,
+            workspace=self.workspace,
+            feature_ref=serializer.validated_data["feature"],
+        )
+        return Response(template, status=status.HTTP_200_OK)

@@ -1,0 +1,107 @@
+"""Materialisation: rebuild a group's online rows from its offline (Parquet) record.
+
+An accepted batch is durable offline first; its online write happens after commit and may fail
+(Redis down, a worker lost), leaving ``Batch.online_written`` false. The scheduled task finds such
+batches and replays the latest row per entity of that group version into the online store. The
+online store keeps a row only when it is not older than the stored one, so replaying is harmless
+and the task is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from features import offline_store
+from features.ingestion import write_online
+from features.models import Batch, FeatureGroup, FeatureGroupVersion, Lifecycle
+from workspaces.events import Ref, event_record
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """What one rebuild did: entities read offline, online rows replaced, batches marked."""
+
+    group_id: int
+    version: int
+    entities: int
+    rows_written: int
+    batches: int
+
+
+def group_materialize(
+    *, group: FeatureGroup, version: int | None = None, now: datetime | None = None
+) -> Materialized:
+    """Replay the latest offline row per entity of one group version into the online store, then
+    mark the batches that were waiting for it as written and stamp the group."""
+    now = now or timezone.now()
+    version = version or group.current_version
+    batches = Batch.objects.for_workspace(group.workspace_id).filter(group=group, version=version)
+    # Taken before reading: a batch that lands during the rebuild stays pending for the next run.
+    pending = list(batches.filter(online_written=False).values_list("pk", flat=True))
+    spec = (
+        FeatureGroupVersion.objects.for_workspace(group.workspace_id)
+        .filter(group=group, version=version)
+        .get()
+    )
+    table = offline_store.latest_per_entity(
+        workspace_id=group.workspace_id,
+        group_id=group.pk,
+        version=version,
+        entity_keys=group.entity_keys,
+        time_column=group.event_time_column,
+        columns=[s["name"] for s in spec.features],
+    )
+    entities = table.num_rows if table is not None else 0
+    written = write_online(group=group, version=version, table=table) if entities else 0
+    with transaction.atomic():
+        marked = batches.filter(pk__in=pending, online_written=False).update(online_written=True)
+        FeatureGroup.objects.filter(pk=group.pk, workspace=group.workspace_id).update(
+            online_materialized_at=now
+        )
+        if marked or not pending:
+            event_record(
+                actor=None,
+                workspace=group.workspace,
+                verb="feature_group.materialized",
+                refs=[Ref.to(group, role="output")],
+                resources={"rows": written},
+                payload={
+                    "name": group.name,
+                    "version": version,
+                    "entities": entities,
+                    "rows_written": written,
+                    "batches": marked,
+                },
+            )
+    group.online_materialized_at = now
+    return Materialized(
+        group_id=group.pk, version=version, entities=entities, rows_written=written, batches=marked
+    )
+
+
+def materialize_pending(now: datetime | None = None) -> list[Materialized]:
+    """Rebuild every (online group, version) that has batches not yet written online."""
+    # Platform maintenance across all workspaces: unscoped on purpose.
+    waiting = (
+        Batch.objects.unscoped()
+        .filter(online_written=False, group__online=True)
+        .exclude(group__status=Lifecycle.RETIRED)
+        .values_list("group_id", "version")
+        .distinct()
+        .order_by("group_id", "version")
+    )
+    pairs = list(waiting)
+    groups = {
+        g.pk: g
+        for g in FeatureGroup.objects.unscoped()
+        .filter(pk__in={group_id for group_id, _ in pairs})
+        .select_related("workspace")
+    }
+    return [
+        group_materialize(group=groups[group_id], version=version, now=now)
+        for group_id, version in pairs
+    ]

@@ -1,0 +1,707 @@
+"""Training samples (F6): labelled events joined point-in-time with feature values.
+
+A dataset is a label source (a feature group whose rows are labelled events, e.g. impressions
+keyed by ``user_id`` and ``item_id`` with a ``clicked`` column) plus feature references. Building
+it reads the label group's current version from the offline store and, for each referenced group
+version, takes the latest feature row at or before each label event with DuckDB's
+``ASOF LEFT JOIN``: a sample never sees a value from its label's future.
+
+The file lands at ``ARTIFACT_ROOT/datasets/ws=<id>/<name>/v=<version>/data.parquet`` (written to a
+temporary name, then renamed), one row per label event ordered by event time, with the columns:
+
+1. the label group's entity keys (strings),
+2. ``event_time``: the label event's time (UTC),
+3. the label columns, as named in the label group,
+4. one column per feature reference, named ``<group>__<feature>`` (``group@v2:feature`` too).
+
+Ties: a feature row whose time equals the label's time counts as at or before it. When several
+feature rows share an entity and a time, the one from the latest batch wins (the batch id comes
+from the file name ``batch-<id>.parquet``), and within one batch the last row. The value of the
+winning row is taken as it is: a null there is a null in the sample, not an older value.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from features import offline_store
+from features.lookup import MAX_FEATURES, FeatureRef, parse_refs, resolve_refs
+from features.models import (
+    ConsumerKind,
+    Dataset,
+    DatasetStatus,
+    Dtype,
+    Feature,
+    FeatureGroup,
+    FeatureGroupVersion,
+    Lifecycle,
+    name_validator,
+)
+from features.registry import consumer_register, consumer_release
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
+from workspaces.services import workspace_update
+
+logger = logging.getLogger(__name__)
+
+DATASETS_DIR = "datasets"
+DATA_FILE = "data.parquet"
+TIME_COLUMN = "event_time"
+MAX_LABEL_COLUMNS = 100
+MAX_ERROR_CHARS = 2000
+READ_BATCH_ROWS = 64 * 1024
+# DuckDB's Parquet reader exposes the row position as a virtual column of this name; a real column
+# of the same name would silently shadow it and break the tie-break, so such groups are refused.
+ROW_NUMBER_COLUMN = "file_row_number"
+DUCKDB_TYPES = {
+    Dtype.INT: "BIGINT",
+    Dtype.FLOAT: "DOUBLE",
+    Dtype.BOOL: "BOOLEAN",
+    Dtype.STRING: "VARCHAR",
+    Dtype.CATEGORICAL: "VARCHAR",
+}
+BATCH_ID_SQL = "CAST(regexp_extract(\"__source\", 'batch-([0-9]+)[.]parquet$', 1) AS BIGINT)"
+
+
+def output_column(ref: FeatureRef) -> str:
+    """The dataset column that holds a feature reference's values: ``<group>__<feature>``."""
+    return f"{ref.group}__{ref.feature}"
+
+
+def dataset_relative_path(*, workspace_id: int, name: str, version: int) -> str:
+    return f"{DATASETS_DIR}/ws={workspace_id}/{name}/v={version}/{DATA_FILE}"
+
+
+def dataset_file(dataset: Dataset) -> Path:
+    """Where a dataset's Parquet file lives on this server (never shown through the API)."""
+    return Path(settings.ARTIFACT_ROOT) / (
+        dataset.path
+        or dataset_relative_path(
+            workspace_id=dataset.workspace_id, name=dataset.name, version=dataset.version
+        )
+    )
+
+
+def dataset_columns(dataset: Dataset) -> list[str]:
+    """The dataset file's columns, in order (see the module docstring)."""
+    refs = [FeatureRef.parse(text, index=i) for i, text in enumerate(dataset.feature_refs)]
+    return [
+        *dataset.label_group.entity_keys,
+        TIME_COLUMN,
+        *dataset.label_columns,
+        *(output_column(ref) for ref in refs),
+    ]
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def _current_version(group: FeatureGroup) -> FeatureGroupVersion:
+    return (
+        FeatureGroupVersion.objects.for_workspace(group.workspace_id)
+        .filter(group=group, version=group.current_version)
+        .get()
+    )
+
+
+def _check_reader_columns(group: FeatureGroup, version: FeatureGroupVersion, *, attr: str) -> None:
+    if ROW_NUMBER_COLUMN in {*group.entity_keys, group.event_time_column, *version.feature_map()}:
+        reason = f"'{group.name}' has a column named '{ROW_NUMBER_COLUMN}' (reserved)"
+        raise ValidationError({attr: reason})
+
+
+def _check_label_source(
+    workspace: Workspace, label_group: FeatureGroup, label_columns: Any
+) -> FeatureGroupVersion:
+    if label_group.workspace_id != workspace.pk:
+        raise ValidationError({"label_source": f"no feature group '{label_group.name}'"})
+    if label_group.status == Lifecycle.RETIRED:
+        raise ValidationError({"label_source": f"feature group '{label_group.name}' is retired"})
+    version = _current_version(label_group)
+    _check_reader_columns(label_group, version, attr="label_source")
+    if not isinstance(label_columns, list) or not label_columns:
+        raise ValidationError({"label_columns": "give at least one label column"})
+    if len(label_columns) > MAX_LABEL_COLUMNS:
+        raise ValidationError({"label_columns": f"at most {MAX_LABEL_COLUMNS} label columns"})
+    available = version.feature_map()
+    retired = set(
+        Feature.objects.for_workspace(workspace)
+        .filter(group=label_group, status=Lifecycle.RETIRED)
+        .values_list("name", flat=True)
+    )
+    seen: set[str] = set()
+    for index, column in enumerate(label_columns):
+        attr = f"label_columns.{index}"
+        if not isinstance(column, str) or column not in available:
+            shown = column if isinstance(column, str) else repr(column)
+            raise ValidationError({attr: f"'{label_group.name}' has no column '{str(shown)[:63]}'"})
+        if column in seen:
+            raise ValidationError({attr: f"duplicate label column '{column}'"})
+        if column in retired:
+            raise ValidationError({attr: f"'{label_group.name}:{column}' is retired"})
+        seen.add(column)
+    return version
+
+
+Resolved = dict[tuple[str, int | None], tuple[FeatureGroup, FeatureGroupVersion]]
+
+
+def _check_refs(
+    workspace: Workspace, label_group: FeatureGroup | None, feature_refs: Any
+) -> tuple[list[FeatureRef], Resolved]:
+    """Parse and resolve references; each must be live and joinable on the label's keys."""
+    refs = parse_refs(feature_refs)
+    resolved = resolve_refs(workspace=workspace, refs=refs)
+    groups = {group.pk for group, _ in resolved.values()}
+    retired = set(
+        Feature.objects.for_workspace(workspace)
+        .filter(group__in=groups, status=Lifecycle.RETIRED)
+        .values_list("group__name", "name")
+    )
+    for index, ref in enumerate(refs):
+        where = f"features.{index}"
+        group, version = resolved[(ref.group, ref.version)]
+        if (ref.group, ref.feature) in retired:
+            raise ValidationError({where: f"feature '{ref}' is retired"})
+        missing = [
+            key
+            for key in group.entity_keys
+            if label_group is not None and key not in label_group.entity_keys
+        ]
+        if label_group is not None and missing:
+            raise ValidationError(
+                {
+                    where: f"'{ref}' joins on {', '.join(group.entity_keys)}, but the label "
+                    f"source '{label_group.name}' has no {', '.join(missing)} key"
+                }
+            )
+        _check_reader_columns(group, version, attr=where)
+    return refs, resolved
+
+
+def _check_output_columns(
+    label_group: FeatureGroup, label_columns: list[str], refs: list[FeatureRef]
+) -> None:
+    taken = {*label_group.entity_keys, TIME_COLUMN}
+    for index, column in enumerate(label_columns):
+        if column in taken:
+            raise ValidationError(
+                {f"label_columns.{index}": f"'{column}' clashes with a key or time column"}
+            )
+        taken.add(column)
+    for index, ref in enumerate(refs):
+        column = output_column(ref)
+        if column in taken:
+            raise ValidationError(
+                {f"features.{index}": f"'{ref}' would repeat the column '{column}'"}
+            )
+        taken.add(column)
+
+
+def _check_window(
+    start_time: datetime | None, end_time: datetime | None
+) -> tuple[datetime | None, datetime | None]:
+    for attr, moment in (("start_time", start_time), ("end_time", end_time)):
+        if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
+            raise ValidationError({attr: "give a time with a time zone"})
+    if start_time is not None and end_time is not None and end_time <= start_time:
+        raise ValidationError({"end_time": "must be after start_time"})
+    return start_time, end_time
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise ValidationError({"name": "required"})
+    try:
+        name_validator(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    return name
+
+
+# --- create ----------------------------------------------------------------------------------
+
+
+def dataset_create(
+    *,
+    actor: AbstractBaseUser | None,
+    workspace: Workspace,
+    name: str,
+    label_group: FeatureGroup,
+    label_columns: list[str],
+    feature_refs: list[str],
+    start_time: datetime | None = None,
+    end_time: datetime | None = None,
+) -> Dataset:
+    """Create the next version of a named training sample over ``[start_time, end_time)`` and
+    build it; the dataset is registered as a consumer of every feature and label it reads."""
+    with transaction.atomic():
+        _check_name(name)
+        label_version = _check_label_source(workspace, label_group, label_columns)
+        refs, resolved = _check_refs(workspace, label_group, feature_refs)
+        _check_output_columns(label_group, label_columns, refs)
+        start_time, end_time = _check_window(start_time, end_time)
+        latest = (
+            Dataset.objects.for_workspace(workspace)
+            .filter(name=name)
+            .aggregate(latest=Max("version"))["latest"]
+        )
+        version = (latest or 0) + 1
+        try:
+            with transaction.atomic():
+                dataset = Dataset.objects.create(
+                    workspace=workspace,
+                    name=name,
+                    version=version,
+                    label_group=label_group,
+                    label_columns=list(label_columns),
+                    feature_refs=[str(ref) for ref in refs],
+                    start_time=start_time,
+                    end_time=end_time,
+                    status=DatasetStatus.BUILDING,
+                    path=dataset_relative_path(
+                        workspace_id=workspace.pk, name=name, version=version
+                    ),
+                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"dataset '{name}' v{version} was created at the same moment; try again",
+                attr="name",
+            ) from exc
+        used_groups = {label_group.pk: label_group}
+        used_groups.update({group.pk: group for group, _ in resolved.values()})
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="dataset.created",
+            refs=[
+                _dataset_ref(dataset),
+                *(Ref.to(group, role="input") for group in used_groups.values()),
+            ],
+            payload={
+                "name": name,
+                "version": version,
+                "label_source": label_group.name,
+                "label_version": label_version.version,
+                "label_columns": list(label_columns),
+                "features": [str(ref) for ref in refs],
+                "feature_versions": {
+                    str(ref): resolved[(ref.group, ref.version)][1].version for ref in refs
+                },
+                "start_time": start_time,
+                "end_time": end_time,
+            },
+        )
+        label = str(dataset)
+        for column in label_columns:
+            consumer_register(
+                actor=actor,
+                group=label_group,
+                kind=ConsumerKind.DATASET,
+                object_id=dataset.pk,
+                label=label,
+                feature_name=column,
+            )
+        for ref in refs:
+            consumer_register(
+                actor=actor,
+                group=resolved[(ref.group, ref.version)][0],
+                kind=ConsumerKind.DATASET,
+                object_id=dataset.pk,
+                label=label,
+                feature_name=ref.feature,
+            )
+    # Synchronous for now; a Celery task can call dataset_build(id) instead (it is idempotent).
+    return dataset_build(dataset.pk) or dataset
+
+
+def _dataset_ref(dataset: Dataset, *, role: str = "subject") -> Ref:
+    return Ref(kind=Dataset.event_kind, object_id=dataset.pk, label=str(dataset), role=role)
+
+
+# --- build -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Source:
+    """One group version read by a build, with the features taken from it."""
+
+    group: FeatureGroup
+    version: FeatureGroupVersion
+    alias: str
+    # (feature name, output column, reference text)
+    features: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Built:
+    rows: int
+    bytes: int
+    coverage: dict[str, float | None]
+    versions: dict[str, int]
+
+
+class DatasetBuildError(Exception):
+    """The dataset cannot be built as recorded (a group or version vanished, ...)."""
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _duckdb_type(spec: dict[str, Any]) -> str:
+    if spec["dtype"] == Dtype.EMBEDDING:
+        return f"FLOAT[{int(spec['dimension'])}]"
+    return DUCKDB_TYPES[spec["dtype"]]
+
+
+def _reader(param: str) -> str:
+    return (
+        f"read_parquet(${param}, filename = '__source', hive_partitioning = false, "
+        "union_by_name = true)"
+    )
+
+
+def _label_sql(dataset: Dataset, version: FeatureGroupVersion, params: dict[str, Any]) -> str:
+    """The labelled events inside the dataset's window, with their batch and row position."""
+    group = dataset.label_group
+    specs = version.feature_map()
+    pattern = offline_store.parquet_glob(
+        workspace_id=group.workspace_id, group_id=group.pk, version=version.version
+    )
+    if pattern is None:  # nothing ingested yet: no rows, but the columns keep their types
+        typed_nulls = [
+            *(f"CAST(NULL AS VARCHAR) AS {_quote(k)}" for k in group.entity_keys),
+            'CAST(NULL AS TIMESTAMPTZ) AS "__t"',
+            *(
+                f"CAST(NULL AS {_duckdb_type(specs[c])}) AS {_quote(c)}"
+                for c in dataset.label_columns
+            ),
+            'CAST(NULL AS BIGINT) AS "__batch"',
+            'CAST(NULL AS BIGINT) AS "__row"',
+        ]
+        return f"SELECT {', '.join(typed_nulls)} WHERE false"
+    params["label_glob"] = pattern
+    time = _quote(group.event_time_column)
+    selected = [
+        *(_quote(k) for k in group.entity_keys),
+        f'{time} AS "__t"',
+        *(
+            f"CAST({_quote(c)} AS {_duckdb_type(specs[c])}) AS {_quote(c)}"
+            for c in dataset.label_columns
+        ),
+        f'{BATCH_ID_SQL} AS "__batch"',
+        f'{ROW_NUMBER_COLUMN} AS "__row"',
+    ]
+    conditions = []
+    if dataset.start_time is not None:
+        params["start_time"] = dataset.start_time.isoformat()
+        conditions.append(f"{time} >= CAST($start_time AS TIMESTAMPTZ)")
+    if dataset.end_time is not None:
+        params["end_time"] = dataset.end_time.isoformat()
+        conditions.append(f"{time} < CAST($end_time AS TIMESTAMPTZ)")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return f"SELECT {', '.join(selected)} FROM {_reader('label_glob')}{where}"  # noqa: S608 - quoted identifiers, bound values
+
+
+def _feature_sql(source: _Source, pattern: str, params: dict[str, Any]) -> str:
+    """The group version's rows, one per (entity, time): latest batch, then last row, wins."""
+    param = f"{source.alias}_glob"
+    params[param] = pattern
+    specs = source.version.feature_map()
+    keys = [_quote(k) for k in source.group.entity_keys]
+    time = _quote(source.group.event_time_column)
+    selected = [
+        *keys,
+        f'{time} AS "__t"',
+        *(
+            f"CAST({_quote(feature)} AS {_duckdb_type(specs[feature])}) "
+            f"AS {_quote(f'{source.alias}_{index}')}"
+            for index, (feature, _, _) in enumerate(source.features)
+        ),
+    ]
+    return (
+        f"SELECT {', '.join(selected)} FROM {_reader(param)} "  # noqa: S608 - quoted identifiers
+        f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)}, {time} "
+        f"ORDER BY {BATCH_ID_SQL} DESC, {ROW_NUMBER_COLUMN} DESC) = 1"
+    )
+
+
+def _sources(dataset: Dataset) -> list[_Source]:
+    """The group versions a dataset reads, resolved again at build time (lifecycle aside)."""
+    workspace_id = dataset.workspace_id
+    sources: dict[tuple[str, int], _Source] = {}
+    for index, text in enumerate(dataset.feature_refs):
+        ref = FeatureRef.parse(text, index=index)
+        group = FeatureGroup.objects.for_workspace(workspace_id).filter(name=ref.group).first()
+        if group is None:
+            raise DatasetBuildError(f"feature group '{ref.group}' no longer exists")
+        number = ref.version or group.current_version
+        key = (group.name, number)
+        if key not in sources:
+            version = (
+                FeatureGroupVersion.objects.for_workspace(workspace_id)
+                .filter(group=group, version=number)
+                .first()
+            )
+            if version is None:
+                raise DatasetBuildError(f"'{group.name}' has no version {number}")
+            _check_reader_columns(group, version, attr="features")
+            sources[key] = _Source(group=group, version=version, alias=f"s{len(sources)}")
+        source = sources[key]
+        if ref.feature not in source.version.feature_map():
+            raise DatasetBuildError(f"'{ref}' is not in version {number} of '{group.name}'")
+        source.features.append((ref.feature, output_column(ref), text))
+    return list(sources.values())
+
+
+def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str, str]], dict]:
+    """The point-in-time query, its parameters, (output column, ref) pairs and versions used."""
+    label_group = dataset.label_group
+    label_version = _current_version(label_group)
+    specs = label_version.feature_map()
+    missing = [c for c in dataset.label_columns if c not in specs]
+    if missing:
+        raise DatasetBuildError(f"'{label_group.name}' has no column '{missing[0]}' any more")
+    _check_reader_columns(label_group, label_version, attr="label_source")
+    params: dict[str, Any] = {}
+    ctes = [f'"labels" AS ({_label_sql(dataset, label_version, params)})']
+    selected = [
+        *(f'"labels".{_quote(k)}' for k in label_group.entity_keys),
+        f'"labels"."__t" AS {_quote(TIME_COLUMN)}',
+        *(f'"labels".{_quote(c)}' for c in dataset.label_columns),
+    ]
+    joins = []
+    outputs: list[tuple[str, str]] = []
+    versions = {label_group.name: label_version.version}
+    for source in _sources(dataset):
+        versions[source.group.name] = source.version.version
+        pattern = offline_store.parquet_glob(
+            workspace_id=source.group.workspace_id,
+            group_id=source.group.pk,
+            version=source.version.version,
+        )
+        specs = source.version.feature_map()
+        if pattern is not None:
+            alias = _quote(source.alias)
+            ctes.append(f"{alias} AS ({_feature_sql(source, pattern, params)})")
+            on = [f'"labels".{_quote(k)} = {alias}.{_quote(k)}' for k in source.group.entity_keys]
+            on.append(f'"labels"."__t" >= {alias}."__t"')
+            joins.append(f"ASOF LEFT JOIN {alias} ON {' AND '.join(on)}")
+        for index, (feature, column, text) in enumerate(source.features):
+            if pattern is None:  # nothing ingested yet: every value is missing
+                selected.append(f"CAST(NULL AS {_duckdb_type(specs[feature])}) AS {_quote(column)}")
+            else:
+                value = _quote(f"{source.alias}_{index}")
+                selected.append(f"{_quote(source.alias)}.{value} AS {_quote(column)}")
+            outputs.append((column, text))
+    query = (
+        f'WITH {", ".join(ctes)} SELECT {", ".join(selected)} FROM "labels" '  # noqa: S608
+        f"{' '.join(joins)} "
+        'ORDER BY "labels"."__t", "labels"."__batch", "labels"."__row"'
+    )
+    return query, params, outputs, versions
+
+
+def _write_file(dataset: Dataset) -> _Built:
+    query, params, outputs, versions = _build_query(dataset)
+    final = dataset_file(dataset)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.parent / f".{DATA_FILE}-{uuid.uuid4().hex}.tmp"
+    rows = 0
+    present = {column: 0 for column, _ in outputs}
+    try:
+        with offline_store.connect() as connection:
+            connection.execute("SET TimeZone = 'UTC'")
+            reader = connection.sql(query, params=params).to_arrow_reader(READ_BATCH_ROWS)
+            with pq.ParquetWriter(temporary, reader.schema, compression="zstd") as writer:
+                for chunk in reader:
+                    writer.write_batch(chunk)
+                    rows += chunk.num_rows
+                    for column in present:
+                        values = chunk.column(column)
+                        present[column] += len(values) - values.null_count
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+    coverage = {text: (present[column] / rows if rows else None) for column, text in outputs}
+    return _Built(rows=rows, bytes=final.stat().st_size, coverage=coverage, versions=versions)
+
+
+def _public_error(exc: Exception) -> str:
+    """The error text a user may see: server paths under the artifact root are cut out."""
+    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DatasetBuildError) else str(exc)
+    return text.replace(str(Path(settings.ARTIFACT_ROOT)), "<artifacts>")[:MAX_ERROR_CHARS]
+
+
+def _lock(dataset_id: int) -> Dataset | None:
+    # Builds run from the platform's own ids (the create service, a Celery task), never from a
+    # request, so the row is found by primary key across workspaces; it carries its workspace.
+    return (
+        Dataset.objects.unscoped()
+        .select_for_update(of=("self",))
+        .select_related("workspace", "label_group", "created_by")
+        .filter(pk=dataset_id)
+        .first()
+    )
+
+
+def dataset_build(dataset_id: int) -> Dataset | None:
+    """Build a dataset that is still ``building``: write its file, then mark it ready (or
+    failed, with the reason). Safe to call twice: a dataset that is no longer building is left
+    as it is, so a redelivered task does nothing."""
+    with transaction.atomic():
+        dataset = _lock(dataset_id)
+        if dataset is None or dataset.status != DatasetStatus.BUILDING:
+            return dataset
+    try:
+        built = _write_file(dataset)
+    except Exception as exc:  # any build failure is recorded on the dataset
+        logger.warning("dataset %s failed to build", dataset_id, exc_info=True)
+        return _finish_failed(dataset_id, _public_error(exc))
+    return _finish_ready(dataset_id, built)
+
+
+@transaction.atomic
+def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
+    dataset = _lock(dataset_id)
+    if dataset is None or dataset.status != DatasetStatus.BUILDING:
+        return dataset
+    dataset.status = DatasetStatus.READY
+    dataset.row_count = built.rows
+    dataset.coverage = built.coverage
+    dataset.error = ""
+    dataset.built_at = timezone.now()
+    dataset.save(update_fields=["status", "row_count", "coverage", "error", "built_at"])
+    event_record(
+        actor=dataset.created_by,
+        workspace=dataset.workspace,
+        verb="dataset.built",
+        refs=[_dataset_ref(dataset, role="output"), Ref.to(dataset.label_group, role="input")],
+        resources={"rows": built.rows, "bytes": built.bytes},
+        payload={
+            "name": dataset.name,
+            "version": dataset.version,
+            "rows": built.rows,
+            "bytes": built.bytes,
+            "coverage": built.coverage,
+            "group_versions": built.versions,
+            "path": dataset.path,
+        },
+    )
+    return dataset
+
+
+@transaction.atomic
+def _finish_failed(dataset_id: int, error: str) -> Dataset | None:
+    dataset = _lock(dataset_id)
+    if dataset is None or dataset.status != DatasetStatus.BUILDING:
+        return dataset
+    dataset.status = DatasetStatus.FAILED
+    dataset.error = error
+    dataset.save(update_fields=["status", "error"])
+    event_record(
+        actor=dataset.created_by,
+        workspace=dataset.workspace,
+        verb="dataset.failed",
+        refs=[_dataset_ref(dataset)],
+        payload={"name": dataset.name, "version": dataset.version, "error": error},
+    )
+    # A dataset without data uses nothing: it must not block retiring what it named.
+    consumer_release(
+        actor=dataset.created_by,
+        workspace=dataset.workspace,
+        kind=ConsumerKind.DATASET,
+        object_id=dataset.pk,
+    )
+    return dataset
+
+
+# --- the workspace's default sample stream ---------------------------------------------------
+
+
+def _stream_of(template: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    template = copy.deepcopy(template) if isinstance(template, dict) else {}
+    stream = template.get("sample_stream")
+    if not isinstance(stream, dict):
+        stream = {"label_source": None, "features": []}
+    stream = {**stream, "features": list(stream.get("features") or [])}
+    template["sample_stream"] = stream
+    return template, stream
+
+
+def _relabel(exc: ValidationError, attr: str) -> ValidationError:
+    messages = [m for errors in exc.message_dict.values() for m in errors]
+    return ValidationError({attr: messages})
+
+
+@transaction.atomic
+def sample_stream_add_feature(
+    *, actor: AbstractBaseUser, workspace: Workspace, feature_ref: str
+) -> dict[str, Any]:
+    """Add one feature to the workspace's default sample stream (its template) and record the
+    stream as a consumer of it; returns the new template. Adding it again changes nothing, and a
+    ref to the same feature with another version pin replaces the old one."""
+    locked = Workspace.objects.select_for_update().get(pk=workspace.pk)
+    template, stream = _stream_of(locked.template)
+    label_source = stream.get("label_source")
+    label_group = (
+        FeatureGroup.objects.for_workspace(workspace).filter(name=label_source).first()
+        if isinstance(label_source, str)
+        else None
+    )
+    try:
+        refs, resolved = _check_refs(workspace, label_group, [feature_ref])
+    except ValidationError as exc:
+        raise _relabel(exc, "feature") from exc
+    ref = refs[0]
+    group = resolved[(ref.group, ref.version)][0]
+    features: list[Any] = stream["features"]
+    same_column = [
+        i
+        for i, text in enumerate(features)
+        if isinstance(text, str)
+        and (parsed := _parse_or_none(text)) is not None
+        and output_column(parsed) == output_column(ref)
+    ]
+    if same_column:
+        features[same_column[0]] = str(ref)
+    else:
+        if len(features) >= MAX_FEATURES:
+            raise ValidationError({"feature": f"a sample stream holds at most {MAX_FEATURES}"})
+        features.append(str(ref))
+    updated = workspace_update(actor=actor, workspace=locked, template=template)
+    consumer_register(
+        actor=actor,
+        group=group,
+        kind=ConsumerKind.SAMPLE_STREAM,
+        object_id=workspace.slug,
+        label=f"{workspace.slug} sample stream",
+        feature_name=ref.feature,
+    )
+    workspace.template = updated.template
+    return updated.template
+
+
+def _parse_or_none(text: str) -> FeatureRef | None:
+    try:
+        return FeatureRef.parse(text, index=0)
+    except ValidationError:
+        return None

@@ -1,0 +1,64 @@
+"""Celery tasks of the features app: thin, idempotent, taking ids. Beat runs the health checks
+every minute and the online materialisation every five minutes (config/settings.py)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.core.cache import cache
+
+from features import health, materialization
+from features.models import FeatureGroup
+
+logger = logging.getLogger(__name__)
+
+HEALTH_LOCK_KEY = "features:health-check-all:running"
+MATERIALIZE_LOCK_KEY = "features:materialize-online:running"
+LOCK_SECONDS = 15 * 60
+
+
+@shared_task(name="features.tasks.health_check_all", ignore_result=True)
+def health_check_all() -> dict[str, int]:
+    """Check every group's health; a run that finds the previous one still going skips itself
+    (the group lock would keep notifications single anyway, this saves the work)."""
+    if not cache.add(HEALTH_LOCK_KEY, "1", timeout=LOCK_SECONDS):
+        return {"skipped": 1}
+    try:
+        return health.health_check_all()
+    finally:
+        cache.delete(HEALTH_LOCK_KEY)
+
+
+@shared_task(name="features.tasks.health_check_group", ignore_result=True)
+def health_check_group(group_id: int) -> str | None:
+    """Check one group now (e.g. right after its SLA changed)."""
+    group = FeatureGroup.objects.unscoped().filter(pk=group_id).select_related("workspace").first()
+    if group is None:
+        return None
+    return health.group_health_check(group=group).status
+
+
+@shared_task(name="features.tasks.materialize_online", ignore_result=True)
+def materialize_online(group_ids: list[int] | None = None) -> dict[str, int]:
+    """Write batches that never reached the online store; with ``group_ids``, rebuild those
+    groups' current versions from the offline record whether or not anything is pending."""
+    if group_ids:
+        groups = (
+            FeatureGroup.objects.unscoped()
+            .filter(pk__in=group_ids, online=True)
+            .select_related("workspace")
+        )
+        done = [materialization.group_materialize(group=group) for group in groups]
+    else:
+        if not cache.add(MATERIALIZE_LOCK_KEY, "1", timeout=LOCK_SECONDS):
+            return {"skipped": 1}
+        try:
+            done = materialization.materialize_pending()
+        finally:
+            cache.delete(MATERIALIZE_LOCK_KEY)
+    return {
+        "groups": len(done),
+        "rows_written": sum(d.rows_written for d in done),
+        "batches": sum(d.batches for d in done),
+    }

@@ -1,0 +1,732 @@
+"""Training samples (F6): the point-in-time join against a brute-force reference, the datasets
+API (coverage, consumers, versions, time windows, bad inputs) and the one-call sample stream."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from features import registry, samples
+from features.ingestion import batch_ingest
+from features.models import Consumer, Dataset, DatasetStatus, EntityKind, Feature
+from workspaces.models import Event, Role
+from workspaces.testing.factories import make_member
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+INGEST_NOW = T0 + timedelta(days=10)
+_names = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def artifact_root(settings, tmp_path) -> Path:
+    # Each test its own store: SQLite reuses rolled-back ids, which would reuse offline paths.
+    settings.ARTIFACT_ROOT = str(tmp_path / "artifacts")
+    return Path(settings.ARTIFACT_ROOT)
+
+
+def register(workspace, name, keys, features, entity=EntityKind.USER):
+    return registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name=name,
+        entity=entity,
+        entity_keys=keys,
+        features=features,
+        online=False,
+    )
+
+
+def ingest(actor, group, rows):
+    body = json.dumps({"rows": rows}, default=lambda t: t.isoformat()).encode()
+    return batch_ingest(actor=actor, group=group, body=body, format="json", now=INGEST_NOW)
+
+
+def event_count() -> int:
+    return Event.objects.unscoped().count()
+
+
+# --- (a) the point-in-time join against a brute-force reference ------------------------------
+
+# Seven ticks across midnight, so batches split into two date partitions and times tie often.
+BASE = datetime(2025, 6, 1, 23, 59, 57, tzinfo=UTC)
+USERS = ["u0", "u1", "u2"]
+ITEMS = ["i0", "i1"]
+tick = st.integers(0, 6)
+maybe_int = st.none() | st.integers(-5, 5)
+maybe_float = st.none() | st.floats(-100, 100, allow_nan=False, allow_infinity=False)
+label_row = st.fixed_dictionaries(
+    {"user_id": st.sampled_from(USERS), "item_id": st.sampled_from(ITEMS), "t": tick}
+    | {"clicked": maybe_int}
+)
+user_row = st.fixed_dictionaries(
+    {"user_id": st.sampled_from(USERS), "t": tick, "age": maybe_int, "score": maybe_float}
+)
+item_row = st.fixed_dictionaries(
+    {"item_id": st.sampled_from(ITEMS), "t": tick, "price": maybe_float}
+)
+pair_row = st.fixed_dictionaries(
+    {"user_id": st.sampled_from(USERS), "item_id": st.sampled_from(ITEMS), "t": tick}
+    | {"affinity": maybe_float}
+)
+
+
+def batches(row, max_batches=3):
+    return st.lists(st.lists(row, min_size=1, max_size=4), max_size=max_batches)
+
+
+windows = st.tuples(st.none() | tick, st.none() | tick).filter(
+    lambda w: w[0] is None or w[1] is None or w[0] < w[1]
+)
+
+
+def _at(t: int) -> datetime:
+    return BASE + timedelta(seconds=t)
+
+
+def _store(actor, group, batch_list, fields):
+    """Ingest each batch; returns (batch id, position in batch, row) in ingestion order."""
+    stored = []
+    for rows in batch_list:
+        payload = [
+            {**{f: row[f] for f in fields}, "event_time": _at(row["t"]).isoformat()} for row in rows
+        ]
+        batch = ingest(actor, group, payload).batch
+        stored.extend((batch.pk, position, row) for position, row in enumerate(rows))
+    return stored
+
+
+def _latest(stored, keys, label):
+    """Brute force: the feature row at or before the label's time with the largest
+    (time, batch, position); None when there is none."""
+    candidates = [
+        (row["t"], batch, position, row)
+        for batch, position, row in stored
+        if row["t"] <= label["t"] and all(row[k] == label[k] for k in keys)
+    ]
+    return max(candidates, key=lambda c: c[:3])[3] if candidates else None
+
+
+@hypothesis_settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    label_batches=batches(label_row, max_batches=2),
+    user_batches=batches(user_row),
+    item_batches=batches(item_row, max_batches=2),
+    pair_batches=batches(pair_row, max_batches=2),
+    window=windows,
+)
+@example(  # the tie rules, spelled out: whatever the random draws cover, these always run
+    label_batches=[
+        [
+            {"user_id": "u0", "item_id": "i0", "t": 1, "clicked": 1},
+            {"user_id": "u0", "item_id": "i1", "t": 2, "clicked": 0},
+            {"user_id": "u1", "item_id": "i0", "t": 0, "clicked": None},
+        ]
+    ],
+    user_batches=[
+        [  # two rows for u0 at t=1 in one batch: the last one counts
+            {"user_id": "u0", "t": 1, "age": 1, "score": None},
+            {"user_id": "u0", "t": 1, "age": 2, "score": 0.5},
+        ],
+        [{"user_id": "u0", "t": 2, "age": None, "score": 1.5}],
+        [{"user_id": "u0", "t": 2, "age": 7, "score": None}],  # same time, later batch: counts
+    ],
+    item_batches=[[{"item_id": "i0", "t": 5, "price": 1.0}]],  # after every label: unseen
+    pair_batches=[],
+    window=(None, None),
+)
+def test_point_in_time_join_matches_brute_force(
+    workspace, members, label_batches, user_batches, item_batches, pair_batches, window
+):
+    actor = members[Role.DEVELOPER]
+    n = next(_names)
+    labels = register(
+        workspace,
+        f"impressions_{n}",
+        ["user_id", "item_id"],
+        [{"name": "clicked", "dtype": "int"}],
+        EntityKind.LABEL,
+    )
+    users = register(
+        workspace,
+        f"users_{n}",
+        ["user_id"],
+        [{"name": "age", "dtype": "int"}, {"name": "score", "dtype": "float"}],
+    )
+    items = register(workspace, f"items_{n}", ["item_id"], [{"name": "price", "dtype": "float"}])
+    pairs = register(
+        workspace, f"pairs_{n}", ["user_id", "item_id"], [{"name": "affinity", "dtype": "float"}]
+    )
+    stored_labels = _store(actor, labels, label_batches, ["user_id", "item_id", "clicked"])
+    sources = [
+        (users, ["user_id"], _store(actor, users, user_batches, ["user_id", "age", "score"])),
+        (items, ["item_id"], _store(actor, items, item_batches, ["item_id", "price"])),
+        (
+            pairs,
+            ["user_id", "item_id"],
+            _store(actor, pairs, pair_batches, ["user_id", "item_id", "affinity"]),
+        ),
+    ]
+    features = {users: ["age", "score"], items: ["price"], pairs: ["affinity"]}
+    start, end = window
+
+    dataset = samples.dataset_create(
+        actor=actor,
+        workspace=workspace,
+        name=f"sample_{n}",
+        label_group=labels,
+        label_columns=["clicked"],
+        feature_refs=[f"{g.name}:{f}" for g, names in features.items() for f in names],
+        start_time=None if start is None else _at(start),
+        end_time=None if end is None else _at(end),
+    )
+
+    assert dataset.status == DatasetStatus.READY, dataset.error
+    in_window = sorted(
+        (
+            (row["t"], batch, position, row)
+            for batch, position, row in stored_labels
+            if (start is None or row["t"] >= start) and (end is None or row["t"] < end)
+        ),
+        key=lambda c: c[:3],
+    )
+    expected = []
+    for _, _, _, label in in_window:
+        row = {
+            "user_id": label["user_id"],
+            "item_id": label["item_id"],
+            "event_time": _at(label["t"]),
+            "clicked": label["clicked"],
+        }
+        for group, keys, stored in sources:
+            found = _latest(stored, keys, label)
+            for feature in features[group]:
+                row[f"{group.name}__{feature}"] = None if found is None else found[feature]
+        expected.append(row)
+
+    table = pq.read_table(samples.dataset_file(dataset))
+    assert table.column_names == samples.dataset_columns(dataset)
+    if expected:
+        assert table.column_names == list(expected[0])
+    assert table.to_pylist() == expected
+    assert dataset.row_count == len(expected)
+    for group, names in features.items():
+        for feature in names:
+            column = f"{group.name}__{feature}"
+            present = sum(row[column] is not None for row in expected)
+            share = present / len(expected) if expected else None
+            assert dataset.coverage[f"{group.name}:{feature}"] == share
+
+
+# --- (b) the datasets API ------------------------------------------------------------------
+
+
+@pytest.fixture
+def scene(workspace, members):
+    """Impressions with click labels, a user group and an item group, with hand-made data."""
+    developer = members[Role.DEVELOPER]
+    impressions = register(
+        workspace,
+        "impressions",
+        ["user_id", "item_id"],
+        [{"name": "clicked", "dtype": "int"}, {"name": "dwell", "dtype": "float"}],
+        EntityKind.LABEL,
+    )
+    users = register(
+        workspace,
+        "users",
+        ["user_id"],
+        [{"name": "age", "dtype": "int"}, {"name": "segment", "dtype": "string"}],
+    )
+    items = register(workspace, "items", ["item_id"], [{"name": "price", "dtype": "float"}])
+    register(workspace, "sessions", ["session_id"], [{"name": "length", "dtype": "int"}])
+    hour = timedelta(hours=1)
+    ingest(
+        developer,
+        users,
+        [
+            {"user_id": "u1", "event_time": T0, "age": 30, "segment": "a"},
+            {"user_id": "u2", "event_time": T0, "age": None, "segment": "b"},
+            {"user_id": "u1", "event_time": T0 + 2 * hour, "age": 31, "segment": "a"},
+        ],
+    )
+    ingest(
+        developer,
+        items,
+        [
+            {"item_id": "i1", "event_time": T0, "price": 9.5},
+            {"item_id": "i2", "event_time": T0 + 2 * hour, "price": 20.0},
+        ],
+    )
+    ingest(
+        developer,
+        impressions,
+        [
+            {"user_id": "u1", "item_id": "i1", "event_time": T0 - hour, "clicked": 0},
+            {"user_id": "u1", "item_id": "i1", "event_time": T0 + hour, "clicked": 1},
+            {"user_id": "u2", "item_id": "i1", "event_time": T0 + hour, "clicked": 0},
+            {"user_id": "u3", "item_id": "i2", "event_time": T0 + hour, "clicked": 1},
+            {"user_id": "u1", "item_id": "i2", "event_time": T0 + 3 * hour, "clicked": 0},
+        ],
+    )
+    return {"impressions": impressions, "users": users, "items": items}
+
+
+def create_body(**overrides):
+    body = {
+        "name": "clicks",
+        "label_source": "impressions",
+        "label_columns": ["clicked"],
+        "features": ["users:age", "items:price"],
+    }
+    return body | overrides
+
+
+def url(workspace, rest=""):
+    return f"/api/v1/workspaces/{workspace.slug}/{rest}"
+
+
+def test_create_dataset_joins_point_in_time_with_coverage(
+    workspace, members, scene, client_for, artifact_root
+):
+    client = client_for(members[Role.DEVELOPER])
+    response = client.post(url(workspace, "datasets/"), create_body(), format="json")
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "ready"
+    assert body["version"] == 1
+    assert body["row_count"] == 5
+    assert body["coverage"] == {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5}
+    assert body["path"] == f"datasets/ws={workspace.pk}/clicks/v=1/data.parquet"
+    assert body["columns"] == [
+        *("user_id", "item_id", "event_time", "clicked"),
+        *("users__age", "items__price"),
+    ]
+    assert str(artifact_root) not in response.content.decode()
+
+    rows = pq.read_table(artifact_root / body["path"]).to_pylist()
+    hour = timedelta(hours=1)
+    features = ("users__age", "items__price")
+    assert [
+        tuple(r[c] for c in ("user_id", "item_id", "event_time", "clicked", *features))
+        for r in rows
+    ] == [
+        ("u1", "i1", T0 - hour, 0, None, None),  # before any feature value
+        ("u1", "i1", T0 + hour, 1, 30, 9.5),  # not the later age 31
+        ("u2", "i1", T0 + hour, 0, None, 9.5),  # the latest value is null
+        ("u3", "i2", T0 + hour, 1, None, None),  # no rows for u3; i2's price comes later
+        ("u1", "i2", T0 + 3 * hour, 0, 31, 20.0),
+    ]
+
+    detail = client.get(url(workspace, f"datasets/{body['id']}/"))
+    assert detail.status_code == 200
+    assert detail.json() == body
+    listed = client.get(url(workspace, "datasets/")).json()
+    assert [d["id"] for d in listed["results"]] == [body["id"]]
+
+    consumers = Consumer.objects.for_workspace(workspace).filter(
+        kind="dataset", object_id=str(body["id"])
+    )
+    assert {(c.group.name, c.feature_name, c.live) for c in consumers} == {
+        ("users", "age", True),
+        ("items", "price", True),
+        ("impressions", "clicked", True),
+    }
+    verbs = list(
+        Event.objects.for_workspace(workspace)
+        .filter(verb__startswith="dataset.")
+        .order_by("id")
+        .values_list("verb", flat=True)
+    )
+    assert verbs == ["dataset.created", "dataset.built"]
+    built = Event.objects.for_workspace(workspace).get(verb="dataset.built")
+    assert built.resources["rows"] == 5
+    assert built.resources["bytes"] == (artifact_root / body["path"]).stat().st_size
+
+
+def test_retiring_a_feature_a_dataset_uses_is_a_conflict(workspace, members, scene, client_for):
+    created = client_for(members[Role.DEVELOPER]).post(
+        url(workspace, "datasets/"), create_body(), format="json"
+    )
+    assert created.status_code == 201
+
+    response = client_for(members[Role.MAINTAINER]).patch(
+        url(workspace, "feature-groups/users/features/age/"), {"status": "retired"}, format="json"
+    )
+
+    assert response.status_code == 409, response.content
+    assert "dataset clicks v1" in response.json()["detail"]
+    assert (
+        Feature.objects.for_workspace(workspace).get(group__name="users", name="age").status
+        == "active"
+    )
+
+
+def test_a_later_version_of_the_same_name_increments(workspace, members, scene, client_for):
+    client = client_for(members[Role.DEVELOPER])
+    first = client.post(url(workspace, "datasets/"), create_body(), format="json").json()
+    second = client.post(
+        url(workspace, "datasets/"), create_body(features=["users:segment"]), format="json"
+    ).json()
+    other = client.post(url(workspace, "datasets/"), create_body(name="other"), format="json")
+
+    assert (first["version"], second["version"], other.json()["version"]) == (1, 2, 1)
+    assert second["path"].endswith("/clicks/v=2/data.parquet")
+    assert second["coverage"] == {"users:segment": 3 / 5}
+    names = client.get(url(workspace, "datasets/?name=clicks")).json()["results"]
+    assert [(d["name"], d["version"]) for d in names] == [("clicks", 2), ("clicks", 1)]
+
+
+def test_start_and_end_time_filter_labels(workspace, members, scene, client_for, artifact_root):
+    client = client_for(members[Role.DEVELOPER])
+    hour = timedelta(hours=1)
+    response = client.post(
+        url(workspace, "datasets/"),
+        # end is exclusive: the label at exactly T0 + 3h is left out, as is the one before T0
+        create_body(start_time=T0.isoformat(), end_time=(T0 + 3 * hour).isoformat()),
+        format="json",
+    )
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["row_count"] == 3
+    rows = pq.read_table(artifact_root / body["path"]).to_pylist()
+    assert {r["event_time"] for r in rows} == {T0 + hour}
+    assert body["coverage"] == {"users:age": 1 / 3, "items:price": 2 / 3}
+
+
+def test_create_ignores_fields_it_does_not_take(workspace, members, scene, client_for):
+    response = client_for(members[Role.DEVELOPER]).post(
+        url(workspace, "datasets/"),
+        create_body(version=99, status="failed", row_count=7, path="/etc/passwd", workspace=1),
+        format="json",
+    )
+    assert response.status_code == 201
+    body = response.json()
+    assert (body["version"], body["status"], body["row_count"]) == (1, "ready", 5)
+    assert body["path"].startswith(f"datasets/ws={workspace.pk}/clicks/")
+
+
+def _more_groups(workspace):
+    """A retired group and one with a column the offline reader reserves."""
+    register(workspace, "odd_users", ["user_id"], [{"name": "file_row_number", "dtype": "int"}])
+    group = registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name="old_users",
+        entity=EntityKind.USER,
+        entity_keys=["user_id"],
+        features=[{"name": "age", "dtype": "int"}],
+    )
+    registry.feature_group_set_status(actor=None, group=group, status="retired")
+
+
+BAD_INPUTS = {
+    "unknown label column": ({"label_columns": ["nope"]}, "label_columns.0", "no column 'nope'"),
+    "key as label column": ({"label_columns": ["user_id"]}, "label_columns.0", "no column"),
+    "duplicate label column": (
+        {"label_columns": ["clicked", "clicked"]},
+        "label_columns.1",
+        "duplicate",
+    ),
+    "unknown feature": ({"features": ["users:nope"]}, "features.0", "no feature 'users:nope'"),
+    "unknown group": ({"features": ["ghost:age"]}, "features.0", "no feature group 'ghost'"),
+    "malformed ref": ({"features": ["users.age"]}, "features.0", "group:feature"),
+    "unknown version": ({"features": ["users@v7:age"]}, "features.0", "no version 7"),
+    "retired group": ({"features": ["old_users:age"]}, "features.0", "retired"),
+    "label source lacks a join key": (
+        {"features": ["users:age", "sessions:length"]},
+        "features.1",
+        "session_id",
+    ),
+    "reserved reader column": (
+        {"features": ["odd_users:file_row_number"]},
+        "features.0",
+        "reserved",
+    ),
+    "duplicate ref": ({"features": ["users:age", "users:age"]}, "features.1", "users__age"),
+    "unknown label source": ({"label_source": "ghost"}, "label_source", "no feature group"),
+    "no features": ({"features": []}, "features", None),
+    "no label columns": ({"label_columns": []}, "label_columns", None),
+    "bad name": ({"name": "Bad Name"}, "name", None),
+    "path in name": ({"name": "../../etc"}, "name", None),
+    "end before start": (
+        {"start_time": "2025-06-02T00:00:00Z", "end_time": "2025-06-01T00:00:00Z"},
+        "end_time",
+        "after",
+    ),
+    "time without zone is not a time": ({"start_time": "yesterday"}, "start_time", None),
+    "features not a list": ({"features": "users:age"}, "features", None),
+}
+
+
+def written() -> tuple[int, int, int]:
+    return event_count(), Dataset.objects.unscoped().count(), Consumer.objects.unscoped().count()
+
+
+@pytest.mark.parametrize(("overrides", "attr", "says"), BAD_INPUTS.values(), ids=BAD_INPUTS)
+def test_bad_inputs_answer_400_and_write_nothing(
+    workspace, members, scene, client_for, artifact_root, overrides, attr, says
+):
+    _more_groups(workspace)
+    client = client_for(members[Role.DEVELOPER])
+    before = written()
+
+    response = client.post(url(workspace, "datasets/"), create_body(**overrides), format="json")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["attr"] == attr
+    if says:
+        assert says in response.json()["detail"]
+    assert written() == before
+    assert not (artifact_root / "datasets").exists()
+
+
+def test_another_workspaces_groups_are_not_found(
+    workspace, other_workspace, members, scene, client_for, artifact_root
+):
+    register(
+        other_workspace,
+        "foreign_labels",
+        ["user_id", "item_id"],
+        [{"name": "clicked", "dtype": "int"}],
+        EntityKind.LABEL,
+    )
+    register(other_workspace, "foreign_users", ["user_id"], [{"name": "age", "dtype": "int"}])
+    client = client_for(members[Role.DEVELOPER])
+    before = (event_count(), Dataset.objects.unscoped().count())
+
+    as_label = client.post(
+        url(workspace, "datasets/"), create_body(label_source="foreign_labels"), format="json"
+    )
+    as_feature = client.post(
+        url(workspace, "datasets/"), create_body(features=["foreign_users:age"]), format="json"
+    )
+
+    assert as_label.status_code == 400
+    assert (as_label.json()["attr"], as_label.json()["detail"]) == (
+        "label_source",
+        "no feature group 'foreign_labels'",
+    )
+    assert as_feature.status_code == 400
+    assert as_feature.json()["attr"] == "features.0"
+    assert "no feature group 'foreign_users'" in as_feature.json()["detail"]
+    assert (event_count(), Dataset.objects.unscoped().count()) == before
+    assert not (artifact_root / "datasets").exists()
+
+
+def test_another_workspaces_dataset_is_not_found(
+    workspace, other_workspace, members, scene, client_for
+):
+    created = client_for(members[Role.DEVELOPER]).post(
+        url(workspace, "datasets/"), create_body(), format="json"
+    )
+    stranger = make_member(other_workspace, Role.ADMIN)
+    response = client_for(stranger).get(url(other_workspace, f"datasets/{created.json()['id']}/"))
+    assert response.status_code == 404
+
+
+def test_dataset_list_queries_do_not_grow(
+    workspace, members, scene, client_for, django_assert_max_num_queries
+):
+    client = client_for(members[Role.DEVELOPER])
+    for name in ("a_set", "b_set", "c_set", "d_set"):
+        assert client.post(url(workspace, "datasets/"), create_body(name=name), format="json")
+    with django_assert_max_num_queries(8):
+        response = client.get(url(workspace, "datasets/"))
+    assert response.json()["count"] == 4
+
+
+def test_build_is_idempotent_and_a_failure_is_recorded(
+    workspace, members, scene, monkeypatch, artifact_root
+):
+    ready = samples.dataset_create(
+        actor=members[Role.DEVELOPER],
+        workspace=workspace,
+        name="clicks",
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age"],
+    )
+    before = event_count()
+    assert samples.dataset_build(ready.pk).status == DatasetStatus.READY
+    assert event_count() == before  # a redelivered build changes nothing
+
+    def broken(dataset):
+        raise OSError(f"disk full writing {artifact_root}/datasets/x")
+
+    monkeypatch.setattr(samples, "_write_file", broken)
+    failed = samples.dataset_create(
+        actor=members[Role.DEVELOPER],
+        workspace=workspace,
+        name="clicks",
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age"],
+    )
+
+    assert failed.status == DatasetStatus.FAILED
+    assert "disk full" in failed.error
+    assert str(artifact_root) not in failed.error
+    assert Event.objects.for_workspace(workspace).filter(verb="dataset.failed").count() == 1
+    assert not Consumer.objects.for_workspace(workspace).filter(
+        kind="dataset", object_id=str(failed.pk), live=True
+    )
+    assert Consumer.objects.for_workspace(workspace).filter(
+        kind="dataset", object_id=str(ready.pk), live=True
+    )
+
+
+def test_groups_without_data_give_typed_empty_columns(workspace, members, scene):
+    developer = members[Role.DEVELOPER]
+    vectors = [
+        {"name": "vec", "dtype": "embedding", "dimension": 2},
+        {"name": "tier", "dtype": "categorical"},
+    ]
+    register(workspace, "empty_users", ["user_id"], vectors)
+    embedded = register(workspace, "embedded_users", ["user_id"], vectors)
+    ingest(developer, embedded, [{"user_id": "u1", "event_time": T0, "vec": [0.5, -1.0]}])
+
+    dataset = samples.dataset_create(
+        actor=developer,
+        workspace=workspace,
+        name="vectors",
+        label_group=scene["impressions"],
+        label_columns=["clicked", "dwell"],
+        feature_refs=["empty_users:vec", "empty_users:tier", "embedded_users:vec"],
+    )
+
+    assert dataset.status == DatasetStatus.READY, dataset.error
+    table = pq.read_table(samples.dataset_file(dataset))
+    assert table.schema.field("empty_users__vec").type == pa.list_(pa.float32(), 2)
+    assert table.schema.field("empty_users__tier").type == pa.string()
+    assert table.schema.field("embedded_users__vec").type == pa.list_(pa.float32(), 2)
+    assert table.column("empty_users__vec").null_count == 5
+    assert table.column("embedded_users__vec").to_pylist() == [
+        *(None, [0.5, -1.0], None, None),  # u1 at T0 - 1h, then at T0 + 1h ...
+        [0.5, -1.0],
+    ]
+    assert table.column("dwell").to_pylist() == [None] * 5
+    assert dataset.coverage == {
+        "empty_users:vec": 0.0,
+        "empty_users:tier": 0.0,
+        "embedded_users:vec": 2 / 5,
+    }
+
+
+def test_a_label_source_without_data_gives_an_empty_dataset(workspace, members, scene):
+    labels = register(
+        workspace,
+        "no_labels_yet",
+        ["user_id", "item_id"],
+        [{"name": "clicked", "dtype": "bool"}],
+        EntityKind.LABEL,
+    )
+    dataset = samples.dataset_create(
+        actor=members[Role.DEVELOPER],
+        workspace=workspace,
+        name="nothing",
+        label_group=labels,
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+    )
+    assert dataset.status == DatasetStatus.READY, dataset.error
+    assert (dataset.row_count, dataset.coverage) == (0, {"users:age": None, "items:price": None})
+    table = pq.read_table(samples.dataset_file(dataset))
+    assert table.num_rows == 0
+    assert table.column_names == [
+        *("user_id", "item_id", "event_time", "clicked"),
+        *("users__age", "items__price"),
+    ]
+    assert table.schema.field("clicked").type == pa.bool_()
+
+
+# --- (c) the workspace's default sample stream ---------------------------------------------------
+
+
+def test_sample_stream_gains_a_feature_in_one_call(workspace, members, scene, client_for):
+    client = client_for(members[Role.DEVELOPER])
+    path = url(workspace, "sample-stream/features/")
+
+    first = client.post(path, {"feature": "users:age"}, format="json")
+    again = client.post(path, {"feature": "users:age"}, format="json")
+    second = client.post(path, {"feature": "items:price"}, format="json")
+
+    assert first.status_code == 200, first.content
+    assert first.json()["sample_stream"]["features"] == ["users:age"]
+    assert again.json()["sample_stream"]["features"] == ["users:age"]
+    assert second.json()["sample_stream"]["features"] == ["users:age", "items:price"]
+    assert second.json()["model"] == workspace.template["model"]
+    workspace.refresh_from_db()
+    assert workspace.template["sample_stream"]["features"] == ["users:age", "items:price"]
+    assert Event.objects.for_workspace(workspace).filter(verb="workspace.changed").count() == 2
+    stream_consumers = Consumer.objects.for_workspace(workspace).filter(kind="sample_stream")
+    assert {(c.group.name, c.feature_name, c.object_id) for c in stream_consumers} == {
+        ("users", "age", workspace.slug),
+        ("items", "price", workspace.slug),
+    }
+
+    pinned = client.post(path, {"feature": "users@v1:age"}, format="json")
+    assert pinned.json()["sample_stream"]["features"] == ["users@v1:age", "items:price"]
+
+    retire = client_for(members[Role.MAINTAINER]).patch(
+        url(workspace, "feature-groups/items/features/price/"),
+        {"status": "retired"},
+        format="json",
+    )
+    assert retire.status_code == 409
+    assert "sample stream" in retire.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("feature", "says"),
+    [
+        ("users:nope", "no feature 'users:nope'"),
+        ("ghost:age", "no feature group 'ghost'"),
+        ("users age", "group:feature"),
+        ("", None),
+    ],
+)
+def test_sample_stream_refuses_bad_refs(workspace, members, scene, client_for, feature, says):
+    client = client_for(members[Role.DEVELOPER])
+    before = event_count()
+    response = client.post(
+        url(workspace, "sample-stream/features/"), {"feature": feature}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["attr"] == "feature"
+    if says:
+        assert says in response.json()["detail"]
+    assert event_count() == before
+
+
+def test_sample_stream_refuses_a_feature_its_label_source_cannot_join(
+    workspace, members, scene, client_for
+):
+    template = {**workspace.template, "sample_stream": {"label_source": "impressions"}}
+    workspace.template = template
+    workspace.save(update_fields=["template"])
+    client = client_for(members[Role.DEVELOPER])
+
+    joined = client.post(url(workspace, "sample-stream/features/"), {"feature": "users:age"})
+    refused = client.post(url(workspace, "sample-stream/features/"), {"feature": "sessions:length"})
+
+    assert joined.status_code == 200, joined.content
+    assert refused.status_code == 400
+    assert "session_id" in refused.json()["detail"]

@@ -1,0 +1,281 @@
+"""Browser UI of the feature registry: groups, one group's page (schema, versions, health chart,
+batches, consumers, how to push data) and datasets. Everything is read through the selectors, so
+another workspace's objects answer 404 like missing ones."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.core.paginator import Paginator
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+
+from features.models import (
+    Dtype,
+    EntityKind,
+    FeatureGroup,
+    FeatureGroupVersion,
+    HealthStatus,
+    Lifecycle,
+)
+from features.selectors import (
+    batches_of,
+    consumers_of,
+    datasets_of,
+    feature_group_detail,
+    feature_groups_of,
+    health_history,
+)
+from workspaces.dashboard import DashboardSection
+from workspaces.views import _context, workspace_page
+
+GROUPS_PER_PAGE = 50
+DATASETS_PER_PAGE = 50
+RECENT_BATCHES = 20
+RECENT_CHECKS = 20
+CHART_POINTS = 500
+
+
+# Feature groups -------------------------------------------------------------------------------
+
+
+def _filtered_groups(
+    workspace, *, query: str, status: str, health: str, entity: str
+) -> QuerySet[FeatureGroup]:
+    groups = feature_groups_of(workspace=workspace)
+    if query:
+        groups = groups.filter(
+            Q(name__icontains=query) | Q(description__icontains=query) | Q(tags__icontains=query)
+        )
+    if status:
+        groups = groups.filter(status=status)
+    if health:
+        groups = groups.filter(health_status=health)
+    if entity:
+        groups = groups.filter(entity=entity)
+    return groups
+
+
+@workspace_page()
+def feature_group_list(request: HttpRequest, workspace) -> HttpResponse:
+    query = request.GET.get("q", "").strip()[:100]
+    status = request.GET.get("status", "")
+    status = status if status in Lifecycle.values else ""
+    health = request.GET.get("health", "")
+    health = health if health in HealthStatus.values else ""
+    entity = request.GET.get("entity", "")
+    entity = entity if entity in EntityKind.values else ""
+    groups = _filtered_groups(workspace, query=query, status=status, health=health, entity=entity)
+    page = Paginator(groups, GROUPS_PER_PAGE).get_page(request.GET.get("page"))
+    filters = {"q": query, "status": status, "health": health, "entity": entity}
+    return render(
+        request,
+        "features/group_list.html",
+        _context(
+            request,
+            page=page,
+            query=query,
+            status=status,
+            health=health,
+            entity=entity,
+            statuses=Lifecycle.choices,
+            healths=HealthStatus.choices,
+            entities=EntityKind.choices,
+            filter_query=urlencode({key: value for key, value in filters.items() if value}),
+            section="features",
+        ),
+    )
+
+
+@workspace_page()
+def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    group = feature_group_detail(workspace=workspace, name=name)
+    versions = list(
+        FeatureGroupVersion.objects.for_workspace(workspace)
+        .filter(group=group)
+        .select_related("created_by")
+        .order_by("-version")
+    )
+    current = next((v for v in versions if v.version == group.current_version), None)
+    checks = list(health_history(group=group)[:CHART_POINTS])
+    consumers = list(consumers_of(group=group, live_only=False))
+    batch_url = request.build_absolute_uri(
+        reverse("v1:feature-batch-list", kwargs={"ws": workspace.slug, "name": group.name})
+    )
+    return render(
+        request,
+        "features/group_detail.html",
+        _context(
+            request,
+            group=group,
+            features=list(group.feature_set.all()),
+            versions=[{"version": v, "features": v.features} for v in versions],
+            batches=list(batches_of(group=group)[:RECENT_BATCHES]),
+            consumers=consumers,
+            live_consumers=sum(1 for consumer in consumers if consumer.live),
+            checks=[_check_row(check) for check in checks[:RECENT_CHECKS]],
+            chart=_chart_series(checks) | {"sla_hours": group.freshness_sla_seconds / 3600},
+            push=push_examples(group=group, version=current, batch_url=batch_url),
+            section="features",
+        ),
+    )
+
+
+def _check_row(check) -> dict[str, Any]:
+    """A health check for the history table, its problems as plain sentences."""
+    problems = []
+    for problem in check.problems or []:
+        if isinstance(problem, dict):
+            detail = problem.get("detail") or problem.get("message")
+            kind = problem.get("kind") or problem.get("check")
+            if detail:
+                problems.append(f"{kind}: {detail}" if kind else str(detail))
+            else:
+                problems.append(json.dumps(problem, default=str, sort_keys=True))
+        else:
+            problems.append(str(problem))
+    return {"check": check, "problems": problems}
+
+
+def _chart_series(checks: list) -> dict[str, list]:
+    """Freshness lag (hours) and coverage over time, oldest first, for the chart script."""
+    ordered = sorted(checks, key=lambda c: c.checked_at)
+    return {
+        "t": [round(c.checked_at.timestamp(), 3) for c in ordered],
+        "freshness_hours": [
+            None if c.freshness_lag_seconds is None else round(c.freshness_lag_seconds / 3600, 3)
+            for c in ordered
+        ],
+        "coverage": [None if c.coverage is None else round(c.coverage, 4) for c in ordered],
+    }
+
+
+# Push help: the exact request a producer sends --------------------------------------------------
+
+_EXAMPLE_VALUES: dict[str, Any] = {
+    Dtype.INT: 42,
+    Dtype.FLOAT: 0.25,
+    Dtype.BOOL: True,
+    Dtype.STRING: "text",
+    Dtype.CATEGORICAL: "a",
+}
+
+
+def example_value(spec: dict[str, Any]) -> Any:
+    """A value of the feature's dtype that the batch endpoint accepts."""
+    if spec["dtype"] == Dtype.EMBEDDING:
+        dimension = int(spec.get("dimension") or 1)
+        return [round(0.1 * ((i % 9) + 1), 1) for i in range(dimension)]
+    return _EXAMPLE_VALUES.get(spec["dtype"], "value")
+
+
+def _key_example(key: str) -> str:
+    stem = key[: -len("_id")] if key.endswith("_id") and len(key) > 3 else key
+    return f"{stem}_1"
+
+
+def example_row(*, group: FeatureGroup, version: FeatureGroupVersion | None, now: datetime) -> dict:
+    row: dict[str, Any] = {key: _key_example(key) for key in group.entity_keys}
+    row[group.event_time_column] = now.strftime("%Y-%m-%dT%H:00:00Z")
+    for spec in version.features if version is not None else []:
+        row[spec["name"]] = example_value(spec)
+    return row
+
+
+def push_examples(
+    *, group: FeatureGroup, version: FeatureGroupVersion | None, batch_url: str
+) -> dict[str, str]:
+    """The curl commands (JSON rows and a Parquet file) that push one batch into ``group``."""
+    row = example_row(group=group, version=version, now=timezone.now())
+    body = json.dumps({"rows": [row]}, separators=(", ", ": "))
+    headers = '-H "Authorization: Token $TOKEN" \\\n  -H "Idempotency-Key: $BATCH_ID" \\\n'
+    json_curl = (
+        "curl -X POST "
+        f"{headers}"
+        '  -H "Content-Type: application/json" \\\n'
+        f"  -d '{body}' \\\n"
+        f"  {batch_url}"
+    )
+    parquet_curl = (
+        "curl -X POST "
+        f"{headers}"
+        '  -H "Content-Type: application/vnd.apache.parquet" \\\n'
+        "  --data-binary @batch.parquet \\\n"
+        f"  {batch_url}"
+    )
+    return {"json": json_curl, "parquet": parquet_curl, "url": batch_url, "row": row}
+
+
+# Datasets -------------------------------------------------------------------------------------
+
+
+@workspace_page()
+def dataset_list(request: HttpRequest, workspace) -> HttpResponse:
+    page = Paginator(datasets_of(workspace=workspace), DATASETS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    return render(
+        request,
+        "features/dataset_list.html",
+        _context(request, page=page, section="features"),
+    )
+
+
+@workspace_page()
+def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+    dataset = datasets_of(workspace=workspace).filter(name=name, version=version).first()
+    if dataset is None:
+        raise Http404(f"No dataset '{name}' v{version}.")
+    coverage = dataset.coverage if isinstance(dataset.coverage, dict) else {}
+    rows = []
+    for ref in dataset.feature_refs or []:
+        share = coverage.get(ref)
+        rows.append({"ref": ref, **_coverage_bar(share)})
+    for ref, share in coverage.items():
+        if ref not in (dataset.feature_refs or []):
+            rows.append({"ref": ref, **_coverage_bar(share)})
+    return render(
+        request,
+        "features/dataset_detail.html",
+        _context(request, dataset=dataset, coverage_rows=rows, section="features"),
+    )
+
+
+def _coverage_bar(share: Any) -> dict[str, Any]:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or share != share:
+        return {"share": None, "percent": None, "width": "0"}
+    bounded = min(max(float(share), 0.0), 1.0)
+    return {"share": bounded, "percent": f"{bounded * 100:.1f}", "width": f"{bounded * 100:.1f}"}
+
+
+# Dashboard card -------------------------------------------------------------------------------
+
+
+def dashboard_section(*, workspace, user) -> DashboardSection:
+    """The "Features" card of the workspace dashboard: group counts and the broken groups, in one
+    query (the dashboard's query budget is shared by every card)."""
+    groups = feature_groups_of(workspace=workspace).exclude(status=Lifecycle.RETIRED)
+    counts = dict.fromkeys(HealthStatus.values, 0)
+    total = 0
+    broken = []
+    for name, health in groups.values_list("name", "health_status"):
+        total += 1
+        counts[health] = counts.get(health, 0) + 1
+        if health == HealthStatus.BROKEN:
+            broken.append(name)
+    return DashboardSection(
+        template="features/_dashboard_section.html",
+        context={
+            "workspace": workspace,
+            "total": total,
+            "counts": counts,
+            "broken": broken[:10],
+            "more_broken": max(len(broken) - 10, 0),
+        },
+    )
