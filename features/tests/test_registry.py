@@ -66,6 +66,7 @@ def test_register_through_the_api(client_for, workspace, members):
         ),
         ({"features": [{"name": "user_id", "dtype": "int"}]}, "features.0.name"),
         ({"entity_key": "Bad-Key"}, "entity_keys.0"),
+        ({"features": [{"name": "file_row_number", "dtype": "int"}]}, "features.0.name"),
         ({"producer": "nobody"}, "producer"),
     ],
 )

@@ -424,8 +424,7 @@ def test_create_ignores_fields_it_does_not_take(workspace, members, scene, clien
 
 
 def _more_groups(workspace):
-    """A retired group and one with a column the offline reader reserves."""
-    register(workspace, "odd_users", ["user_id"], [{"name": "file_row_number", "dtype": "int"}])
+    """A retired group."""
     group = registry.feature_group_register(
         actor=None,
         workspace=workspace,
@@ -454,11 +453,6 @@ BAD_INPUTS = {
         {"features": ["users:age", "sessions:length"]},
         "features.1",
         "session_id",
-    ),
-    "reserved reader column": (
-        {"features": ["odd_users:file_row_number"]},
-        "features.0",
-        "reserved",
     ),
     "duplicate ref": ({"features": ["users:age", "users:age"]}, "features.1", "users__age"),
     "unknown label source": ({"label_source": "ghost"}, "label_source", "no feature group"),
