@@ -797,6 +797,12 @@ def _summarise(latencies: list[float]) -> tuple[float, float]:
     return percentile(latencies, 50), percentile(latencies, 99)
 
 
+def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max in ms, rounded, for the record of a timing run."""
+    points = {f"p{p}": percentile(latencies, p) for p in (50, 90, 99)}
+    return {k: round(v, 3) for k, v in {**points, "max": max(latencies)}.items()}
+
+
 def goal_verdicts(measures: Mapping[str, float | None]) -> dict[str, bool | None]:
     """Each goal of the issue: met (True), missed (False) or not measured (None)."""
 
@@ -882,6 +888,8 @@ def _run(ctx: Context) -> dict[str, float]:
     batches_path = f"/api/v1/workspaces/{slug}/feature-groups/{{group}}/batches/"
 
     measures: dict[str, float] = {}
+    latencies: dict[str, dict[str, dict[str, float]]] = {}
+    ctx.parameters["latency_ms"] = latencies
     feast: dict[str, Any] = {"version": FEAST_VERSION}
     feast_db: int | None = None
     prefix = ctx.database_env.get("CACHE_KEY_PREFIX", "")
@@ -978,6 +986,10 @@ def _run(ctx: Context) -> dict[str, float]:
                         "/get-online-features",
                         [feast_lookup_body(e, FEAST_VIEW, names) for e in schedule],
                     )
+                    latencies[label] = {
+                        "ours": latency_summary(mine),
+                        "feast": latency_summary(other),
+                    }
                     p50, p99 = _summarise(other)
                     measures[f"online_{label}_p50_ms_feast"] = p50
                     measures[f"online_{label}_p99_ms_feast"] = p99
@@ -1020,6 +1032,7 @@ def _run(ctx: Context) -> dict[str, float]:
                 measures[f"online_{label}_p50_ms"], measures[f"online_{label}_p99_ms"] = _summarise(
                     mine
                 )
+                latencies[label] = {"ours": latency_summary(mine)}
 
         ctx.log("generating ingestion batches ...")
         now = datetime.now(UTC)

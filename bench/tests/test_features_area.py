@@ -251,6 +251,12 @@ def test_mismatches_compare_within_tolerance():
     assert not area.same_value(True, 1)
 
 
+def test_latency_summary():
+    summary = area.latency_summary([float(v) for v in range(1, 101)])
+
+    assert summary == {"p50": 50.5, "p90": 90.1, "p99": 99.01, "max": 100.0}
+
+
 def test_goal_verdicts():
     verdicts = area.goal_verdicts(
         {
