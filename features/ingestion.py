@@ -410,26 +410,42 @@ def table_from_parquet(
 # --- storing -----------------------------------------------------------------------------
 
 
-def _online_rows(table: pa.Table, group: FeatureGroup, feature_names: list[str]):
-    keys = [table[k].to_pylist() for k in group.entity_keys]
-    micros = table[group.event_time_column].cast(pa.int64()).to_pylist()
-    values = {name: table[name].to_pylist() for name in feature_names}
-    for index, stamp in enumerate(micros):
-        entity = online_store.entity_id([k[index] for k in keys])
-        yield entity, stamp / 1_000_000, {name: values[name][index] for name in feature_names}
-
-
 def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
+    """Write a validated batch (or materialised rows) to the online store.
+
+    DuckDB turns each row into its JSON text in one vectorised pass; the store compares event
+    times so an older row never replaces a newer one.
+    """
+    keys = list(group.entity_keys)
+    time_column = group.event_time_column
     feature_names = [
-        name
-        for name in table.column_names
-        if name not in group.entity_keys and name != group.event_time_column
+        name for name in table.column_names if name not in keys and name != time_column
     ]
-    return online_store.get_online_store().write(
+    if table.num_rows == 0:
+        return 0
+    entity_sql = (
+        offline_store.quote(keys[0])
+        if len(keys) == 1
+        else "concat_ws('|', " + ", ".join(offline_store.quote(k) for k in keys) + ")"
+    )
+    fields = ", ".join(
+        f"{offline_store.quote(n)} := {offline_store.quote(n)}" for n in feature_names
+    )
+    payload_sql = f"to_json(struct_pack({fields}))" if feature_names else "'{}'"
+    with offline_store.connect() as connection:
+        connection.register("batch", table)
+        encoded = connection.sql(
+            f"SELECT CAST({entity_sql} AS VARCHAR) AS entity, "  # noqa: S608 - quoted identifiers
+            f"epoch_us({offline_store.quote(time_column)}) / 1e6 AS stamp, "
+            f"CAST({payload_sql} AS VARCHAR) AS payload FROM batch"
+        ).to_arrow_table()
+    return online_store.get_online_store().write_encoded(
         namespace=online_store.namespace(
             workspace_id=group.workspace_id, group_id=group.pk, version=version
         ),
-        rows=_online_rows(table, group, feature_names),
+        entities=encoded["entity"].to_pylist(),
+        stamps=encoded["stamp"].to_pylist(),
+        payloads=encoded["payload"].to_pylist(),
     )
 
 

@@ -37,11 +37,12 @@ def write_batch(
 ) -> list[str]:
     """Write one batch, split into date partitions by event time; returns the files written."""
     base = group_dir(workspace_id=workspace_id, group_id=group_id, version=version)
-    dates = pc.strftime(table[time_column], format="%Y-%m-%d")
+    # Event times are UTC; their calendar day names the partition.
+    days = table[time_column].cast(pa.timestamp("us")).cast(pa.date32())
     written: list[str] = []
-    for day in pc.unique(dates).to_pylist():
-        part = table.filter(pc.equal(dates, day))
-        folder = base / f"date={day}"
+    for day in pc.unique(days).to_pylist():
+        part = table.filter(pc.equal(days, pa.scalar(day, type=pa.date32())))
+        folder = base / f"date={day.isoformat()}"
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"batch-{batch_id}.parquet"
         temporary = folder / f".batch-{batch_id}-{uuid.uuid4().hex}.tmp"
@@ -81,7 +82,7 @@ def read_group(
     pattern = parquet_glob(workspace_id=workspace_id, group_id=group_id, version=version)
     if pattern is None:
         return None
-    selected = ", ".join(_quote(c) for c in columns) if columns else "*"
+    selected = ", ".join(quote(c) for c in columns) if columns else "*"
     with connect() as connection:
         return connection.sql(
             f"SELECT {selected} FROM read_parquet(?, {READ_OPTIONS})",  # noqa: S608 - quoted identifiers
@@ -102,16 +103,16 @@ def latest_per_entity(
     pattern = parquet_glob(workspace_id=workspace_id, group_id=group_id, version=version)
     if pattern is None:
         return None
-    keys = ", ".join(_quote(k) for k in entity_keys)
-    selected = ", ".join(_quote(c) for c in [*entity_keys, time_column, *columns])
+    keys = ", ".join(quote(k) for k in entity_keys)
+    selected = ", ".join(quote(c) for c in [*entity_keys, time_column, *columns])
     with connect() as connection:
         return connection.sql(
             f"SELECT {selected} FROM read_parquet(?, {READ_OPTIONS}) "  # noqa: S608 - quoted
             f"QUALIFY row_number() OVER (PARTITION BY {keys} "
-            f"ORDER BY {_quote(time_column)} DESC) = 1",
+            f"ORDER BY {quote(time_column)} DESC) = 1",
             params=[pattern],
         ).to_arrow_table()
 
 
-def _quote(identifier: str) -> str:
+def quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'

@@ -18,26 +18,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
+from itertools import repeat
 from typing import Any, Protocol
 
 import orjson
 from django.conf import settings
 
 COVERAGE_TTL_SECONDS = 3 * 24 * 3600
+WRITE_CHUNK = 500
 
-# Replace the stored row only if the new one is at least as recent.
+# Replace the stored row only if the new one is at least as recent. Each value starts with its
+# event time ("<ts>|<json>"), so one argument per key carries both.
 _WRITE_IF_NEWER = """
 local n = 0
+local current = redis.call('MGET', unpack(KEYS))
 for i = 1, #KEYS do
-  local ts = tonumber(ARGV[2 * i - 1])
-  local current = redis.call('GET', KEYS[i])
   local newer = true
-  if current then
-    local stored = tonumber(string.match(current, '^(%-?[%d%.eE%+%-]+)|'))
-    if stored and stored > ts then newer = false end
+  if current[i] then
+    local stored = tonumber(string.match(current[i], '^([^|]+)|'))
+    local ts = tonumber(string.match(ARGV[i], '^([^|]+)|'))
+    if stored and ts and stored > ts then newer = false end
   end
   if newer then
-    redis.call('SET', KEYS[i], ARGV[2 * i])
+    redis.call('SET', KEYS[i], ARGV[i])
     n = n + 1
   end
 end
@@ -77,6 +80,19 @@ def _decode(raw: bytes | None) -> tuple[float, dict[str, Any]] | None:
         return None
     ts, _, body = raw.partition(b"|")
     return float(ts), orjson.loads(body)
+
+
+def _split(
+    rows: Iterable[tuple[str, float, dict[str, Any]]],
+) -> tuple[list[str], list[float], list[str]]:
+    entities: list[str] = []
+    stamps: list[float] = []
+    payloads: list[str] = []
+    for entity, stamp, row in rows:
+        entities.append(entity)
+        stamps.append(stamp)
+        payloads.append(orjson.dumps(row).decode())
+    return entities, stamps, payloads
 
 
 def hour_bucket(moment: datetime | None = None) -> str:
@@ -119,23 +135,30 @@ class RedisOnlineStore:
         return f"{self.prefix}:ol:{ns}:{entity}"
 
     def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
+        entities, stamps, payloads = _split(rows)
+        return self.write_encoded(
+            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
+        )
+
+    def write_encoded(
+        self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
+    ) -> int:
+        """Rows already encoded as JSON text, with their event times (unix seconds)."""
         written = 0
         pipe = self.client.pipeline(transaction=False)
-        keys: list[str] = []
-        args: list[Any] = []
-        chunks = 0
-        for entity, ts, row in rows:
-            keys.append(self._key(namespace, entity))
-            args.extend((repr(ts), _encode(ts, row)))
-            if len(keys) == 500:
-                self._write_script(keys=keys, args=args, client=pipe)
-                keys, args = [], []
-                chunks += 1
-                if chunks % 20 == 0:
-                    written += sum(pipe.execute())
-        if keys:
-            self._write_script(keys=keys, args=args, client=pipe)
-        written += sum(pipe.execute())
+        prefix = f"{self.prefix}:ol:{namespace}:"
+        for start in range(0, len(entities), WRITE_CHUNK):
+            stop = start + WRITE_CHUNK
+            keys = [prefix + entity for entity in entities[start:stop]]
+            values = [
+                f"{stamp!r}|{payload}"
+                for stamp, payload in zip(stamps[start:stop], payloads[start:stop], strict=True)
+            ]
+            self._write_script(keys=keys, args=values, client=pipe)
+            if len(pipe) >= 20:
+                written += sum(pipe.execute())
+        if len(pipe):
+            written += sum(pipe.execute())
         return written
 
     def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]:
@@ -201,8 +224,15 @@ class SQLiteOnlineStore:
         return connection
 
     def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
+        entities, stamps, payloads = _split(rows)
+        return self.write_encoded(
+            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
+        )
+
+    def write_encoded(
+        self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
+    ) -> int:
         connection = self._connection()
-        payload = [(namespace, entity, ts, orjson.dumps(row)) for entity, ts, row in rows]
         before = connection.total_changes
         connection.execute("BEGIN IMMEDIATE")
         try:
@@ -210,7 +240,7 @@ class SQLiteOnlineStore:
                 "INSERT INTO online_row (ns, entity, ts, row) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (ns, entity) DO UPDATE SET ts = excluded.ts, row = excluded.row "
                 "WHERE excluded.ts >= online_row.ts",
-                payload,
+                zip(repeat(namespace), entities, stamps, payloads),
             )
             connection.execute("COMMIT")
         except BaseException:
