@@ -30,21 +30,27 @@ WRITE_CHUNK = 500
 # Replace the stored row only if the new one is at least as recent. Each value starts with its
 # event time ("<ts>|<json>"), so one argument per key carries both.
 _WRITE_IF_NEWER = """
-local n = 0
+local written = 0
 local current = redis.call('MGET', unpack(KEYS))
+local sets = {}
 for i = 1, #KEYS do
   local newer = true
-  if current[i] then
-    local stored = tonumber(string.match(current[i], '^([^|]+)|'))
-    local ts = tonumber(string.match(ARGV[i], '^([^|]+)|'))
-    if stored and ts and stored > ts then newer = false end
+  local stored = current[i]
+  if stored then
+    local a = string.find(stored, '|', 1, true)
+    local b = string.find(ARGV[i], '|', 1, true)
+    local old_ts = a and tonumber(string.sub(stored, 1, a - 1))
+    local new_ts = b and tonumber(string.sub(ARGV[i], 1, b - 1))
+    if old_ts and new_ts and old_ts > new_ts then newer = false end
   end
   if newer then
-    redis.call('SET', KEYS[i], ARGV[i])
-    n = n + 1
+    sets[#sets + 1] = KEYS[i]
+    sets[#sets + 1] = ARGV[i]
+    written = written + 1
   end
 end
-return n
+if #sets > 0 then redis.call('MSET', unpack(sets)) end
+return written
 """
 
 
