@@ -111,6 +111,7 @@ MIDDLEWARE = [
     "workspaces.middleware.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "workspaces.middleware.RequestBodyLimitMiddleware",
+    "workspaces.access_cache.AccessGenerationMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -10,3 +10,9 @@ class FeaturesConfig(AppConfig):
         from workspaces.dashboard import register_section
 
         register_section("features", dashboard_section)
+
+        from features.models import Feature, FeatureGroup, FeatureGroupVersion
+        from workspaces.signals import connect_access_invalidation
+
+        # Online lookups cache the registry per process; any registry write invalidates it.
+        connect_access_invalidation(FeatureGroup, FeatureGroupVersion, Feature)

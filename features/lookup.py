@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 
 from features import online_store
 from features.models import FeatureGroup, FeatureGroupVersion, Lifecycle
+from workspaces import access_cache
 from workspaces.models import Workspace
 
 MAX_ENTITIES = 1000
@@ -110,7 +111,11 @@ def online_lookup(*, workspace: Workspace, entities: Any, features: Any) -> dict
     if len(entities) > MAX_ENTITIES:
         raise ValidationError({"entities": f"at most {MAX_ENTITIES} entities per lookup"})
     refs = parse_refs(features)
-    resolved = resolve_refs(workspace=workspace, refs=refs)
+    # The registry changes rarely: cache the resolution per process (invalidated on any write).
+    resolved = access_cache.cached(
+        ("feature-refs", workspace.pk, tuple(refs)),
+        lambda: resolve_refs(workspace=workspace, refs=refs),
+    )
     lookups = []
     for group, version in resolved.values():
         lookups.append(

@@ -6,5 +6,10 @@ class WorkspacesConfig(AppConfig):
     verbose_name = "Workspaces and audit"
 
     def ready(self) -> None:
-        from workspaces import checks  # noqa: F401 - registers the system checks
+        from workspaces import (
+            checks,  # noqa: F401 - registers the system checks
+            signals,
+        )
         from workspaces.api import schema  # noqa: F401 - registers the OpenAPI auth extension
+
+        signals.connect()

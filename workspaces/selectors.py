@@ -11,6 +11,7 @@ from django.http import Http404
 from guardian.core import ObjectPermissionChecker
 from guardian.shortcuts import get_objects_for_user
 
+from workspaces import access_cache
 from workspaces.models import (
     ROLE_PERMISSIONS,
     WORKSPACE_PERMISSIONS,
@@ -46,23 +47,38 @@ def workspace_access(
     """One workspace by slug with the caller's guardian permissions on it.
 
     Raises Http404 when it is missing, outside the token's scope, or not viewable by the caller.
-    A few simple queries, since every workspace-scoped request starts here.
+    Every workspace-scoped request starts here, so the answer is cached per process and
+    invalidated by any change to users, tokens, memberships or permissions (access_cache).
     """
     if not user.is_authenticated or not user.is_active:
         raise Http404("No such workspace.")
-    workspace = Workspace.objects.filter(slug=slug).first()
-    if workspace is None:
-        raise Http404("No such workspace.")
     if token is not None:
-        scope = set(token.workspaces.values_list("pk", flat=True))
-        if scope and workspace.pk not in scope:
-            raise Http404("No such workspace.")
+        scope = getattr(token, "scope_ids", None)
+        if scope is None:
+            scope = frozenset(token.workspaces.values_list("pk", flat=True))
+    else:
+        scope = frozenset()
+    found = access_cache.cached(
+        ("workspace-access", user.pk, slug, scope), lambda: _load_access(user, slug, scope)
+    )
+    if found is None:
+        raise Http404("No such workspace.")
+    workspace, perms = found
+    return access_cache.private_copy(workspace), perms
+
+
+def _load_access(
+    user: Principal, slug: str, scope: frozenset[int]
+) -> tuple[Workspace, frozenset[str]] | None:
+    workspace = Workspace.objects.filter(slug=slug).first()
+    if workspace is None or (scope and workspace.pk not in scope):
+        return None
     if user.is_superuser:
         perms = frozenset(WORKSPACE_PERMISSIONS)
     else:
         perms = frozenset(ObjectPermissionChecker(user).get_perms(workspace))
     if "view_workspace" not in perms:
-        raise Http404("No such workspace.")
+        return None
     return workspace, perms
 
 

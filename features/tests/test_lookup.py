@@ -109,3 +109,19 @@ def test_lookups_feed_coverage_counters(workspace, developer):
         counter=f"{workspace.pk}:{group.pk}", buckets=[online_store.hour_bucket()]
     )
     assert (requested, found) == (4, 2)
+
+
+def test_cached_registry_follows_a_new_version_at_once(workspace, developer):
+    from features.lookup import online_lookup
+
+    group = make_group(workspace, name="user_profile")
+    push(group, developer, [user_row(1)])
+    first = online_lookup(workspace=workspace, entities=["u1"], features=["user_profile:age"])
+    assert first["rows"] == [[21]]
+    registry.feature_group_new_version(
+        actor=None, group=group, features=[{"name": "age", "dtype": "int"}]
+    )
+    second = online_lookup(workspace=workspace, entities=["u1"], features=["user_profile:age"])
+    assert second["rows"] == [[None]]  # version 2 has no data yet: the live version moved
+    pinned = online_lookup(workspace=workspace, entities=["u1"], features=["user_profile@v1:age"])
+    assert pinned["rows"] == [[21]]
