@@ -439,13 +439,13 @@ def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
             f"epoch_us({offline_store.quote(time_column)}) / 1e6 AS stamp, "
             f"CAST({payload_sql} AS VARCHAR) AS payload FROM batch"
         ).to_arrow_table()
-    return online_store.get_online_store().write_encoded(
+    return online_store.get_online_store().write_arrow(
         namespace=online_store.namespace(
             workspace_id=group.workspace_id, group_id=group.pk, version=version
         ),
-        entities=encoded["entity"].to_pylist(),
-        stamps=encoded["stamp"].to_pylist(),
-        payloads=encoded["payload"].to_pylist(),
+        entities=encoded["entity"].combine_chunks(),
+        stamps=encoded["stamp"].combine_chunks(),
+        payloads=encoded["payload"].combine_chunks(),
     )
 
 

@@ -22,6 +22,8 @@ from itertools import repeat
 from typing import Any, Protocol
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 from django.conf import settings
 
 COVERAGE_TTL_SECONDS = 3 * 24 * 3600
@@ -119,6 +121,14 @@ class OnlineStore(Protocol):
         self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]
     ) -> int: ...
 
+    def write_encoded(
+        self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
+    ) -> int: ...
+
+    def write_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> int: ...
+
     def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]: ...
 
     def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]: ...
@@ -150,17 +160,28 @@ class RedisOnlineStore:
         self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
     ) -> int:
         """Rows already encoded as JSON text, with their event times (unix seconds)."""
+        prefix = f"{self.prefix}:ol:{namespace}:"
+        keys = [prefix + entity for entity in entities]
+        values = [f"{stamp!r}|{payload}" for stamp, payload in zip(stamps, payloads, strict=True)]
+        return self._write_values(keys, values)
+
+    def write_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> int:
+        """The same from Arrow columns: keys and values are assembled in C++."""
+        prefix = pa.scalar(f"{self.prefix}:ol:{namespace}:")
+        keys = pc.binary_join_element_wise(prefix, entities, "").to_pylist()
+        values = pc.binary_join_element_wise(
+            pc.cast(stamps, pa.string()), payloads, "|"
+        ).to_pylist()
+        return self._write_values(keys, values)
+
+    def _write_values(self, keys: list[str], values: list[str]) -> int:
         written = 0
         pipe = self.client.pipeline(transaction=False)
-        prefix = f"{self.prefix}:ol:{namespace}:"
-        for start in range(0, len(entities), WRITE_CHUNK):
+        for start in range(0, len(keys), WRITE_CHUNK):
             stop = start + WRITE_CHUNK
-            keys = [prefix + entity for entity in entities[start:stop]]
-            values = [
-                f"{stamp!r}|{payload}"
-                for stamp, payload in zip(stamps[start:stop], payloads[start:stop], strict=True)
-            ]
-            self._write_script(keys=keys, args=values, client=pipe)
+            self._write_script(keys=keys[start:stop], args=values[start:stop], client=pipe)
             if len(pipe) >= 20:
                 written += sum(pipe.execute())
         if len(pipe):
@@ -233,6 +254,16 @@ class SQLiteOnlineStore:
         entities, stamps, payloads = _split(rows)
         return self.write_encoded(
             namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
+        )
+
+    def write_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> int:
+        return self.write_encoded(
+            namespace=namespace,
+            entities=entities.to_pylist(),
+            stamps=stamps.to_pylist(),
+            payloads=payloads.to_pylist(),
         )
 
     def write_encoded(
