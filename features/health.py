@@ -31,6 +31,7 @@ from features.models import (
     HealthStatus,
     Lifecycle,
 )
+from features.offline_store import quote
 from workspaces.events import Ref, event_record
 from workspaces.notifications import notify
 
@@ -70,10 +71,6 @@ class Measures:
 
 def drifting_features(drift_psi: dict[str, float]) -> set[str]:
     return {name for name, psi in drift_psi.items() if psi > DRIFT_PSI_THRESHOLD}
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 def _duration(seconds: float) -> str:
@@ -138,11 +135,11 @@ def measure_drift(
         return {}
     recent_start = now - DRIFT_RECENT
     reference_start = recent_start - DRIFT_REFERENCE
-    time = _quote(group.event_time_column)
+    time = quote(group.event_time_column)
     source = "read_parquet(?, union_by_name = true)"
     fractions = [i / DRIFT_BINS for i in range(1, DRIFT_BINS)]
     quantile_sql = ", ".join(
-        f"count({_quote(n)}), quantile_cont({_quote(n)}::DOUBLE, {fractions})" for n in numeric
+        f"count({quote(n)}), quantile_cont({quote(n)}::DOUBLE, {fractions})" for n in numeric
     )
     with offline_store.connect() as connection:
         reference = connection.sql(
@@ -160,7 +157,7 @@ def measure_drift(
         params: list[Any] = [recent_start]
         histograms = []
         for name, cuts in edges.items():
-            column = f"{_quote(name)}::DOUBLE"
+            column = f"{quote(name)}::DOUBLE"
             cases = " ".join(f"WHEN {column} <= ? THEN {i}" for i in range(len(cuts)))
             histograms.append(
                 f"histogram(CASE WHEN {column} IS NULL THEN NULL {cases} ELSE {len(cuts)} END)"
@@ -207,14 +204,14 @@ def measure_consistency(*, group: FeatureGroup, version: FeatureGroupVersion) ->
     if pattern is None:
         return None
     features = [s["name"] for s in version.features]
-    keys = ", ".join(_quote(k) for k in group.entity_keys)
-    selected = ", ".join(_quote(c) for c in [*group.entity_keys, *features])
+    keys = ", ".join(quote(k) for k in group.entity_keys)
+    selected = ", ".join(quote(c) for c in [*group.entity_keys, *features])
     with offline_store.connect() as connection:
         sample = connection.sql(
             f"SELECT {selected} FROM ("  # noqa: S608 - quoted identifiers
             f"SELECT * FROM read_parquet(?, union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {keys} "
-            f"ORDER BY {_quote(group.event_time_column)} DESC) = 1"
+            f"ORDER BY {quote(group.event_time_column)} DESC) = 1"
             f") USING SAMPLE reservoir({CONSISTENCY_SAMPLE} ROWS)",
             params=[pattern],
         ).to_arrow_table()

@@ -52,6 +52,7 @@ from features.models import (
     Lifecycle,
     name_validator,
 )
+from features.offline_store import quote
 from features.registry import consumer_register, consumer_release
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError
@@ -362,10 +363,6 @@ class DatasetBuildError(Exception):
     """The dataset cannot be built as recorded (a group or version vanished, ...)."""
 
 
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
 def _duckdb_type(spec: dict[str, Any]) -> str:
     if spec["dtype"] == Dtype.EMBEDDING:
         return f"FLOAT[{int(spec['dimension'])}]"
@@ -388,10 +385,10 @@ def _label_sql(dataset: Dataset, version: FeatureGroupVersion, params: dict[str,
     )
     if pattern is None:  # nothing ingested yet: no rows, but the columns keep their types
         typed_nulls = [
-            *(f"CAST(NULL AS VARCHAR) AS {_quote(k)}" for k in group.entity_keys),
+            *(f"CAST(NULL AS VARCHAR) AS {quote(k)}" for k in group.entity_keys),
             'CAST(NULL AS TIMESTAMPTZ) AS "__t"',
             *(
-                f"CAST(NULL AS {_duckdb_type(specs[c])}) AS {_quote(c)}"
+                f"CAST(NULL AS {_duckdb_type(specs[c])}) AS {quote(c)}"
                 for c in dataset.label_columns
             ),
             'CAST(NULL AS BIGINT) AS "__batch"',
@@ -399,12 +396,12 @@ def _label_sql(dataset: Dataset, version: FeatureGroupVersion, params: dict[str,
         ]
         return f"SELECT {', '.join(typed_nulls)} WHERE false"
     params["label_glob"] = pattern
-    time = _quote(group.event_time_column)
+    time = quote(group.event_time_column)
     selected = [
-        *(_quote(k) for k in group.entity_keys),
+        *(quote(k) for k in group.entity_keys),
         f'{time} AS "__t"',
         *(
-            f"CAST({_quote(c)} AS {_duckdb_type(specs[c])}) AS {_quote(c)}"
+            f"CAST({quote(c)} AS {_duckdb_type(specs[c])}) AS {quote(c)}"
             for c in dataset.label_columns
         ),
         f'{BATCH_ID_SQL} AS "__batch"',
@@ -426,14 +423,14 @@ def _feature_sql(source: _Source, pattern: str, params: dict[str, Any]) -> str:
     param = f"{source.alias}_glob"
     params[param] = pattern
     specs = source.version.feature_map()
-    keys = [_quote(k) for k in source.group.entity_keys]
-    time = _quote(source.group.event_time_column)
+    keys = [quote(k) for k in source.group.entity_keys]
+    time = quote(source.group.event_time_column)
     selected = [
         *keys,
         f'{time} AS "__t"',
         *(
-            f"CAST({_quote(feature)} AS {_duckdb_type(specs[feature])}) "
-            f"AS {_quote(f'{source.alias}_{index}')}"
+            f"CAST({quote(feature)} AS {_duckdb_type(specs[feature])}) "
+            f"AS {quote(f'{source.alias}_{index}')}"
             for index, (feature, _, _) in enumerate(source.features)
         ),
     ]
@@ -484,9 +481,9 @@ def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str,
     params: dict[str, Any] = {}
     ctes = [f'"labels" AS ({_label_sql(dataset, label_version, params)})']
     selected = [
-        *(f'"labels".{_quote(k)}' for k in label_group.entity_keys),
-        f'"labels"."__t" AS {_quote(TIME_COLUMN)}',
-        *(f'"labels".{_quote(c)}' for c in dataset.label_columns),
+        *(f'"labels".{quote(k)}' for k in label_group.entity_keys),
+        f'"labels"."__t" AS {quote(TIME_COLUMN)}',
+        *(f'"labels".{quote(c)}' for c in dataset.label_columns),
     ]
     joins = []
     outputs: list[tuple[str, str]] = []
@@ -500,17 +497,17 @@ def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str,
         )
         specs = source.version.feature_map()
         if pattern is not None:
-            alias = _quote(source.alias)
+            alias = quote(source.alias)
             ctes.append(f"{alias} AS ({_feature_sql(source, pattern, params)})")
-            on = [f'"labels".{_quote(k)} = {alias}.{_quote(k)}' for k in source.group.entity_keys]
+            on = [f'"labels".{quote(k)} = {alias}.{quote(k)}' for k in source.group.entity_keys]
             on.append(f'"labels"."__t" >= {alias}."__t"')
             joins.append(f"ASOF LEFT JOIN {alias} ON {' AND '.join(on)}")
         for index, (feature, column, text) in enumerate(source.features):
             if pattern is None:  # nothing ingested yet: every value is missing
-                selected.append(f"CAST(NULL AS {_duckdb_type(specs[feature])}) AS {_quote(column)}")
+                selected.append(f"CAST(NULL AS {_duckdb_type(specs[feature])}) AS {quote(column)}")
             else:
-                value = _quote(f"{source.alias}_{index}")
-                selected.append(f"{_quote(source.alias)}.{value} AS {_quote(column)}")
+                value = quote(f"{source.alias}_{index}")
+                selected.append(f"{quote(source.alias)}.{value} AS {quote(column)}")
             outputs.append((column, text))
     query = (
         f'WITH {", ".join(ctes)} SELECT {", ".join(selected)} FROM "labels" '  # noqa: S608
