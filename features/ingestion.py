@@ -513,6 +513,11 @@ def batch_ingest(
                 bytes=len(body),
                 min_event_time=min_time,
                 max_event_time=max_time,
+                offline_path=str(
+                    offline_store.group_dir(
+                        workspace_id=group.workspace_id, group_id=group.pk, version=version.version
+                    )
+                ),
                 producer=actor,
             )
             files = offline_store.write_batch(
@@ -523,12 +528,6 @@ def batch_ingest(
                 table=table,
                 time_column=group.event_time_column,
             )
-            batch.offline_path = str(
-                offline_store.group_dir(
-                    workspace_id=group.workspace_id, group_id=group.pk, version=version.version
-                )
-            )
-            batch.save(update_fields=["offline_path"])
             touch_ingested(group=locked, max_event_time=max_time)
             event_record(
                 actor=actor,

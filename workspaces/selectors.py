@@ -89,18 +89,6 @@ def workspace_get_visible(
     return workspace_access(user=user, slug=slug, token=token)[0]
 
 
-def role_in_workspace(*, user: Principal, workspace: Workspace) -> str | None:
-    """The user's role in the workspace; platform superusers act as its admin."""
-    if not user.is_authenticated or not user.is_active:
-        return None
-    membership = Membership.objects.for_workspace(workspace).filter(user=user).first()
-    if membership is not None:
-        return membership.role
-    if user.is_superuser:
-        return Role.ADMIN
-    return None
-
-
 def role_from_perms(perms: frozenset[str]) -> str | None:
     """The strongest role whose permissions the caller holds on a workspace."""
     for role in reversed(Role.values):

@@ -77,12 +77,13 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
             if value:
                 groups = groups.filter(**{field: value})
         page = self.paginate_queryset(groups)
+        live = {(g.pk, g.current_version) for g in page}
         current = {
             v.group_id: v.features
             for v in FeatureGroupVersion.objects.for_workspace(self.workspace).filter(
                 group__in=page
             )
-            if any(g.pk == v.group_id and g.current_version == v.version for g in page)
+            if (v.group_id, v.version) in live
         }
         data = FeatureGroupSerializer(page, many=True, context={"current_features": current}).data
         return self.get_paginated_response(data)

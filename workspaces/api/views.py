@@ -34,6 +34,7 @@ from workspaces.selectors import (
     events_of,
     members_of,
     tokens_of,
+    workspace_access,
     workspace_get_visible,
     workspaces_visible_to,
 )
@@ -156,8 +157,10 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
 
     @extend_schema(request=WorkspaceUpdateSerializer, responses={200: WorkspaceSerializer})
     def partial_update(self, request: Request, ws: str) -> Response:
-        workspace = workspace_get_visible(user=request.user, slug=ws, token=request_token(request))
-        if not request.user.has_perm("workspaces.administer_workspace", workspace):
+        workspace, perms = workspace_access(
+            user=request.user, slug=ws, token=request_token(request)
+        )
+        if "administer_workspace" not in perms:
             self.permission_denied(request, message="Only workspace admins can edit a workspace.")
         serializer = WorkspaceUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
