@@ -9,6 +9,7 @@ with DEBUG on.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -102,6 +103,7 @@ INSTALLED_APPS = [
     "workspaces",
     "features",
     "training",
+    "training.scheduler",
     "serving",
     "experiments",
     "lineage",
@@ -197,7 +199,13 @@ ARTIFACT_ROOT = (
 ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
 if TESTING:
     TEST_STATE_DIR.mkdir(parents=True, exist_ok=True)
-MLFLOW_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI", (VAR_DIR / "mlruns").as_uri())
+# MLflow: tracking and model registry. Embedded default: a SQLite store under var/ (the file
+# store has no model registry); production: an MLflow server or a PostgreSQL URI.
+_MLFLOW_DIR = (TEST_STATE_DIR if TESTING else VAR_DIR) / "mlflow"
+MLFLOW_TRACKING_URI = os.environ.get(
+    "MLFLOW_TRACKING_URI", f"sqlite:///{_MLFLOW_DIR / 'mlflow.db'}"
+)
+MLFLOW_ARTIFACT_ROOT = os.environ.get("MLFLOW_ARTIFACT_ROOT", str(_MLFLOW_DIR / "artifacts"))
 
 # Celery: Redis when REDIS_URL is set, else kombu's filesystem transport (no server needed).
 if REDIS_URL:
@@ -226,6 +234,7 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_TASK_ROUTES: dict = {}
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
     "feature-health": {"task": "features.tasks.health_check_all", "schedule": 60.0},
@@ -347,6 +356,14 @@ SPECTACULAR_SETTINGS = {
         "NewGroupStatusEnum": ["draft", "active"],
     },
 }
+
+# Each app's settings fragment (``<app>/conf.py``: beat entries, enum names, task routes) is
+# merged here, so apps add their schedules without editing this file.
+for _app in ("features", "training", "serving", "experiments", "lineage"):
+    _conf = importlib.import_module(f"{_app}.conf")
+    CELERY_BEAT_SCHEDULE.update(getattr(_conf, "BEAT_SCHEDULE", {}))
+    SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update(getattr(_conf, "ENUM_NAME_OVERRIDES", {}))
+    CELERY_TASK_ROUTES.update(getattr(_conf, "TASK_ROUTES", {}))
 
 # Security: strict in production; `manage.py check --deploy` is clean there.
 SESSION_COOKIE_HTTPONLY = True

@@ -10,6 +10,10 @@ from workspaces import health
 api_v1 = [
     path("", include("workspaces.api.urls")),
     path("", include("features.api.urls")),
+    path("", include("training.api.urls")),
+    path("", include("serving.api.urls")),
+    path("", include("experiments.api.urls")),
+    path("", include("lineage.api.urls")),
 ]
 
 urlpatterns = [
@@ -25,6 +29,11 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include((api_v1, "api"), namespace="v1")),
+    path("v2/", include("serving.oip_urls")),
     path("", include("features.urls")),
+    path("", include("training.urls")),
+    path("", include("serving.urls")),
+    path("", include("experiments.urls")),
+    path("", include("lineage.urls")),
     path("", include("workspaces.urls")),
 ]

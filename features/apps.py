@@ -11,8 +11,18 @@ class FeaturesConfig(AppConfig):
 
         register_section("features", dashboard_section)
 
+        from workspaces.demo import register_demo_step
+
+        register_demo_step(10, "features", _demo_features)
+
         from features.models import Feature, FeatureGroup, FeatureGroupVersion
         from workspaces.signals import connect_access_invalidation
 
         # Online lookups cache the registry per process; any registry write invalidates it.
         connect_access_invalidation(FeatureGroup, FeatureGroupVersion, Feature)
+
+
+def _demo_features(base_url: str, stdout) -> None:
+    from django.core.management import call_command
+
+    call_command("demo_features", base_url=base_url, stdout=stdout)

@@ -42,9 +42,10 @@ cat <<MSG
   Press Ctrl-C to stop.
 
 MSG
-# The demo feature data, pushed over the REST API like a producer would (idempotent: a second
-# `make run` stores nothing twice). Not in pids: the platform keeps running when it finishes.
-"$BIN/python" manage.py demo_features --base-url "http://127.0.0.1:$PORT" >var/log/demo.log 2>&1 &
+# The demo: every app's registered step in order (features pushed over the REST API like a
+# producer would, then training, serving, experiments; idempotent: a second `make run` stores
+# nothing twice). Not in pids: the platform keeps running when it finishes.
+"$BIN/python" manage.py demo_run --base-url "http://127.0.0.1:$PORT" >var/log/demo.log 2>&1 &
 demo_pid=$!
 # Exit (and stop the rest) as soon as either process dies; the demo loader finishing is fine.
 all_running() { for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }

@@ -80,7 +80,7 @@ def test_embedded_defaults_need_no_servers(tmp_path):
     assert engine == "django.db.backends.sqlite3"
     assert broker == "filesystem://"
     assert cache.endswith("FileBasedCache")
-    assert mlflow_uri.startswith("file://") and mlflow_uri.endswith("/mlruns")
+    assert mlflow_uri.startswith("sqlite:///") and mlflow_uri.endswith("/mlflow/mlflow.db")
     assert artifacts.startswith(str(tmp_path))
 
 

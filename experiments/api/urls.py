@@ -1,0 +1,3 @@
+"""REST routes of the experiments app, included under /api/v1/."""
+
+urlpatterns: list = []

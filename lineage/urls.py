@@ -1,0 +1,3 @@
+"""Browser UI routes of the lineage app."""
+
+urlpatterns: list = []

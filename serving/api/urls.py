@@ -1,0 +1,3 @@
+"""REST routes of the serving app, included under /api/v1/."""
+
+urlpatterns: list = []

@@ -1,0 +1,221 @@
+"""The model bundle: what training writes and serving loads. No pickle, ever.
+
+A bundle is a directory under ``ARTIFACT_ROOT``::
+
+    spec.json    {"format": "rankops-bundle/1", "template": ..., "hparams": {...},
+                  "features": [FeatureSpec...], "label": ..., "entity_keys": {...}, ...}
+    weights.pt   the module's state_dict (tensors only; loaded with ``weights_only=True``)
+
+``FeatureEncoder`` is the one transform from raw feature values (dataset columns named
+``<group>__<feature>``, or online-store values by ``group:feature`` ref) to model inputs; the
+training path and the serving path both go through it, which is what the release gate's
+consistency check verifies end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "rankops-bundle/1"
+SPEC_FILE = "spec.json"
+WEIGHTS_FILE = "weights.pt"
+NUMERIC = {"float", "int", "bool"}
+HASHED = {"categorical", "string"}
+
+
+@dataclass
+class FeatureSpec:
+    """One model input: where it comes from and how it is encoded."""
+
+    ref: str  # "group:feature" (online store / registry reference)
+    column: str  # dataset column, "<group>__<feature>"
+    dtype: str  # float | int | bool | categorical | string | embedding
+    entity: str = ""  # user | item | context | ... (which request part supplies the key)
+    dim: int = 1  # embedding dimension
+    buckets: int = 0  # hash buckets for categorical/string (0 -> not hashed)
+    mean: float = 0.0
+    std: float = 1.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FeatureSpec:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class BundleSpec:
+    template: str
+    features: list[FeatureSpec]
+    hparams: dict[str, Any] = field(default_factory=dict)
+    label: str = "clicked"
+    entity_keys: dict[str, list[str]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["format"] = FORMAT
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BundleSpec:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} bundle spec")
+        return cls(
+            template=str(data["template"]),
+            features=[FeatureSpec.from_dict(f) for f in data["features"]],
+            hparams=dict(data.get("hparams") or {}),
+            label=str(data.get("label") or "clicked"),
+            entity_keys=dict(data.get("entity_keys") or {}),
+            extra=dict(data.get("extra") or {}),
+        )
+
+    @property
+    def dense_features(self) -> list[FeatureSpec]:
+        return [f for f in self.features if f.dtype in NUMERIC or f.dtype == "embedding"]
+
+    @property
+    def categorical_features(self) -> list[FeatureSpec]:
+        return [f for f in self.features if f.dtype in HASHED]
+
+    @property
+    def dense_dim(self) -> int:
+        return sum(f.dim if f.dtype == "embedding" else 1 for f in self.dense_features)
+
+
+def hash_bucket(values: Sequence[Any], buckets: int) -> np.ndarray:
+    """Stable hash of values into 1..buckets (0 is reserved for null). Same in every process."""
+    import pandas as pd
+
+    array = np.asarray([None if v is None else str(v) for v in values], dtype=object)
+    nulls = np.array([v is None for v in array], dtype=bool)
+    filled = np.where(nulls, "", array).astype(object)
+    hashed = pd.util.hash_array(filled, categorize=True).astype(np.uint64)
+    out = (hashed % np.uint64(buckets)).astype(np.int64) + 1
+    out[nulls] = 0
+    return out
+
+
+class FeatureEncoder:
+    """Raw columns -> (dense float32 [n, dense_dim], categorical int64 [n, n_cat]) arrays."""
+
+    def __init__(self, spec: BundleSpec) -> None:
+        self.spec = spec
+
+    def encode(self, columns: Mapping[str, Sequence[Any]], n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``columns`` maps each feature's ``column`` (or its ``ref``) to ``n`` raw values."""
+        dense_parts: list[np.ndarray] = []
+        for feature in self.spec.dense_features:
+            values = _lookup(columns, feature, n)
+            if feature.dtype == "embedding":
+                block = np.zeros((n, feature.dim), dtype=np.float32)
+                for i, v in enumerate(values):
+                    if v is not None:
+                        block[i] = np.asarray(v, dtype=np.float32)
+                dense_parts.append(block)
+            else:
+                arr = np.array(
+                    [np.nan if v is None else float(v) for v in values], dtype=np.float64
+                )
+                arr = (arr - feature.mean) / (feature.std or 1.0)
+                arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
+                dense_parts.append(arr.astype(np.float32).reshape(n, 1))
+        dense = np.concatenate(dense_parts, axis=1) if dense_parts else np.zeros((n, 0), np.float32)
+        cat_parts = [
+            hash_bucket(_lookup(columns, f, n), f.buckets).reshape(n, 1)
+            for f in self.spec.categorical_features
+        ]
+        cat = np.concatenate(cat_parts, axis=1) if cat_parts else np.zeros((n, 0), np.int64)
+        return dense, cat
+
+
+def _lookup(columns: Mapping[str, Sequence[Any]], feature: FeatureSpec, n: int) -> Sequence[Any]:
+    if feature.column in columns:
+        values = columns[feature.column]
+    elif feature.ref in columns:
+        values = columns[feature.ref]
+    else:
+        return [None] * n
+    if hasattr(values, "to_pylist"):
+        values = values.to_pylist()
+    return values
+
+
+# Template registry: name -> builder(spec) -> torch.nn.Module whose forward(dense, cat) gives
+# logits of shape [n]. Templates register themselves in ``training.templates``.
+TEMPLATES: dict[str, Callable[[BundleSpec], Any]] = {}
+
+
+def register_template(name: str) -> Callable:
+    def decorate(builder: Callable[[BundleSpec], Any]) -> Callable[[BundleSpec], Any]:
+        TEMPLATES[name] = builder
+        return builder
+
+    return decorate
+
+
+def build_model(spec: BundleSpec):
+    import training.templates  # noqa: F401  (registers the built-in templates)
+
+    try:
+        builder = TEMPLATES[spec.template]
+    except KeyError:
+        raise ValueError(f"unknown template {spec.template!r}") from None
+    return builder(spec)
+
+
+@dataclass
+class Bundle:
+    model: Any  # torch.nn.Module in eval mode
+    spec: BundleSpec
+    encoder: FeatureEncoder
+
+    def predict(self, columns: Mapping[str, Sequence[Any]], n: int) -> np.ndarray:
+        """Click probabilities for ``n`` rows of raw feature values."""
+        import torch
+
+        dense, cat = self.encoder.encode(columns, n)
+        with torch.inference_mode():
+            logits = self.model(torch.from_numpy(dense), torch.from_numpy(cat))
+        return torch.sigmoid(logits).numpy().astype(np.float64)
+
+
+def save_bundle(directory: str | os.PathLike, model, spec: BundleSpec) -> Path:
+    """Write the bundle atomically: into a sibling temp dir, then rename into place."""
+    import torch
+
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        (tmp / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1, sort_keys=True))
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        torch.save(state, tmp / WEIGHTS_FILE)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_bundle(directory: str | os.PathLike) -> Bundle:
+    """Load a bundle the platform wrote: the spec as JSON, the weights as tensors only."""
+    import torch
+
+    path = Path(directory)
+    spec = BundleSpec.from_json(json.loads((path / SPEC_FILE).read_text()))
+    model = build_model(spec)
+    state = torch.load(path / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    model.eval()
+    return Bundle(model=model, spec=spec, encoder=FeatureEncoder(spec))

@@ -1,0 +1,242 @@
+"""Training: compute nodes (inventory reported by node agents) and training jobs.
+
+The job row in the database is the source of truth for a job's state. The lifecycle is
+``pending -> admitted -> placed -> running -> succeeded | failed | preempted (-> pending)``;
+``training.services.job_transition`` is the only writer of ``state`` and refuses illegal moves.
+Placement policy (which node, preemption) belongs to the scheduler (``training.scheduler``).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from features.models import Dataset
+from workspaces.models import Workspace
+from workspaces.scoping import WorkspaceScopedQuerySet
+
+job_name_validator = RegexValidator(
+    r"^[a-z][a-z0-9_-]{0,62}$",
+    "Use 1-63 lowercase letters, digits, '-' and '_', starting with a letter.",
+)
+node_name_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9.-]{0,62}$",
+    "Use 1-63 lowercase letters, digits, '.' and '-'.",
+)
+
+
+class NodeKind(models.TextChoices):
+    TRAINING = "training", "Training"
+    INFERENCE = "inference", "Inference (lends idle capacity in its windows)"
+
+
+class NodeState(models.TextChoices):
+    READY = "ready", "Ready"
+    CORDONED = "cordoned", "Cordoned (no new jobs)"
+    LOST = "lost", "Lost (heartbeat stopped)"
+
+
+class Node(models.Model):
+    """A compute node. Its agent (a Celery worker on queue ``queue``) reports the inventory.
+
+    Nodes are platform-wide (not workspace-owned): the scheduler shares them between workspaces
+    within their quotas.
+    """
+
+    event_kind = "node"
+
+    name = models.CharField(max_length=63, unique=True, validators=[node_name_validator])
+    queue = models.CharField(max_length=100, unique=True, help_text="Celery queue of the agent.")
+    kind = models.CharField(max_length=10, choices=NodeKind.choices, default=NodeKind.TRAINING)
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.READY)
+    state_reason = models.CharField(max_length=300, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    cpu_milli = models.PositiveIntegerField(default=0, help_text="Allocatable CPU, 1000 = 1 core.")
+    memory_mb = models.PositiveIntegerField(default=0)
+    gpus = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[{"index": 0, "type": "H100", "memory_mb": 81559}, ...] as found.',
+    )
+    labels = models.JSONField(default=dict, blank=True)
+    lending_windows = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Inference nodes: [{"days": [0-6], "start": "HH:MM", "end": "HH:MM"}] (UTC).',
+    )
+    failure_count = models.PositiveIntegerField(default=0, help_text="Recent job failures here.")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus or [])
+
+
+class PriorityClass(models.TextChoices):
+    PRODUCTION = "production", "Production (never preempted by lower classes)"
+    EXPERIMENT = "experiment", "Experiment"
+    EXPLORATION = "exploration", "Exploration (cheap, preemptible)"
+
+
+PRIORITY_RANK: dict[str, int] = {
+    PriorityClass.PRODUCTION: 300,
+    PriorityClass.EXPERIMENT: 200,
+    PriorityClass.EXPLORATION: 100,
+}
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    ADMITTED = "admitted", "Admitted"
+    PLACED = "placed", "Placed"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    PREEMPTED = "preempted", "Preempted"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+# The lifecycle. `preempted -> pending` is the requeue after a checkpointed stop; `placed/running
+# -> pending` is the reconciler's requeue of a job whose node was lost.
+JOB_MOVES: dict[str, set[str]] = {
+    JobState.PENDING: {JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED},
+    JobState.ADMITTED: {JobState.PLACED, JobState.PENDING, JobState.CANCELLED},
+    JobState.PLACED: {
+        JobState.RUNNING,
+        JobState.PENDING,
+        JobState.PREEMPTED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+    },
+    JobState.RUNNING: {
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.PREEMPTED,
+        JobState.PENDING,
+        JobState.CANCELLED,
+    },
+    JobState.PREEMPTED: {JobState.PENDING, JobState.CANCELLED},
+    JobState.SUCCEEDED: set(),
+    JobState.FAILED: set(),
+    JobState.CANCELLED: set(),
+}
+
+
+class TrainingJob(models.Model):
+    """One training job: what to run (template or entry point), on what data, with what."""
+
+    event_kind = "training_job"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[job_name_validator])
+    template = models.CharField(
+        max_length=40, blank=True, help_text="Built-in template, e.g. logreg, fine_ranking."
+    )
+    entry_point = models.CharField(
+        max_length=200, blank=True, help_text="A registered user entry point instead of a template."
+    )
+    params = models.JSONField(default=dict, blank=True)
+    dataset = models.ForeignKey(
+        Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    base_job = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Incremental training: start from this job's model.",
+    )
+
+    # Requested resources.
+    cpu_milli = models.PositiveIntegerField(default=1000, validators=[MinValueValidator(1)])
+    memory_mb = models.PositiveIntegerField(default=1024, validators=[MinValueValidator(1)])
+    gpu_count = models.PositiveSmallIntegerField(default=0, help_text="Whole GPUs.")
+    gpu_milli = models.PositiveIntegerField(
+        default=0, help_text="A fraction of one GPU (1-999), when gpu_count is 0."
+    )
+    gpu_type = models.CharField(max_length=40, blank=True, help_text="Required GPU type, if any.")
+    workers = models.PositiveSmallIntegerField(default=1, help_text="Gang size (all or nothing).")
+    priority_class = models.CharField(
+        max_length=12, choices=PriorityClass.choices, default=PriorityClass.EXPERIMENT
+    )
+
+    # Lifecycle.
+    state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    preemptible = models.BooleanField(default=False)
+    over_quota = models.BooleanField(default=False, help_text="Admitted over quota (audit).")
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    assigned_gpus = models.JSONField(
+        default=list, blank=True, help_text='[{"index": 0, "milli": 1000}, ...] on the node.'
+    )
+    attempts = models.PositiveSmallIntegerField(default=0)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    stop_requested = models.CharField(
+        max_length=20, blank=True, help_text="'preempt' or 'cancel' while a stop is pending."
+    )
+
+    # Progress, streamed by the agent.
+    step = models.PositiveBigIntegerField(default=0)
+    total_steps = models.PositiveBigIntegerField(default=0)
+    epoch = models.PositiveIntegerField(default=0)
+    samples_per_s = models.FloatField(default=0)
+    loss = models.FloatField(null=True, blank=True)
+    eta_s = models.FloatField(null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
+
+    # Results.
+    checkpoint_path = models.CharField(max_length=500, blank=True)
+    checkpoint_step = models.PositiveBigIntegerField(default=0)
+    model_path = models.CharField(
+        max_length=500, blank=True, help_text="The model bundle under ARTIFACT_ROOT."
+    )
+    mlflow_run_id = models.CharField(max_length=64, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    usage = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Peak and total usage: cpu_peak_milli, memory_peak_mb, gpu_memory_peak_mb, "
+        "cpu_hours, gpu_hours.",
+    )
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "created_at"]),
+            models.Index(fields=["workspace", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def priority_rank(self) -> int:
+        return PRIORITY_RANK[self.priority_class]

@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class SchedulerConfig(AppConfig):
+    """The scheduler: admission, placement, preemption, failover, lending, recommendation.
+
+    A Django app of its own (label ``scheduler``) inside ``training/`` so that its models and
+    migrations evolve independently of the job models it schedules.
+    """
+
+    name = "training.scheduler"
+    label = "scheduler"
+    verbose_name = "Scheduler"

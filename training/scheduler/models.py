@@ -1,0 +1,1 @@
+"""Scheduler state beyond the job row (see training.models for Node and TrainingJob)."""
