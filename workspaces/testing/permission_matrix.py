@@ -23,7 +23,15 @@ from workspaces.testing.factories import UserFactory, make_member
 
 API_PREFIX = "/api/v1/"
 # The apps whose tests/matrix.py declares endpoints, left to right in the dependency order.
-MATRIX_APPS = ["workspaces", "features", "training", "serving", "experiments", "lineage"]
+MATRIX_APPS = [
+    "workspaces",
+    "features",
+    "training",
+    "training.scheduler",
+    "serving",
+    "experiments",
+    "lineage",
+]
 
 
 @dataclass
