@@ -413,16 +413,23 @@ def table_from_parquet(
 def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
     """Write a validated batch (or materialised rows) to the online store.
 
-    DuckDB turns each row into its JSON text in one vectorised pass; the store compares event
-    times so an older row never replaces a newer one.
+    DuckDB turns each row into its JSON text in one vectorised pass and keeps the newest row of
+    each entity; the store compares event times so an older row never replaces a newer one.
     """
+    prepared = prepare_online(group=group, version=version, table=table)
+    return 0 if prepared is None else online_store.get_online_store().write_prepared(prepared)
+
+
+def prepare_online(*, group: FeatureGroup, version: int, table: pa.Table) -> Any:
+    """Everything of ``write_online`` before it writes (no side effects): the rows as the
+    store's prepared write, or None when there are none."""
     keys = list(group.entity_keys)
     time_column = group.event_time_column
     feature_names = [
         name for name in table.column_names if name not in keys and name != time_column
     ]
     if table.num_rows == 0:
-        return 0
+        return None
     entity_sql = (
         offline_store.quote(keys[0])
         if len(keys) == 1
@@ -439,7 +446,16 @@ def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
             f"epoch_us({offline_store.quote(time_column)}) / 1e6 AS stamp, "
             f"CAST({payload_sql} AS VARCHAR) AS payload FROM batch"
         ).to_arrow_table()
-    return online_store.get_online_store().write_arrow(
+        if pc.count_distinct(encoded["entity"]).as_py() < encoded.num_rows:
+            # Several rows of one entity: only the newest is served (on a tie, the last row).
+            connection.register(
+                "encoded", encoded.append_column("__i", pa.array(range(encoded.num_rows)))
+            )
+            encoded = connection.sql(
+                "SELECT entity, stamp, payload FROM encoded "
+                "QUALIFY row_number() OVER (PARTITION BY entity ORDER BY stamp DESC, __i DESC) = 1"
+            ).to_arrow_table()
+    return online_store.get_online_store().prepare_arrow(
         namespace=online_store.namespace(
             workspace_id=group.workspace_id, group_id=group.pk, version=version
         ),

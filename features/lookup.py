@@ -104,45 +104,92 @@ def _entity_ids(entities: list[Any], group: FeatureGroup) -> list[str]:
     return ids
 
 
-def online_lookup(*, workspace: Workspace, entities: Any, features: Any) -> dict[str, Any]:
-    """Values of ``features`` for each entity, in order; missing values are null."""
-    if not isinstance(entities, list) or not entities:
-        raise ValidationError({"entities": "give a list of entities"})
-    if len(entities) > MAX_ENTITIES:
-        raise ValidationError({"entities": f"at most {MAX_ENTITIES} entities per lookup"})
+@dataclass(frozen=True)
+class PlanSource:
+    """One group version a lookup reads, and which answer columns its stored row fills."""
+
+    group: FeatureGroup
+    namespace: str
+    counter: str
+    wanted: tuple[tuple[int, str], ...]  # (answer column, feature name)
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """What a list of feature references reads: resolved once, cached until the registry moves."""
+
+    features: list[str]  # the references as answered (canonical text)
+    sources: list[PlanSource]
+    width: int
+
+
+def lookup_plan(*, workspace: Workspace, features: Any) -> LookupPlan:
+    """The plan for ``features`` in ``workspace``; raises ValidationError naming a bad reference."""
     refs = parse_refs(features)
     # The registry changes rarely: cache the resolution per process (invalidated on any write).
     resolved = access_cache.cached(
         ("feature-refs", workspace.pk, tuple(refs)),
         lambda: resolve_refs(workspace=workspace, refs=refs),
     )
-    lookups = []
-    for group, version in resolved.values():
-        lookups.append(
-            online_store.Lookup(
-                namespace=online_store.namespace(
-                    workspace_id=workspace.pk, group_id=group.pk, version=version.version
-                ),
-                entities=_entity_ids(entities, group),
-                counter=f"{workspace.pk}:{group.pk}",
-            )
-        )
-    found = online_store.get_online_store().read(lookups)
-    by_source = dict(zip(resolved, found, strict=True))
     # Group the requested features by source so each stored row is visited once per entity.
-    plan: list[tuple[list[dict | None], list[tuple[int, str]]]] = []
     positions: dict[tuple[str, int | None], list[tuple[int, str]]] = {}
     for column, ref in enumerate(refs):
         positions.setdefault((ref.group, ref.version), []).append((column, ref.feature))
-    plan = [(by_source[source], wanted) for source, wanted in positions.items()]
-    width = len(refs)
+    sources = [
+        PlanSource(
+            group=group,
+            namespace=online_store.namespace(
+                workspace_id=workspace.pk, group_id=group.pk, version=version.version
+            ),
+            counter=f"{workspace.pk}:{group.pk}",
+            wanted=tuple(positions[source]),
+        )
+        for source, (group, version) in resolved.items()
+    ]
+    return LookupPlan(features=[str(ref) for ref in refs], sources=sources, width=len(refs))
+
+
+def check_entities(entities: Any) -> list[Any]:
+    if not isinstance(entities, list) or not entities:
+        raise ValidationError({"entities": "give a list of entities"})
+    if len(entities) > MAX_ENTITIES:
+        raise ValidationError({"entities": f"at most {MAX_ENTITIES} entities per lookup"})
+    return entities
+
+
+def plan_lookups(plan: LookupPlan, entities: list[Any]) -> list[online_store.Lookup]:
+    """The store reads of a plan for these entities; raises ValidationError for a bad entity."""
+    return [
+        online_store.Lookup(
+            namespace=source.namespace,
+            entities=_entity_ids(entities, source.group),
+            counter=source.counter,
+        )
+        for source in plan.sources
+    ]
+
+
+def plan_rows(
+    plan: LookupPlan, count: int, found: list[list[dict[str, Any] | None]]
+) -> list[list[Any]]:
+    """One answer row per entity, in order, from the stored rows of each source."""
+    pairs = [(stored, source.wanted) for stored, source in zip(found, plan.sources, strict=True)]
+    width = plan.width
     rows = []
-    for position in range(len(entities)):
+    for position in range(count):
         row: list[Any] = [None] * width
-        for stored_rows, wanted in plan:
+        for stored_rows, wanted in pairs:
             stored = stored_rows[position]
             if stored is not None:
                 for column, feature in wanted:
                     row[column] = stored.get(feature)
         rows.append(row)
-    return {"features": [str(ref) for ref in refs], "rows": rows}
+    return rows
+
+
+def online_lookup(*, workspace: Workspace, entities: Any, features: Any) -> dict[str, Any]:
+    """Values of ``features`` for each entity, in order; missing values are null."""
+    entities = check_entities(entities)
+    plan = lookup_plan(workspace=workspace, features=features)
+    found = online_store.get_online_store().read(plan_lookups(plan, entities))
+    return {"features": plan.features, "rows": plan_rows(plan, len(entities), found)}

@@ -171,6 +171,7 @@ class ConsumerKind(models.TextChoices):
     DEPLOYMENT = "deployment", "Deployment"
     EXPERIMENT = "experiment", "Experiment"
     SAMPLE_STREAM = "sample_stream", "Workspace sample stream"
+    TRAINING_JOB = "training_job", "Training job"
 
 
 class Consumer(models.Model):

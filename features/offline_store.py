@@ -8,6 +8,7 @@ and a crash leaves no partial partition behind.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -70,10 +71,24 @@ def parquet_glob(*, workspace_id: int, group_id: int, version: int) -> str | Non
 READ_OPTIONS = "union_by_name = true, hive_partitioning = false"
 
 
+_database: tuple[int, duckdb.DuckDBPyConnection] | None = None
+_database_lock = threading.Lock()
+
+
 def connect() -> duckdb.DuckDBPyConnection:
-    connection = duckdb.connect(database=":memory:")
-    connection.execute("SET threads TO 2")
-    return connection
+    """A new connection to this process's in-memory DuckDB database; close it when done.
+
+    Opening a database costs about 10 ms, a connection (a cursor) about 50 us, and a push opens
+    one. Settings (SET) and registered tables stay with their connection; a forked child opens
+    its own database.
+    """
+    global _database
+    with _database_lock:
+        if _database is None or _database[0] != os.getpid():
+            database = duckdb.connect(database=":memory:")
+            database.execute("SET threads TO 2")
+            _database = (os.getpid(), database)
+        return _database[1].cursor()
 
 
 def read_group(

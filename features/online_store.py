@@ -3,7 +3,7 @@
 Redis when REDIS_URL is set: one string per (group version, entity) holding the row as JSON with
 its event time; a write replaces it only when its event time is not older (a Lua script, so
 concurrent producers cannot regress a value). A lookup of many entities across many groups is one
-pipeline round trip (an MGET per group) that also counts requests and hits for coverage.
+round trip (one Lua script: an MGET per group) that also counts requests and hits for coverage.
 Without Redis an embedded SQLite file in VAR_DIR plays the same part for `make run`.
 
 Versions are separate namespaces; a group's current version in the database decides which one
@@ -21,13 +21,16 @@ from functools import cache
 from itertools import repeat
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from django.conf import settings
+from redis.exceptions import NoScriptError, ResponseError
 
 COVERAGE_TTL_SECONDS = 3 * 24 * 3600
-WRITE_CHUNK = 500
+WRITE_CHUNK = 1000  # rows per write command
+WRITE_GROUP_ROWS = 50_000  # rows framed and sent together (bounds the memory of a push)
 
 # Replace the stored row only if the new one is at least as recent. Each value starts with its
 # event time ("<ts>|<json>"), so one argument per key carries both.
@@ -56,17 +59,37 @@ return written
 """
 
 
-# Read the rows and count requests and hits for coverage, in one round trip.
+# Read the rows of every lookup and count requests and hits for coverage, in one round trip.
+# KEYS: a guard key, then one coverage counter per lookup, then each lookup's row keys in turn.
+# ARGV: the guard's expected text ('' for none), the counters' TTL, then each lookup's key count.
+# With a guard, nothing is read or counted unless the guard key's value contains the expected
+# text: the hot lookup path checks the access generation it cached under this way (fastpath.py).
 _READ_AND_COUNT = """
-local values = redis.call('MGET', unpack(KEYS, 2))
-local found = 0
-for _, v in ipairs(values) do
-  if v then found = found + 1 end
+if ARGV[1] ~= '' then
+  local current = redis.call('GET', KEYS[1])
+  if not current or not string.find(current, ARGV[1], 1, true) then return false end
 end
-redis.call('HINCRBY', KEYS[1], 'requested', #KEYS - 1)
-redis.call('HINCRBY', KEYS[1], 'found', found)
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return values
+local lookups = #ARGV - 2
+local out = {}
+local at = lookups + 1
+for g = 1, lookups do
+  local n = tonumber(ARGV[g + 2])
+  local found = 0
+  for first = 1, n, 1000 do
+    local last = math.min(first + 999, n)
+    local values = redis.call('MGET', unpack(KEYS, at + first, at + last))
+    for i = 1, #values do
+      local v = values[i]
+      if v then found = found + 1 end
+      out[#out + 1] = v
+    end
+  end
+  at = at + n
+  redis.call('HINCRBY', KEYS[g + 1], 'requested', n)
+  redis.call('HINCRBY', KEYS[g + 1], 'found', found)
+  redis.call('EXPIRE', KEYS[g + 1], ARGV[2])
+end
+return out
 """
 
 
@@ -77,17 +100,6 @@ def namespace(*, workspace_id: int, group_id: int, version: int) -> str:
 def entity_id(values: Sequence[Any]) -> str:
     """A stable string for a (possibly composite) entity key."""
     return "|".join(str(v) for v in values)
-
-
-def _encode(ts: float, row: dict[str, Any]) -> bytes:
-    return repr(ts).encode() + b"|" + orjson.dumps(row)
-
-
-def _decode(raw: bytes | None) -> tuple[float, dict[str, Any]] | None:
-    if raw is None:
-        return None
-    ts, _, body = raw.partition(b"|")
-    return float(ts), orjson.loads(body)
 
 
 def _split(
@@ -129,11 +141,78 @@ class OnlineStore(Protocol):
         self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
     ) -> int: ...
 
-    def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]: ...
+    def prepare_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> Any:
+        """Everything ``write_arrow`` does before it talks to the store (no side effects)."""
+
+    def write_prepared(self, prepared: Any) -> int: ...
+
+    def read(
+        self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
+    ) -> list[list[dict[str, Any] | None]] | None: ...
 
     def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]: ...
 
     def drop_namespace(self, namespace: str) -> None: ...
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _command_head(name: bytes, arguments: int) -> bytes:
+    """The start of a Redis protocol command of ``arguments`` arguments after its name."""
+    return b"*%d\r\n" % (arguments + 1) + _bulk(name)
+
+
+def _error(reply: Any) -> bool:
+    return isinstance(reply, Exception)
+
+
+class _Frames:
+    """Strings as Redis protocol bulk strings (``$<bytes>\r\n<string>\r\n``), back to back in
+    one Arrow buffer: the frames of rows ``a`` to ``b`` are one slice of it, no Python string per
+    row (``to_pylist`` and per-argument packing cost more than Redis' own work on a push)."""
+
+    def __init__(self, framed: pa.Array) -> None:
+        if not pa.types.is_string(framed.type):
+            raise TypeError(f"frames are strings, not {framed.type}")
+        self.array = framed
+        _, offsets, data = framed.buffers()
+        self.offsets = np.frombuffer(offsets, np.int32)[
+            framed.offset : framed.offset + len(framed) + 1
+        ]
+        self.data = memoryview(data) if data is not None else memoryview(b"")
+
+    @classmethod
+    def of(cls, strings: pa.Array) -> _Frames:
+        lengths = pc.cast(pc.binary_length(strings), pa.string())
+        crlf = pa.scalar("\r\n")
+        return cls(pc.binary_join_element_wise(pa.scalar("$"), lengths, crlf, strings, crlf, ""))
+
+    def rows(self, a: int, b: int) -> memoryview:
+        return self.data[self.offsets[a] : self.offsets[b]]
+
+
+class _Group:
+    """Up to ``WRITE_GROUP_ROWS`` keys and values of a write, framed once when first needed."""
+
+    def __init__(self, keys: pa.Array, values: pa.Array) -> None:
+        self.keys = keys
+        self.values = values
+        self._frames: tuple[_Frames, _Frames, _Frames] | None = None
+
+    def frames(self) -> tuple[_Frames, _Frames, _Frames]:
+        """Frames of the keys, of the values, and of each key followed by its value."""
+        if self._frames is None:
+            key_frames, value_frames = _Frames.of(self.keys), _Frames.of(self.values)
+            pairs = pc.binary_join_element_wise(key_frames.array, value_frames.array, "")
+            self._frames = (key_frames, value_frames, _Frames(pairs))
+        return self._frames
+
+    def release(self) -> None:
+        self._frames = None
 
 
 class RedisOnlineStore:
@@ -147,9 +226,6 @@ class RedisOnlineStore:
         self._write_script = self.client.register_script(_WRITE_IF_NEWER)
         self._read_script = self.client.register_script(_READ_AND_COUNT)
 
-    def _key(self, ns: str, entity: str) -> str:
-        return f"{self.prefix}:ol:{ns}:{entity}"
-
     def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
         entities, stamps, payloads = _split(rows)
         return self.write_encoded(
@@ -160,49 +236,134 @@ class RedisOnlineStore:
         self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
     ) -> int:
         """Rows already encoded as JSON text, with their event times (unix seconds)."""
-        prefix = f"{self.prefix}:ol:{namespace}:"
-        keys = [prefix + entity for entity in entities]
-        values = [f"{stamp!r}|{payload}" for stamp, payload in zip(stamps, payloads, strict=True)]
-        return self._write_values(keys, values)
+        return self.write_arrow(
+            namespace=namespace,
+            entities=pa.array(entities, pa.string()),
+            stamps=pa.array(stamps, pa.float64()),
+            payloads=pa.array(payloads, pa.string()),
+        )
 
     def write_arrow(
         self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
     ) -> int:
-        """The same from Arrow columns: keys and values are assembled in C++."""
-        prefix = pa.scalar(f"{self.prefix}:ol:{namespace}:")
-        keys = pc.binary_join_element_wise(prefix, entities, "").to_pylist()
-        values = pc.binary_join_element_wise(
-            pc.cast(stamps, pa.string()), payloads, "|"
-        ).to_pylist()
-        return self._write_values(keys, values)
+        """The same from Arrow columns (distinct entities; ``write_online`` keeps the newest row
+        of each)."""
+        prepared = self.prepare_arrow(
+            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
+        )
+        return self.write_prepared(prepared)
 
-    def _write_values(self, keys: list[str], values: list[str]) -> int:
+    def prepare_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> list[_Group]:
+        """Keys, values and even their Redis protocol frames, assembled in C++."""
+        prefix = pa.scalar(f"{self.prefix}:ol:{namespace}:")
+        keys = pc.binary_join_element_wise(prefix, entities, "")
+        values = pc.binary_join_element_wise(pc.cast(stamps, pa.string()), payloads, "|")
+        if keys.null_count or values.null_count:
+            raise ValueError("online rows need an entity, an event time and a payload")
+        groups = [
+            _Group(keys[start : start + WRITE_GROUP_ROWS], values[start : start + WRITE_GROUP_ROWS])
+            for start in range(0, len(keys), WRITE_GROUP_ROWS)
+        ]
+        if groups:
+            groups[0].frames()  # later groups are framed as they are sent (bounded memory)
+        return groups
+
+    def write_prepared(self, prepared: list[_Group]) -> int:
+        return sum(self._write_group(group) for group in prepared)
+
+    def _write_group(self, group: _Group) -> int:
+        """Write rows newer-wins in ``WRITE_CHUNK``-row commands, in at most three round trips.
+
+        Most rows of a push are often new entities. One round trip asks how many keys of each
+        chunk exist. A chunk with none goes in with MSETNX, which sets every key or none at once,
+        so it never replaces a row (no Lua, no values copied into the script engine); a chunk
+        with stored rows goes through the newer-wins script. An MSETNX chunk that a concurrent
+        writer got to first (it set nothing) takes the script afterwards.
+        """
+        keys, values = group.keys, group.values
+        key_frames, value_frames, pair_frames = group.frames()
+        chunks = [(a, min(a + WRITE_CHUNK, len(keys))) for a in range(0, len(keys), WRITE_CHUNK)]
+        stored = self._send_raw(
+            [[_command_head(b"EXISTS", b - a), key_frames.rows(a, b)] for a, b in chunks]
+        )
+        for count in stored:
+            if _error(count):
+                raise count
+        sha = self._write_script.sha.encode()
+        commands = []
+        for (a, b), count in zip(chunks, stored, strict=True):
+            if count:
+                head = _command_head(b"EVALSHA", 2 + 2 * (b - a))
+                head += _bulk(sha) + _bulk(str(b - a).encode())
+                commands.append([head, key_frames.rows(a, b), value_frames.rows(a, b)])
+            else:
+                commands.append([_command_head(b"MSETNX", 2 * (b - a)), pair_frames.rows(a, b)])
         written = 0
-        pipe = self.client.pipeline(transaction=False)
-        for start in range(0, len(keys), WRITE_CHUNK):
-            stop = start + WRITE_CHUNK
-            self._write_script(keys=keys[start:stop], args=values[start:stop], client=pipe)
-            if len(pipe) >= 20:
-                written += sum(pipe.execute())
-        if len(pipe):
-            written += sum(pipe.execute())
+        retry = []
+        for (a, b), count, result in zip(chunks, stored, self._send_raw(commands), strict=True):
+            if isinstance(result, NoScriptError):  # the script cache was flushed
+                retry.append((a, b))
+            elif _error(result):
+                raise result
+            elif count:
+                written += result
+            elif result:
+                written += b - a
+            else:  # someone created one of these keys since EXISTS: compare event times
+                retry.append((a, b))
+        group.release()
+        for a, b in retry:  # the script object loads the script when Redis lacks it
+            written += self._write_script(keys=keys[a:b].to_pylist(), args=values[a:b].to_pylist())
         return written
 
-    def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]:
-        pipe = self.client.pipeline(transaction=False)
+    def _send_raw(self, commands: list[list[bytes | memoryview]]) -> list[Any]:
+        """Send commands already in the Redis protocol back to back; their replies (errors as
+        exception objects), read in full so the connection stays in step."""
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command([b"".join(part for parts in commands for part in parts)])
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+        return replies
+
+    def read(
+        self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
+    ) -> list[list[dict[str, Any] | None]] | None:
+        """Rows of each lookup, in order; None (nothing read, nothing counted) when ``guard``
+        (a key, and text its value must contain) does not hold."""
         bucket = hour_bucket()
+        keys = [guard[0] if guard else f"{self.prefix}:noguard"]
+        keys.extend(f"{self.prefix}:cov:{lookup.counter}:{bucket}" for lookup in lookups)
         for lookup in lookups:
-            keys = [f"{self.prefix}:cov:{lookup.counter}:{bucket}"]
-            keys.extend(self._key(lookup.namespace, e) for e in lookup.entities)
-            self._read_script(keys=keys, args=[COVERAGE_TTL_SECONDS], client=pipe)
-        results = pipe.execute()
-        decoded = []
-        for values in results:
-            rows = []
-            for raw in values:
-                row = _decode(raw)
-                rows.append(row[1] if row else None)
-            decoded.append(rows)
+            base = f"{self.prefix}:ol:{lookup.namespace}:"
+            keys.extend([base + e for e in lookup.entities])
+        args: list[Any] = [guard[1] if guard else "", COVERAGE_TTL_SECONDS]
+        args.extend(len(lookup.entities) for lookup in lookups)
+        # A plain EVALSHA (no pipeline object to build): one round trip for every group.
+        values = self._read_script(keys=keys, args=args)
+        if values is None:
+            return None
+        decoded: list[list[dict[str, Any] | None]] = []
+        at = 0
+        loads = orjson.loads
+        for lookup in lookups:
+            stop = at + len(lookup.entities)
+            decoded.append(
+                [None if v is None else loads(v.partition(b"|")[2]) for v in values[at:stop]]
+            )
+            at = stop
         return decoded
 
     def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
@@ -259,12 +420,23 @@ class SQLiteOnlineStore:
     def write_arrow(
         self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
     ) -> int:
-        return self.write_encoded(
-            namespace=namespace,
-            entities=entities.to_pylist(),
-            stamps=stamps.to_pylist(),
-            payloads=payloads.to_pylist(),
+        prepared = self.prepare_arrow(
+            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
         )
+        return self.write_prepared(prepared)
+
+    def prepare_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> dict[str, Any]:
+        return {
+            "namespace": namespace,
+            "entities": entities.to_pylist(),
+            "stamps": stamps.to_pylist(),
+            "payloads": payloads.to_pylist(),
+        }
+
+    def write_prepared(self, prepared: dict[str, Any]) -> int:
+        return self.write_encoded(**prepared)
 
     def write_encoded(
         self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
@@ -285,7 +457,12 @@ class SQLiteOnlineStore:
             raise
         return connection.total_changes - before
 
-    def read(self, lookups: list[Lookup]) -> list[list[dict[str, Any] | None]]:
+    def read(
+        self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
+    ) -> list[list[dict[str, Any] | None]]:
+        """Rows of each lookup, in order (``guard`` is Redis-only: see RedisOnlineStore.read)."""
+        if guard is not None:
+            raise ValueError("the embedded online store takes no guard")
         connection = self._connection()
         bucket = hour_bucket()
         results: list[list[dict[str, Any] | None]] = []

@@ -420,6 +420,14 @@ def consumer_register(
             raise ValidationError({"features": f"no feature '{group.name}:{feature_name}'"})
         if feature.status == Lifecycle.RETIRED:
             raise ConflictError(f"feature '{feature}' is retired", attr="features")
+    # A released consumer that comes back is registered again (and says so in the event log,
+    # which the lineage graph projects), not silently revived.
+    was_live = (
+        Consumer.objects.for_workspace(group.workspace)
+        .filter(group=group, feature_name=feature_name, kind=kind, object_id=str(object_id))
+        .values_list("live", flat=True)
+        .first()
+    )
     consumer, created = Consumer.objects.update_or_create(
         workspace=group.workspace,
         group=group,
@@ -432,7 +440,7 @@ def consumer_register(
             "live": True,
         },
     )
-    if created:
+    if created or was_live is False:
         event_record(
             actor=actor,
             workspace=group.workspace,

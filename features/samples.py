@@ -13,6 +13,9 @@ temporary name, then renamed), one row per label event ordered by event time, wi
 2. ``event_time``: the label event's time (UTC),
 3. the label columns, as named in the label group,
 4. one column per feature reference, named ``<group>__<feature>`` (``group@v2:feature`` too).
+   An embedding is stored as ``list<float32>`` with its ``dimension`` in the field metadata
+   (PyArrow 25 cannot read a null ``fixed_size_list`` row back); ``dataset_table`` reads the
+   file with embeddings typed ``fixed_size_list<float32, dimension>``.
 
 Ties: a feature row whose time equals the label's time counts as at or before it. When several
 feature rows share an entity and a time, the one from the latest batch wins (the batch id comes
@@ -31,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -70,6 +74,8 @@ READ_BATCH_ROWS = 64 * 1024
 # DuckDB's Parquet reader exposes the row position as a virtual column of this name; a real column
 # of the same name would silently shadow it and break the tie-break, so such groups are refused.
 ROW_NUMBER_COLUMN = "file_row_number"
+# Field metadata key of an embedding column in a dataset file (see ``file_schema``).
+EMBEDDING_DIMENSION = b"dimension"
 DUCKDB_TYPES = {
     Dtype.INT: "BIGINT",
     Dtype.FLOAT: "DOUBLE",
@@ -97,6 +103,35 @@ def dataset_file(dataset: Dataset) -> Path:
             workspace_id=dataset.workspace_id, name=dataset.name, version=dataset.version
         )
     )
+
+
+def file_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a dataset file is written with: embeddings as ``list<float32>``.
+
+    PyArrow before 26 cannot read back a Parquet ``fixed_size_list`` column that holds a null row
+    (apache/arrow#35692: "Expected all lists to be of size=2 but index 1 had size=0"), and a
+    missing embedding is a null row. So the file stores each embedding as a variable list whose
+    field metadata carries its ``dimension``; ``dataset_table`` restores the fixed-size type.
+    """
+    fields = []
+    for item in schema:
+        if pa.types.is_fixed_size_list(item.type):
+            metadata = {**(item.metadata or {}), EMBEDDING_DIMENSION: str(item.type.list_size)}
+            item = pa.field(item.name, pa.list_(item.type.value_type), True, metadata)
+        fields.append(item)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def dataset_table(path: Path | str, columns: list[str] | None = None) -> pa.Table:
+    """A dataset file as a table, embeddings typed ``fixed_size_list<float32, dimension>``."""
+    table = pq.read_table(path, columns=columns)
+    fields = []
+    for item in table.schema:
+        dimension = (item.metadata or {}).get(EMBEDDING_DIMENSION)
+        if dimension is not None and pa.types.is_list(item.type):
+            item = pa.field(item.name, pa.list_(item.type.value_type, int(dimension)), True)
+        fields.append(item)
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
 
 
 def dataset_columns(dataset: Dataset) -> list[str]:
@@ -528,9 +563,10 @@ def _write_file(dataset: Dataset) -> _Built:
         with offline_store.connect() as connection:
             connection.execute("SET TimeZone = 'UTC'")
             reader = connection.sql(query, params=params).to_arrow_reader(READ_BATCH_ROWS)
-            with pq.ParquetWriter(temporary, reader.schema, compression="zstd") as writer:
+            schema = file_schema(reader.schema)
+            with pq.ParquetWriter(temporary, schema, compression="zstd") as writer:
                 for chunk in reader:
-                    writer.write_batch(chunk)
+                    writer.write_batch(chunk.cast(schema))
                     rows += chunk.num_rows
                     for column in present:
                         values = chunk.column(column)

@@ -24,6 +24,7 @@ from features.models import (
     HealthStatus,
     Lifecycle,
 )
+from features.panels import group_panels
 from features.selectors import (
     batches_of,
     consumers_of,
@@ -122,6 +123,7 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
             checks=[_check_row(check) for check in checks[:RECENT_CHECKS]],
             chart=_chart_series(checks) | {"sla_hours": group.freshness_sla_seconds / 3600},
             push=push_examples(group=group, version=current, batch_url=batch_url),
+            panels=group_panels(request=request, workspace=workspace, group=group),
             section="features",
         ),
     )

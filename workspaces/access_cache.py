@@ -91,3 +91,12 @@ class AccessGenerationMiddleware:
             return self.get_response(request)
         finally:
             _request.generation = None
+
+
+def peek(key: Hashable) -> tuple[str | None, Any]:
+    """(generation, value) of a cached entry without reading the shared generation, for a hot
+    path that checks the generation itself in the same round trip as its own read (the online
+    lookup fast path does it inside its Redis script). The generation is read before the entry,
+    so an entry is never paired with a newer generation than the one it was cached under."""
+    generation = _seen_generation
+    return generation, _entries.get(key)

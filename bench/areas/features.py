@@ -12,16 +12,20 @@ Python feature server (``feast serve``, 2 workers) from ``bench/.venvs/feast``, 
 written to Parquet and materialised into the same Redis (a separate database number). Both servers
 are checked to answer the same values as the source table before anything is timed.
 
-Measures (one keep-alive connection, sequential requests, 50 warm-up + 1,000 timed each; the
-same random entities, with the same seed, for both servers):
+Measures (one keep-alive connection per server, sequential requests, 50 warm-up + 1,000 timed
+each; the same random entities, with the same seed, for both servers, whose requests take turns
+so that both see the same load of a shared machine):
 
 - ``online_1x50_p50_ms`` / ``online_1x50_p99_ms``: POST /api/v1/workspaces/{ws}/online-features/
-  for one random user and 50 features; ``..._feast``: POST /get-online-features on Feast.
+  for one random user and 50 features; ``..._feast``: POST /get-online-features on Feast. After
+  the first request of a caller the server answers these from ``features.fastpath`` (the same
+  endpoint, answers and checks as the DRF view, one Redis round trip).
 - ``online_100x50_p50_ms`` / ``online_100x50_p99_ms`` (and ``..._feast``): 100 random users.
 - ``online_1x50_p99_vs_feast_ratio`` / ``online_100x50_p99_vs_feast_ratio``: ours / Feast's p99.
 - ``ingest_json_rows_per_s``: generated rows of a narrower group (10 int/float/string features)
   pushed as ``{"rows": [...]}`` in batches of 25,000; rows / wall time of the HTTP requests (the
-  server validates, writes Parquet, records the batch in a transaction, writes the online store).
+  server validates, writes Parquet, records the batch in a transaction, writes the online store:
+  new entities with MSETNX, stored ones through the newer-wins script).
 - ``ingest_parquet_rows_per_s``: the same for Parquet bodies in batches of 50,000.
 
 Without REDIS_URL our side runs on the embedded SQLite online store and Feast is skipped (its
@@ -793,6 +797,25 @@ def _timed_lookups(client: Http, path: str, bodies: list[bytes]) -> list[float]:
     return client.timed_posts(path, bodies, warmup=WARMUP)
 
 
+def timed_side_by_side(
+    first: tuple[Http, str, Sequence[bytes]], second: tuple[Http, str, Sequence[bytes]]
+) -> tuple[list[float], list[float]]:
+    """Latencies in ms of two servers' lookups, request by request in turn (which goes first
+    alternates), so that both see the same machine load; the first ``WARMUP`` are not timed."""
+    (a, a_path, a_bodies), (b, b_path, b_bodies) = first, second
+    if len(a_bodies) != len(b_bodies):
+        raise ValueError("both servers need the same number of requests")
+    mine: list[float] = []
+    theirs: list[float] = []
+    for i, (a_body, b_body) in enumerate(zip(a_bodies, b_bodies, strict=True)):
+        pair = [(a, a_path, a_body, mine), (b, b_path, b_body, theirs)]
+        for client, path, body, latencies in pair if i % 2 == 0 else reversed(pair):
+            latency = client.timed_posts(path, [body])[0]
+            if i >= WARMUP:
+                latencies.append(latency)
+    return mine, theirs
+
+
 def _summarise(latencies: list[float]) -> tuple[float, float]:
     return percentile(latencies, 50), percentile(latencies, 99)
 
@@ -856,7 +879,7 @@ def _run(ctx: Context) -> dict[str, float]:
         warmup_requests=WARMUP,
         requests_per_measure=REQUESTS,
         entities_per_request={"1x50": 1, "100x50": MANY_ENTITIES},
-        client="one keep-alive HTTP/1.1 connection, sequential requests",
+        client="a keep-alive HTTP/1.1 connection per server, sequential requests, in turn",
         gunicorn={"workers": 2, "worker_class": "gthread", "threads": 4},
         ingest={
             "group_features": len(INGEST_SPECS),
@@ -974,17 +997,21 @@ def _run(ctx: Context) -> dict[str, float]:
                 feast["server"] = f"feast serve -w {FEAST_WORKERS} (gunicorn + uvicorn workers)"
 
                 for label, schedule in (("1x50", few), ("100x50", many)):
-                    ctx.log(f"timing {label}: ours, then Feast ...")
-                    mine = _timed_lookups(
-                        ours, ours_path, [ours_lookup_body(e, USER_GROUP, names) for e in schedule]
+                    ctx.log(f"timing {label}: ours and Feast in turn ...")
+                    mine, other = timed_side_by_side(
+                        (
+                            ours,
+                            ours_path,
+                            [ours_lookup_body(e, USER_GROUP, names) for e in schedule],
+                        ),
+                        (
+                            theirs,
+                            "/get-online-features",
+                            [feast_lookup_body(e, FEAST_VIEW, names) for e in schedule],
+                        ),
                     )
                     measures[f"online_{label}_p50_ms"], measures[f"online_{label}_p99_ms"] = (
                         _summarise(mine)
-                    )
-                    other = _timed_lookups(
-                        theirs,
-                        "/get-online-features",
-                        [feast_lookup_body(e, FEAST_VIEW, names) for e in schedule],
                     )
                     latencies[label] = {
                         "ours": latency_summary(mine),

@@ -266,3 +266,75 @@ def test_a_failed_database_write_leaves_no_files(group, producer, monkeypatch):
     assert [p for p in stored_files(group) if p.is_file()] == []
     assert not Batch.objects.for_workspace(group.workspace).exists()
     assert FeatureGroup.objects.for_workspace(group.workspace).get().last_ingested_at is None
+
+
+def test_the_newest_row_of_an_entity_in_one_batch_is_served(client_for, group, producer):
+    rows = [
+        user_row(1, when="2026-11-02T00:00:00Z", age=50),
+        user_row(1, when="2026-11-01T00:00:00Z", age=10),  # older, later in the batch
+        user_row(2, when="2026-11-01T00:00:00Z", age=20),
+        user_row(2, when="2026-11-01T00:00:00Z", age=21),  # same time: the last row wins
+    ]
+    assert push(client_for(producer), group, rows).status_code == 201
+    result = online_lookup(
+        workspace=group.workspace, entities=["u1", "u2"], features=["user_profile:age"]
+    )
+    assert result["rows"] == [[50], [21]]
+
+
+def test_newer_wins_across_write_chunks_of_new_and_stored_entities(group, producer, monkeypatch):
+    """Chunks of new entities take MSETNX, chunks with stored ones the newer-wins script; a chunk
+    whose keys appear between the existence check and the write falls back to the script."""
+    from features import online_store
+    from features.ingestion import write_online
+
+    monkeypatch.setattr(online_store, "WRITE_CHUNK", 3)
+    monkeypatch.setattr(online_store, "WRITE_GROUP_ROWS", 6)
+    offline_schema = {"user_id": pa.string(), "event_time": pa.timestamp("us", tz="UTC")}
+
+    def table(ids, day, age):
+        return pa.table(
+            {
+                "user_id": pa.array([f"u{i}" for i in ids], offline_schema["user_id"]),
+                "event_time": pa.array(
+                    [pa.scalar(day, offline_schema["event_time"]).as_py()] * len(ids),
+                    offline_schema["event_time"],
+                ),
+                "age": pa.array([age] * len(ids), pa.int64()),
+            }
+        )
+
+    from datetime import UTC, datetime
+
+    noon = datetime(2026, 11, 2, 12, tzinfo=UTC)
+    morning = datetime(2026, 11, 2, 6, tzinfo=UTC)
+    evening = datetime(2026, 11, 2, 18, tzinfo=UTC)
+    assert write_online(group=group, version=1, table=table([0, 1, 2, 3], noon, 1)) == 4
+    # u0-u5 older (stored ones stay), u6-u11 new, in chunks of three.
+    written = write_online(group=group, version=1, table=table(range(12), morning, 2))
+    assert written == 8
+    written = write_online(group=group, version=1, table=table([3, 20, 21], evening, 3))
+    assert written == 3
+
+    ids = [f"u{i}" for i in [*range(12), 20, 21]]
+    result = online_lookup(workspace=group.workspace, entities=ids, features=["user_profile:age"])
+    assert [row[0] for row in result["rows"]] == [1, 1, 1, 3, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("second", [("older", 5.0, "a1"), ("newer", 20.0, "a2")])
+def test_a_key_written_by_an_earlier_chunk_of_the_same_write_is_compared(monkeypatch, second):
+    """With Redis, the second chunk's existence check runs before the first chunk is written:
+    its MSETNX then finds ``a`` taken and the chunk goes through the newer-wins script."""
+    from features import online_store
+
+    monkeypatch.setattr(online_store, "WRITE_CHUNK", 2)
+    store = online_store.get_online_store()
+    _label, stamp, expected = second
+    store.write_encoded(
+        namespace="chunks",
+        entities=["a", "b", "a", "c"],
+        stamps=[10.0, 10.0, stamp, 10.0],
+        payloads=['{"v": "a1"}', '{"v": "b"}', '{"v": "a2"}', '{"v": "c"}'],
+    )
+    lookup = online_store.Lookup(namespace="chunks", entities=["a", "b", "c"], counter="chunks")
+    assert [row["v"] for row in store.read([lookup])[0]] == [expected, "b", "c"]

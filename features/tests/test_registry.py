@@ -183,6 +183,22 @@ def test_retiring_a_consumed_feature_is_409_naming_the_consumer(client_for, work
     assert client.patch(url, {"status": "retired"}, format="json").status_code == 200
 
 
+def test_a_released_consumer_registered_again_is_recorded_again(workspace):
+    group = make_group(workspace, name="user_profile")
+    args = {"actor": None, "group": group, "kind": "dataset", "object_id": "7", "label": "d v1"}
+
+    def registered_events():
+        return Event.objects.filter(workspace=workspace, verb="feature_consumer.registered").count()
+
+    registry.consumer_register(**args)
+    registry.consumer_register(**args)  # still live: nothing new to record
+    assert registered_events() == 1
+    registry.consumer_release(actor=None, workspace=workspace, kind="dataset", object_id="7")
+    registry.consumer_register(**args)
+    assert registered_events() == 2
+    assert Consumer.objects.for_workspace(workspace).get(kind="dataset", object_id="7").live
+
+
 def test_developers_cannot_retire(client_for, workspace, members):
     make_group(workspace, name="user_profile")
     response = client_for(members["developer"]).patch(
