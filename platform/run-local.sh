@@ -18,7 +18,10 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-"$BIN/celery" -A config worker -B --loglevel INFO --concurrency 2 \
+# The worker also consumes node.local: it is the local training node's agent (it registers the
+# node by heartbeat and runs the training jobs placed on it).
+"$BIN/celery" -A config worker -B --loglevel INFO --concurrency 3 \
+  --queues "celery,node.local" \
   --hostname "local@%h" --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
 pids+=($!)
 

@@ -240,3 +240,179 @@ class TrainingJob(models.Model):
     @property
     def priority_rank(self) -> int:
         return PRIORITY_RANK[self.priority_class]
+
+
+class JobMetric(models.Model):
+    """One measured value of a job at a step: loss, samples/s, held-out AUC, checkpoints."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_rows")
+    step = models.PositiveBigIntegerField()
+    name = models.CharField(max_length=64)
+    value = models.FloatField()
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["job", "name", "step", "id"]
+        indexes = [models.Index(fields=["job", "name", "step"])]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step}={self.value:g}"
+
+
+class EntryPointKind(models.TextChoices):
+    MODULE = "module", "Python module (importable dotted path)"
+    SCRIPT = "script", "Uploaded script (stored under ARTIFACT_ROOT)"
+
+
+class EntryPoint(models.Model):
+    """User training code registered in a workspace; run in the child like a template.
+
+    Contract: the module defines ``build(spec: BundleSpec) -> torch.nn.Module`` whose
+    ``forward(dense, cat)`` returns one logit per row (optionally ``training_loss(dense, cat,
+    label)``). The runner trains, checkpoints, evaluates and bundles it like a built-in template.
+    """
+
+    event_kind = "training_entry_point"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[job_name_validator])
+    kind = models.CharField(max_length=10, choices=EntryPointKind.choices)
+    module = models.CharField(max_length=200, blank=True, help_text="Dotted path (kind=module).")
+    script_path = models.CharField(
+        max_length=500, blank=True, help_text="Relative to ARTIFACT_ROOT (kind=script)."
+    )
+    sha256 = models.CharField(max_length=64, blank=True)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="entry_point_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pipeline(models.Model):
+    """A DAG of stages, defined once per workspace: ``stages`` is
+    ``[{"name": ..., "kind": ..., "after": [names], "params": {...}}, ...]``."""
+
+    event_kind = "training_pipeline"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[job_name_validator])
+    description = models.TextField(blank=True)
+    stages = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="pipeline_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RunState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    SKIPPED = "skipped", "Skipped"
+
+
+class PipelineRun(models.Model):
+    event_kind = "pipeline_run"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.PROTECT, related_name="runs")
+    state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.PENDING)
+    params = models.JSONField(default=dict, blank=True)
+    context = models.JSONField(
+        default=dict, blank=True, help_text="Outputs passed between stages (dataset_id, job_id)."
+    )
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline.name} run #{self.pk}"
+
+
+class StageRun(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, related_name="stage_runs")
+    name = models.CharField(max_length=63)
+    kind = models.CharField(max_length=40)
+    position = models.PositiveSmallIntegerField(default=0)
+    state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    output = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["run", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "name"], name="stage_run_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
+
+
+class CandidateEvaluation(models.Model):
+    """F11: a candidate feature's values, joined onto a dataset, trained with and without."""
+
+    event_kind = "candidate_feature_evaluation"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[job_name_validator])
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="+")
+    key_column = models.CharField(max_length=63)
+    dtype = models.CharField(max_length=12, default="float")
+    values_path = models.CharField(max_length=500, blank=True)
+    state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.PENDING)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
+import os
+import re
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from training.models import JOB_MOVES, TERMINAL_STATES, JobState, TrainingJob
+from features.models import Dataset, DatasetStatus
+from training.models import (
+    JOB_MOVES,
+    TERMINAL_STATES,
+    EntryPoint,
+    EntryPointKind,
+    JobMetric,
+    JobState,
+    PriorityClass,
+    TrainingJob,
+)
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
 
 
 @transaction.atomic
@@ -68,3 +86,326 @@ def job_transition(
     for field in locked._meta.concrete_fields:
         setattr(job, field.attname, getattr(locked, field.attname))
     return job
+
+
+# --- jobs: create, stop, progress ---------------------------------------------------------------
+
+STOP_MODES = {"preempt", "cancel"}
+JOBS_DIR = "training/jobs"
+ENTRY_POINTS_DIR = "training/entry_points"
+
+
+def job_work_dir(job: TrainingJob) -> Path:
+    """The job's folder under ARTIFACT_ROOT: spec, checkpoint, log, model bundle."""
+    return Path(settings.ARTIFACT_ROOT) / JOBS_DIR / f"ws={job.workspace_id}" / f"job={job.pk}"
+
+
+def _known_templates() -> set[str]:
+    import training.templates  # noqa: F401
+    from training.bundle import TEMPLATES
+
+    return set(TEMPLATES) - {"entry_point"}
+
+
+def _check_job_input(
+    *,
+    workspace: Workspace,
+    template: str,
+    entry_point: str,
+    dataset: Dataset | None,
+    base_job: TrainingJob | None,
+    params: Any,
+    resources: dict[str, Any],
+    priority_class: str,
+) -> None:
+    errors: dict[str, str] = {}
+    if bool(template) == bool(entry_point):
+        errors["template"] = "give either a template or an entry_point"
+    elif template and template not in _known_templates():
+        errors["template"] = f"unknown template; use one of {sorted(_known_templates())}"
+    elif (
+        entry_point
+        and not EntryPoint.objects.for_workspace(workspace).filter(name=entry_point).exists()
+    ):
+        errors["entry_point"] = "no such entry point in this workspace"
+    if dataset is None:
+        errors["dataset"] = "required"
+    elif dataset.workspace_id != workspace.pk:
+        errors["dataset"] = "no such dataset in this workspace"
+    elif dataset.status != DatasetStatus.READY:
+        errors["dataset"] = f"dataset is {dataset.status}, not ready"
+    if base_job is not None and (
+        base_job.workspace_id != workspace.pk or base_job.state != JobState.SUCCEEDED
+    ):
+        errors["base_job"] = "must be a succeeded job of this workspace"
+    if not isinstance(params, dict):
+        errors["params"] = "must be an object"
+    for name in ("cpu_milli", "memory_mb"):
+        value = resources.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            errors[name] = "must be a positive integer"
+    for name in ("gpu_count", "gpu_milli"):
+        value = resources.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            errors[name] = "must be a non-negative integer"
+    if resources.get("gpu_milli", 0) > 999:
+        errors["gpu_milli"] = "a fraction of one GPU: 1-999 (use gpu_count for whole GPUs)"
+    if priority_class not in PriorityClass.values:
+        errors["priority_class"] = f"use one of {PriorityClass.values}"
+    if errors:
+        raise ValidationError(errors)
+
+
+def _request_tick_on_commit() -> None:
+    try:
+        from training.scheduler.tasks import request_tick
+    except ImportError:
+        return
+    transaction.on_commit(request_tick)
+
+
+@transaction.atomic
+def job_create(
+    *,
+    actor,
+    workspace: Workspace,
+    name: str,
+    dataset: Dataset | None,
+    template: str = "",
+    entry_point: str = "",
+    params: dict[str, Any] | None = None,
+    base_job: TrainingJob | None = None,
+    cpu_milli: int = 1000,
+    memory_mb: int = 1024,
+    gpu_count: int = 0,
+    gpu_milli: int = 0,
+    gpu_type: str = "",
+    priority_class: str = PriorityClass.EXPERIMENT,
+    preemptible: bool = False,
+    max_attempts: int = 3,
+) -> TrainingJob:
+    """Create a pending job; the scheduler admits and places it (``request_tick`` on commit).
+
+    The dataset's features become consumers (kind ``training_job``) so they cannot be retired
+    under a model being trained on them.
+    """
+    params = {} if params is None else params
+    _check_job_input(
+        workspace=workspace,
+        template=template,
+        entry_point=entry_point,
+        dataset=dataset,
+        base_job=base_job,
+        params=params,
+        resources={
+            "cpu_milli": cpu_milli,
+            "memory_mb": memory_mb,
+            "gpu_count": gpu_count,
+            "gpu_milli": gpu_milli,
+        },
+        priority_class=priority_class,
+    )
+    job = TrainingJob(
+        workspace=workspace,
+        name=name,
+        template=template,
+        entry_point=entry_point,
+        params=params,
+        dataset=dataset,
+        base_job=base_job,
+        cpu_milli=cpu_milli,
+        memory_mb=memory_mb,
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        gpu_type=gpu_type,
+        priority_class=priority_class,
+        preemptible=preemptible,
+        max_attempts=max_attempts,
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    try:
+        job.full_clean(exclude=["workspace", "dataset", "base_job", "created_by", "node"])
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
+    job.save()
+    refs = [Ref.to(job), Ref.to(dataset, role="input")]
+    if base_job is not None:
+        refs.append(Ref.to(base_job, role="input"))
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="training.job.created",
+        refs=refs,
+        payload={
+            "template": template,
+            "entry_point": entry_point,
+            "dataset": str(dataset),
+            "priority_class": priority_class,
+            "resources": {
+                "cpu_milli": cpu_milli,
+                "memory_mb": memory_mb,
+                "gpu_count": gpu_count,
+                "gpu_milli": gpu_milli,
+                "gpu_type": gpu_type,
+            },
+        },
+    )
+    _register_consumers(actor=actor, job=job)
+    _request_tick_on_commit()
+    return job
+
+
+def _register_consumers(*, actor, job: TrainingJob) -> None:
+    from features.lookup import FeatureRef
+    from features.models import FeatureGroup
+    from features.registry import consumer_register
+
+    dataset = job.dataset
+    label = f"training job {job.name} #{job.pk}"
+    groups: dict[str, FeatureGroup | None] = {}
+    for index, text in enumerate(dataset.feature_refs):
+        ref = FeatureRef.parse(text, index=index)
+        if ref.group not in groups:
+            groups[ref.group] = (
+                FeatureGroup.objects.for_workspace(job.workspace).filter(name=ref.group).first()
+            )
+        group = groups[ref.group]
+        if group is None:
+            continue
+        consumer_register(
+            actor=actor,
+            group=group,
+            kind=JOB_CONSUMER_KIND,
+            object_id=job.pk,
+            label=label,
+            feature_name=ref.feature,
+        )
+
+
+JOB_CONSUMER_KIND = "training_job"
+
+
+@transaction.atomic
+def job_request_stop(*, job: TrainingJob, mode: str, reason: str, actor=None) -> TrainingJob:
+    """Ask a job to stop: ``preempt`` (checkpoint, then ``preempted`` and requeued by the
+    scheduler) or ``cancel`` (checkpoint, then ``cancelled``).
+
+    A job not yet running stops at once (nothing to checkpoint); a running one gets
+    ``stop_requested`` and its agent SIGTERMs the child within about half a second.
+    """
+    if mode not in STOP_MODES:
+        raise ValidationError({"mode": f"use one of {sorted(STOP_MODES)}"})
+    locked = TrainingJob.objects.unscoped().select_for_update().get(pk=job.pk)
+    if locked.is_terminal:
+        raise ConflictError(f"job {locked.pk} is already {locked.state}", attr="state")
+    if locked.state == JobState.RUNNING or (locked.state == JobState.PLACED and mode == "preempt"):
+        TrainingJob.objects.unscoped().filter(pk=locked.pk).update(stop_requested=mode)
+        locked.stop_requested = mode
+        event_record(
+            actor=actor,
+            workspace=locked.workspace,
+            verb="training.job.stop_requested",
+            refs=[Ref.to(locked)],
+            payload={"mode": mode, "reason": reason},
+        )
+    elif mode == "cancel":
+        job_transition(job=locked, to=JobState.CANCELLED, actor=actor, reason=reason)
+    else:
+        raise ConflictError(f"job {locked.pk} is {locked.state}; nothing to preempt", attr="state")
+    for f in locked._meta.concrete_fields:
+        setattr(job, f.attname, getattr(locked, f.attname))
+    return job
+
+
+def job_record_progress(*, job_id: int, metrics: list[tuple[int, str, float]], **fields) -> None:
+    """The agent streams progress: job row fields (no state change) and metric rows."""
+    fields["progress_at"] = timezone.now()
+    with transaction.atomic():
+        TrainingJob.objects.unscoped().filter(pk=job_id).update(**fields)
+        if metrics:
+            workspace_id = (
+                TrainingJob.objects.unscoped()
+                .filter(pk=job_id)
+                .values_list("workspace_id", flat=True)
+                .first()
+            )
+            JobMetric.objects.bulk_create(
+                [
+                    JobMetric(workspace_id=workspace_id, job_id=job_id, step=s, name=n, value=v)
+                    for s, n, v in metrics
+                    if v is not None and math.isfinite(v)
+                ]
+            )
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+MAX_SCRIPT_BYTES = 1_000_000
+
+
+@transaction.atomic
+def entry_point_register(
+    *,
+    actor,
+    workspace: Workspace,
+    name: str,
+    module: str = "",
+    script: bytes | None = None,
+    description: str = "",
+) -> EntryPoint:
+    """Register user training code: an importable module, or a script stored under
+    ARTIFACT_ROOT (see ``EntryPoint`` for the contract)."""
+    errors: dict[str, str] = {}
+    if bool(module) == bool(script):
+        errors["module"] = "give either module (a dotted path) or script (Python source)"
+    elif module and not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", module):
+        errors["module"] = "not a dotted Python module path"
+    if script is not None and len(script) > MAX_SCRIPT_BYTES:
+        errors["script"] = f"at most {MAX_SCRIPT_BYTES} bytes"
+    if script:
+        try:
+            compile(script, f"<entry point {name}>", "exec")
+        except (SyntaxError, ValueError) as exc:
+            errors["script"] = f"not valid Python: {exc}"
+    if EntryPoint.objects.for_workspace(workspace).filter(name=name).exists():
+        raise ConflictError(f"entry point '{name}' exists", attr="name")
+    if errors:
+        raise ValidationError(errors)
+    entry = EntryPoint(
+        workspace=workspace,
+        name=name,
+        kind=EntryPointKind.SCRIPT if script else EntryPointKind.MODULE,
+        module=module,
+        description=description,
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    try:
+        entry.full_clean(exclude=["workspace", "created_by"])
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
+    if script:
+        digest = hashlib.sha256(script).hexdigest()
+        relative = f"{ENTRY_POINTS_DIR}/ws={workspace.pk}/{name}-{digest[:12]}.py"
+        target = Path(settings.ARTIFACT_ROOT) / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(script)
+        os.replace(tmp, target)
+        entry.script_path = relative
+        entry.sha256 = digest
+    entry.save()
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="training.entry_point.registered",
+        refs=[Ref.to(entry)],
+        payload={"kind": entry.kind, "module": module, "sha256": entry.sha256},
+    )
+    return entry
+
+
+def entry_point_target(entry: EntryPoint) -> str:
+    """What the runner imports: the dotted path, or the script's absolute file path."""
+    if entry.kind == EntryPointKind.SCRIPT:
+        return str(Path(settings.ARTIFACT_ROOT) / entry.script_path)
+    return entry.module

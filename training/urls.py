@@ -1,3 +1,22 @@
-"""Browser UI routes of the training app."""
+"""Browser UI routes of the training app, under /w/<ws>/training/."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from training import views
+
+urlpatterns = [
+    path("w/<slug:ws>/training/", views.job_list, name="training-jobs"),
+    path("w/<slug:ws>/training/jobs.json", views.job_list_json, name="training-jobs-json"),
+    path("w/<slug:ws>/training/jobs/<int:pk>/", views.job_page, name="training-job"),
+    path(
+        "w/<slug:ws>/training/jobs/<int:pk>/live.json",
+        views.job_live_json,
+        name="training-job-live",
+    ),
+    path("w/<slug:ws>/training/pipelines/", views.pipeline_list, name="training-pipelines"),
+    path(
+        "w/<slug:ws>/training/pipelines/runs.json",
+        views.pipeline_runs_json,
+        name="training-pipeline-runs-json",
+    ),
+]

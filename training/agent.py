@@ -1,0 +1,754 @@
+"""The node agent: what a Celery worker on a node queue (``node.<name>``) does.
+
+* ``node_heartbeat(name, queue)`` registers/updates the ``Node`` row with the inventory found
+  here (CPUs, memory, GPUs through ``torch.cuda`` or ``nvidia-smi``). A worker that consumes a
+  ``node.*`` queue starts a heartbeat thread on ``worker_ready`` (see ``start_heartbeats``).
+* ``execute_job(job_id)`` (the body of ``training.tasks.run_job``) runs a placed job as a child
+  process (``python -m training.runner``) with ``CUDA_VISIBLE_DEVICES`` from the job's assigned
+  GPUs, reads the child's JSON-lines events, streams progress and metric rows to the database
+  and to MLflow, polls ``stop_requested`` every ``STOP_POLL_S`` and SIGTERMs the child (which
+  checkpoints and exits), samples the child's CPU and memory, and finally moves the job to
+  succeeded / preempted / cancelled, or back to pending (another attempt, resumed from the
+  checkpoint) / failed when the child died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue as queue_module
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from training import runner
+from training.models import JobState, Node, NodeState, TrainingJob
+from workspaces.events import Ref, event_record
+
+logger = logging.getLogger(__name__)
+
+# Set when the worker begins a shutdown: every running child is asked to checkpoint and stop,
+# and its job is released as preempted (the scheduler requeues it, it resumes elsewhere).
+SHUTTING_DOWN = threading.Event()
+
+HEARTBEAT_S = 5.0
+RETRY_TRIES = 40
+STOP_POLL_S = 0.5
+PROGRESS_FLUSH_S = 1.0
+NODE_QUEUE_PREFIX = "node."
+PID_FILE = "child.pid"
+LOG_FILE = "log.txt"
+SPEC_FILE = "spec.json"
+
+
+# --- inventory and heartbeat ---------------------------------------------------------------------
+
+
+def _memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def find_gpus() -> list[dict[str, Any]]:
+    """GPUs visible here: torch.cuda first, nvidia-smi as the fallback."""
+    gpus: list[dict[str, Any]] = []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            for index in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(index)
+                gpus.append(
+                    {
+                        "index": index,
+                        "type": props.name,
+                        "memory_mb": int(props.total_memory // (1024 * 1024)),
+                    }
+                )
+            return gpus
+    except Exception:
+        logger.warning("torch.cuda inventory failed", exc_info=True)
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(  # noqa: S603 - fixed arguments
+                [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
+            for line in out.strip().splitlines():
+                index, name, memory = (part.strip() for part in line.split(","))
+                gpus.append({"index": int(index), "type": name, "memory_mb": int(float(memory))})
+        except (subprocess.SubprocessError, ValueError, OSError):
+            logger.warning("nvidia-smi inventory failed", exc_info=True)
+    return gpus
+
+
+def node_inventory() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname()[:255],
+        "cpu_milli": _cpu_count() * 1000,
+        "memory_mb": _memory_mb(),
+        "gpus": find_gpus(),
+    }
+
+
+def node_heartbeat(node_name: str, queue: str, *, inventory: dict | None = None) -> Node:
+    """Register or refresh this node's row; a lost node that beats again is ready again."""
+    inventory = inventory if inventory is not None else node_inventory()
+    now = timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=node_name).first()
+        if node is None:
+            node = Node.objects.create(name=node_name, queue=queue, last_heartbeat=now, **inventory)
+            event_record(
+                actor=None,
+                workspace=None,
+                verb="training.node.registered",
+                refs=[Ref.to(node)],
+                payload={"queue": queue, **inventory},
+            )
+            return node
+        node.queue = queue
+        node.last_heartbeat = now
+        for key, value in inventory.items():
+            setattr(node, key, value)
+        if node.state == NodeState.LOST:
+            node.state = NodeState.READY
+            node.state_reason = "heartbeat resumed"
+        node.save()
+    return node
+
+
+class _Heartbeats:
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, queues: list[str]) -> list[str]:
+        started = []
+        for queue in queues:
+            if not queue.startswith(NODE_QUEUE_PREFIX):
+                continue
+            name = queue[len(NODE_QUEUE_PREFIX) :]
+            thread = threading.Thread(
+                target=self._loop, args=(name, queue), name=f"heartbeat-{name}", daemon=True
+            )
+            thread.start()
+            self.threads.append(thread)
+            started.append(name)
+        return started
+
+    def _loop(self, name: str, queue: str) -> None:
+        inventory = node_inventory()
+        while not self.stop.is_set():
+            try:
+                close_old_connections()
+                with_retry(node_heartbeat, name, queue, inventory=inventory)
+            except Exception:
+                logger.warning("node heartbeat failed", exc_info=True)
+            self.stop.wait(HEARTBEAT_S)
+        connection.close()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=HEARTBEAT_S + 1)
+        self.threads = []
+        self.stop = threading.Event()
+
+
+HEARTBEATS = _Heartbeats()
+
+
+def start_heartbeats(consumer) -> list[str]:
+    """``worker_ready`` hook: beat for every ``node.<name>`` queue this worker consumes."""
+    try:
+        queues = list(consumer.app.amqp.queues.consume_from.keys())
+    except AttributeError:
+        queues = [q.name for q in consumer.task_consumer.queues]
+    return HEARTBEATS.start(queues)
+
+
+# --- running a job ------------------------------------------------------------------------------
+
+
+def with_retry(fn, *args, **kwargs):
+    """Run a database write, retrying while SQLite says a table is locked.
+
+    PostgreSQL never needs it. The embedded SQLite store (``make run``) waits through its busy
+    timeout, but the in-memory shared-cache database of the test runs fails at once when the
+    agent, the heartbeat and a web request write together; a short retry rides that out.
+    """
+    from django.db import OperationalError
+
+    for attempt in range(RETRY_TRIES):
+        try:
+            return fn(*args, **kwargs)
+        except OperationalError as exc:
+            if "locked" not in str(exc) or attempt == RETRY_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return None
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.relative_to(settings.ARTIFACT_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def artifact_path(relative: str) -> Path:
+    return Path(settings.ARTIFACT_ROOT) / relative
+
+
+def _feature_dicts(job: TrainingJob) -> list[dict[str, Any]]:
+    from features.lookup import FeatureRef
+    from features.models import Feature
+    from features.samples import output_column
+
+    dataset = job.dataset
+    result = []
+    for index, text in enumerate(dataset.feature_refs):
+        ref = FeatureRef.parse(text, index=index)
+        feature = (
+            Feature.objects.for_workspace(job.workspace_id)
+            .filter(group__name=ref.group, name=ref.feature)
+            .select_related("group")
+            .first()
+        )
+        dtype = feature.dtype if feature else "float"
+        entity = feature.group.entity if feature else ""
+        result.append(
+            {
+                "ref": str(ref),
+                "column": output_column(ref),
+                "dtype": dtype,
+                "entity": entity,
+                "dim": (feature.dimension or 1) if feature and dtype == "embedding" else 1,
+            }
+        )
+    return result
+
+
+def build_job_spec(job: TrainingJob):
+    from features.samples import dataset_file
+    from training.data import JobSpec
+    from training.models import EntryPoint
+    from training.services import entry_point_target, job_work_dir
+
+    dataset = job.dataset
+    label_columns = list(dataset.label_columns or [])
+    label = str(job.params.get("label") or (label_columns[0] if label_columns else "clicked"))
+    base_model = ""
+    if job.base_job_id and job.base_job and job.base_job.model_path:
+        base_model = str(artifact_path(job.base_job.model_path))
+    entry = ""
+    if job.entry_point:
+        entry_point = EntryPoint.objects.for_workspace(job.workspace_id).get(name=job.entry_point)
+        entry = entry_point_target(entry_point)
+    return JobSpec(
+        job_id=job.pk,
+        template=job.template or "entry_point",
+        dataset_path=str(dataset_file(dataset)),
+        features=_feature_dicts(job),
+        work_dir=str(job_work_dir(job)),
+        label=label,
+        entity_keys={"label": list(dataset.label_group.entity_keys)},
+        params=dict(job.params),
+        base_model_path=base_model,
+        entry_point=entry,
+        slice_column=str(job.params.get("slice_column") or ""),
+    )
+
+
+class Tracker:
+    """MLflow logging for one job: an experiment per workspace, one run per job (resumed on
+    every attempt). Tracking trouble is logged, never fatal to the training."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.run_id = job.mlflow_run_id
+        self.client = None
+        try:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI)
+            name = f"rankops/{job.workspace.slug}"
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                location = (Path(settings.MLFLOW_ARTIFACT_ROOT) / job.workspace.slug).as_uri()
+                try:
+                    experiment_id = self.client.create_experiment(name, artifact_location=location)
+                except Exception:  # another agent created it just now (re-raised otherwise)
+                    experiment = self.client.get_experiment_by_name(name)
+                    if experiment is None:
+                        raise
+                    experiment_id = experiment.experiment_id
+            else:
+                experiment_id = experiment.experiment_id
+            if self.run_id:
+                self.client.update_run(self.run_id, status="RUNNING")
+            else:
+                run = self.client.create_run(
+                    experiment_id,
+                    run_name=f"{job.name}-{job.pk}",
+                    tags={
+                        "rankops.job_id": str(job.pk),
+                        "rankops.workspace": job.workspace.slug,
+                        "rankops.template": job.template or job.entry_point,
+                    },
+                )
+                self.run_id = run.info.run_id
+        except Exception:
+            logger.warning("MLflow tracking unavailable for job %s", job.pk, exc_info=True)
+            self.client = None
+
+    def params(self, params: dict[str, Any]) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Param
+
+        try:
+            existing = self.client.get_run(self.run_id).data.params
+            items = [Param(k, str(v)[:500]) for k, v in sorted(params.items()) if k not in existing]
+            for start in range(0, len(items), 100):
+                self.client.log_batch(self.run_id, params=items[start : start + 100])
+        except Exception:
+            logger.warning("MLflow params failed", exc_info=True)
+
+    def metrics(self, rows: list[tuple[int, str, float]]) -> None:
+        if self.client is None or not rows:
+            return
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        items = [Metric(name, float(value), stamp, int(step)) for step, name, value in rows]
+        try:
+            for start in range(0, len(items), 500):
+                self.client.log_batch(self.run_id, metrics=items[start : start + 500])
+        except Exception:
+            logger.warning("MLflow metrics failed", exc_info=True)
+
+    def artifacts(self, directory: Path, path: str) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.log_artifacts(self.run_id, str(directory), artifact_path=path)
+        except Exception:
+            logger.warning("MLflow artifacts failed", exc_info=True)
+
+    def finish(self, status: str) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception:
+            logger.warning("MLflow terminate failed", exc_info=True)
+
+
+@dataclass
+class Usage:
+    """Peaks and totals of the child, sampled from /proc."""
+
+    pid: int
+    started: float = field(default_factory=time.monotonic)
+    cpu_peak_milli: int = 0
+    memory_peak_mb: int = 0
+    gpu_memory_peak_mb: int = 0
+    cpu_seconds: float = 0.0
+    _last: tuple[float, float] | None = None
+
+    def sample(self) -> None:
+        try:
+            with open(f"/proc/{self.pid}/stat") as handle:
+                parts = handle.read().rsplit(")", 1)[1].split()
+            ticks = os.sysconf("SC_CLK_TCK")
+            cpu = (int(parts[11]) + int(parts[12])) / ticks
+            with open(f"/proc/{self.pid}/status") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        self.memory_peak_mb = max(self.memory_peak_mb, int(line.split()[1]) // 1024)
+        except (OSError, IndexError, ValueError):
+            return
+        now = time.monotonic()
+        if self._last is not None and now - self._last[0] >= 0.2:
+            rate = (cpu - self._last[1]) / (now - self._last[0])
+            self.cpu_peak_milli = max(self.cpu_peak_milli, int(rate * 1000))
+            self._last = (now, cpu)
+        elif self._last is None:
+            self._last = (now, cpu)
+        self.cpu_seconds = cpu
+
+    def hours(self) -> float:
+        return (time.monotonic() - self.started) / 3600.0
+
+
+def _gpu_env(job: TrainingJob) -> str:
+    indices = [str(g.get("index")) for g in job.assigned_gpus or [] if "index" in g]
+    return ",".join(indices)
+
+
+def _resources(job: TrainingJob, usage: Usage) -> dict[str, float]:
+    hours = usage.hours()
+    gpus = job.gpu_count + job.gpu_milli / 1000.0 if job.assigned_gpus else 0.0
+    return {
+        "cpu_hours": round(job.cpu_milli / 1000.0 * hours, 6),
+        "gpu_hours": round(gpus * hours, 6),
+        "memory_gb_hours": round(job.memory_mb / 1024.0 * hours, 6),
+    }
+
+
+def _usage_dict(job: TrainingJob, usage: Usage) -> dict[str, Any]:
+    previous = job.usage or {}
+    resources = _resources(job, usage)
+    return {
+        "cpu_peak_milli": max(usage.cpu_peak_milli, previous.get("cpu_peak_milli", 0)),
+        "memory_peak_mb": max(usage.memory_peak_mb, previous.get("memory_peak_mb", 0)),
+        "gpu_memory_peak_mb": max(usage.gpu_memory_peak_mb, previous.get("gpu_memory_peak_mb", 0)),
+        "cpu_hours": round(previous.get("cpu_hours", 0) + resources["cpu_hours"], 6),
+        "gpu_hours": round(previous.get("gpu_hours", 0) + resources["gpu_hours"], 6),
+        "memory_gb_hours": round(
+            previous.get("memory_gb_hours", 0) + resources["memory_gb_hours"], 6
+        ),
+        "cpu_time_hours": round(previous.get("cpu_time_hours", 0) + usage.cpu_seconds / 3600, 6),
+    }
+
+
+def _child_alive(work: Path) -> bool:
+    """Whether the child recorded in the job's pid file still runs (a duplicate delivery of
+    ``run_job`` must not start a second child beside it)."""
+    try:
+        pid = int((work / PID_FILE).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _refresh(job: TrainingJob) -> TrainingJob:
+    return TrainingJob.objects.unscoped().select_related("workspace", "node").get(pk=job.pk)
+
+
+def execute_job(job_id: int) -> str:
+    """Run a placed job to its end here; returns the job's final state."""
+    from training.services import job_transition, job_work_dir
+
+    job = (
+        TrainingJob.objects.unscoped()
+        .select_related("workspace", "dataset", "dataset__label_group", "node", "base_job")
+        .filter(pk=job_id)
+        .first()
+    )
+    if job is None:
+        return "missing"
+    if job.state not in {JobState.PLACED, JobState.RUNNING}:
+        logger.info("job %s is %s; nothing to run", job.pk, job.state)
+        return job.state
+    work = job_work_dir(job)
+    work.mkdir(parents=True, exist_ok=True)
+    if job.state == JobState.PLACED and job.stop_requested:
+        to = JobState.PREEMPTED if job.stop_requested == "preempt" else JobState.CANCELLED
+        job_transition(
+            job=job, to=to, expect=JobState.PLACED, reason="stopped before start", stop_requested=""
+        )
+        return job.state
+    if job.state == JobState.RUNNING and _child_alive(work):
+        logger.info("job %s already runs here; ignoring a duplicate delivery", job.pk)
+        return job.state
+    spec = build_job_spec(job)
+    spec_path = work / SPEC_FILE
+    spec_path.write_text(spec.to_json())
+    if job.state == JobState.PLACED:
+        with_retry(
+            job_transition,
+            job=job,
+            to=JobState.RUNNING,
+            expect=JobState.PLACED,
+            reason=f"attempt {job.attempts + 1} on {job.node.name if job.node else 'this node'}",
+            attempts=job.attempts + 1,
+            payload={"attempt": job.attempts + 1, "resume_step": job.checkpoint_step},
+        )
+    else:  # the agent that ran it died; this redelivered task resumes it
+        TrainingJob.objects.unscoped().filter(pk=job.pk).update(attempts=F("attempts") + 1)
+        job.refresh_from_db()
+    tracker = Tracker(job)
+    if tracker.run_id and tracker.run_id != job.mlflow_run_id:
+        TrainingJob.objects.unscoped().filter(pk=job.pk).update(mlflow_run_id=tracker.run_id)
+        job.mlflow_run_id = tracker.run_id
+    tracker.params(
+        {
+            "template": job.template or job.entry_point,
+            "dataset": str(job.dataset),
+            "base_job": job.base_job_id or "",
+            "features": ",".join(f["ref"] for f in spec.features),
+            **{f"param.{k}": v for k, v in job.params.items()},
+        }
+    )
+    return _supervise(job, spec, spec_path, work, tracker)
+
+
+def _supervise(job: TrainingJob, spec, spec_path: Path, work: Path, tracker: Tracker) -> str:
+    from training.services import job_record_progress
+
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = _gpu_env(job)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, job.cpu_milli // 1000)))
+    log = open(work / LOG_FILE, "ab")  # noqa: SIM115 - closed below, after the child exits
+    log.write(f"--- attempt {job.attempts} at {timezone.now().isoformat()}\n".encode())
+    log.flush()
+    child = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+        [sys.executable, "-m", "training.runner", str(spec_path)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=env,
+        cwd=str(settings.BASE_DIR),
+    )
+    (work / PID_FILE).write_text(str(child.pid))
+    events: queue_module.Queue = queue_module.Queue()
+
+    def read() -> None:
+        for raw in child.stdout:
+            try:
+                events.put(json.loads(raw))
+            except ValueError:
+                log.write(raw)
+        events.put(None)
+
+    reader = threading.Thread(target=read, name=f"job-{job.pk}-reader", daemon=True)
+    reader.start()
+    usage = Usage(pid=child.pid)
+    state = _Progress()
+    signalled = ""
+    last_poll = last_flush = 0.0
+    reader_done = False
+    while True:
+        try:
+            event = events.get(timeout=0.1)
+        except queue_module.Empty:
+            event = False
+        if event is None:
+            reader_done = True
+        elif event:
+            state.handle(event, log)
+        now = time.monotonic()
+        if now - last_poll >= STOP_POLL_S:
+            last_poll = now
+            usage.sample()
+            if not signalled:
+                wanted = with_retry(
+                    lambda: (
+                        TrainingJob.objects.unscoped()
+                        .filter(pk=job.pk)
+                        .values_list("stop_requested", flat=True)
+                        .first()
+                    )
+                )
+                if not wanted and SHUTTING_DOWN.is_set():
+                    wanted = "shutdown"
+                if wanted:
+                    signalled = wanted
+                    with contextlib.suppress(OSError):
+                        child.send_signal(signal.SIGTERM)
+        if now - last_flush >= PROGRESS_FLUSH_S or (reader_done and child.poll() is not None):
+            last_flush = now
+            state.flush(job.pk, tracker, usage, job_record_progress)
+        if reader_done and child.poll() is not None:
+            break
+    state.flush(job.pk, tracker, usage, job_record_progress)
+    code = child.wait()
+    log.write(f"--- child exited with {code}\n".encode())
+    log.close()
+    with contextlib.suppress(OSError):
+        (work / PID_FILE).unlink()
+    return _finish(_refresh(job), code, state, usage, tracker, spec, signalled)
+
+
+class _Progress:
+    """Events from the child, batched for the database and MLflow."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.metrics: list[tuple[int, str, float]] = []
+        self.done: dict[str, Any] | None = None
+        self.error = ""
+        self.gpu_memory_peak_mb = 0
+
+    def handle(self, event: dict[str, Any], log) -> None:
+        kind = event.get("type")
+        if kind == "start":
+            self.fields["total_steps"] = int(event["total_steps"])
+        elif kind == "progress":
+            step = int(event["step"])
+            self.fields.update(
+                step=step,
+                total_steps=int(event["total_steps"]),
+                epoch=int(event["epoch"]),
+                loss=float(event["loss"]),
+                samples_per_s=float(event["samples_per_s"]),
+                eta_s=float(event["eta_s"]),
+            )
+            self.metrics.append((step, "loss", float(event["loss"])))
+            self.metrics.append((step, "samples_per_s", float(event["samples_per_s"])))
+            self.gpu_memory_peak_mb = max(
+                self.gpu_memory_peak_mb, int(event.get("gpu_memory_mb") or 0)
+            )
+        elif kind == "metric" and event.get("value") is not None:
+            self.metrics.append((int(event["step"]), str(event["name"]), float(event["value"])))
+        elif kind == "checkpoint":
+            self.fields.update(
+                checkpoint_path=_relative(Path(event["path"])),
+                checkpoint_step=int(event["step"]),
+            )
+            self.metrics.append((int(event["step"]), "checkpoint", float(event["step"])))
+        elif kind == "done":
+            self.done = event
+        elif kind == "error":
+            self.error = str(event.get("message", ""))
+        elif kind == "log":
+            log.write(f"{event.get('message', '')}\n".encode())
+            log.flush()
+
+    def flush(self, job_id: int, tracker: Tracker, usage: Usage, record) -> None:
+        if not self.fields and not self.metrics:
+            return
+        fields, metrics = self.fields, self.metrics
+        self.fields, self.metrics = {}, []
+        usage.gpu_memory_peak_mb = max(usage.gpu_memory_peak_mb, self.gpu_memory_peak_mb)
+        with_retry(record, job_id=job_id, metrics=metrics, **fields)
+        tracker.metrics([m for m in metrics if m[1] != "checkpoint"])
+
+
+def _production_comparison(job: TrainingJob, spec) -> dict[str, Any] | None:
+    from training import evaluation
+
+    path = evaluation.production_bundle_path(job.workspace)
+    if not path:
+        return None
+    try:
+        return evaluation.evaluate_bundle(path, spec)
+    except Exception as exc:
+        logger.warning("production comparison failed for job %s", job.pk, exc_info=True)
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _finish(
+    job: TrainingJob, code: int, state: _Progress, usage: Usage, tracker, spec, signalled: str = ""
+) -> str:
+    from training.services import job_transition
+
+    usage_now = _usage_dict(job, usage)
+    resources = _resources(job, usage)
+    if code == 0 and state.done is not None:
+        metrics = dict(state.done.get("metrics") or {})
+        production = _production_comparison(job, spec)
+        if production is not None:
+            metrics["production"] = production
+            ours, theirs = (metrics.get("holdout") or {}).get("auc"), production.get("auc")
+            if ours is not None and theirs is not None:
+                metrics["auc_delta_vs_production"] = ours - theirs
+        model_dir = Path(state.done["model_path"])
+        tracker.artifacts(model_dir, "model")
+        holdout = metrics.get("holdout") or {}
+        tracker.metrics(
+            [
+                (int(state.done.get("step", 0)), f"final_{k}", float(v))
+                for k, v in holdout.items()
+                if isinstance(v, int | float) and v is not None
+            ]
+        )
+        tracker.finish("FINISHED")
+        with_retry(
+            job_transition,
+            job=job,
+            to=JobState.SUCCEEDED,
+            expect=JobState.RUNNING,
+            reason="training finished",
+            resources=resources,
+            payload={"holdout": holdout, "mlflow_run_id": tracker.run_id or ""},
+            model_path=_relative(model_dir),
+            metrics=metrics,
+            usage=usage_now,
+            stop_requested="",
+            eta_s=0.0,
+        )
+        return job.state
+    mode = job.stop_requested or ("preempt" if signalled == "shutdown" else "")
+    if code == runner.EXIT_STOPPED and mode:
+        to = JobState.CANCELLED if mode == "cancel" else JobState.PREEMPTED
+        why = "the node agent is shutting down" if signalled == "shutdown" else f"{mode} requested"
+        tracker.finish("KILLED")
+        with_retry(
+            job_transition,
+            job=job,
+            to=to,
+            expect=JobState.RUNNING,
+            reason=f"{why}; checkpointed at step {job.checkpoint_step}",
+            resources=resources,
+            payload={"checkpoint_step": job.checkpoint_step},
+            usage=usage_now,
+            stop_requested="",
+        )
+        return job.state
+    reason = state.error or f"training child exited with {code}"
+    Node.objects.filter(pk=job.node_id).update(failure_count=F("failure_count") + 1)
+    if job.state != JobState.RUNNING:
+        return job.state
+    if job.attempts < job.max_attempts and not job.stop_requested:
+        tracker.finish("FAILED")
+        with_retry(
+            job_transition,
+            job=job,
+            to=JobState.PENDING,
+            expect=JobState.RUNNING,
+            reason=f"{reason}; requeued (attempt {job.attempts}/{job.max_attempts}), "
+            f"resumes from step {job.checkpoint_step}",
+            resources=resources,
+            usage=usage_now,
+            node=None,
+            assigned_gpus=[],
+        )
+        return job.state
+    tracker.finish("FAILED")
+    to = JobState.CANCELLED if job.stop_requested == "cancel" else JobState.FAILED
+    with_retry(
+        job_transition,
+        job=job,
+        to=to,
+        expect=JobState.RUNNING,
+        reason=reason,
+        resources=resources,
+        usage=usage_now,
+        stop_requested="",
+    )
+    return job.state

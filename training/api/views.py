@@ -1,0 +1,224 @@
+"""REST views of the training app: jobs (with cancel and metrics), entry points, pipelines."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from features.models import Dataset
+from training import candidates, pipelines, services
+from training.api import serializers as s
+from training.models import (
+    CandidateEvaluation,
+    EntryPoint,
+    JobMetric,
+    Pipeline,
+    PipelineRun,
+    TrainingJob,
+)
+from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.models import Role
+
+MAX_METRIC_ROWS = 5000
+
+
+class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
+    """Training jobs: a template or entry point, a dataset, resources and a priority class."""
+
+    serializer_class = s.TrainingJobSerializer
+    lookup_value_regex = r"\d+"
+    action_roles = {"create": Role.DEVELOPER, "cancel": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        jobs = TrainingJob.objects.for_workspace(self.workspace).select_related(
+            "dataset", "node", "created_by"
+        )
+        if self.action == "list":
+            state = self.request.query_params.get("state")
+            if state:
+                jobs = jobs.filter(state=state)
+        return jobs
+
+    @extend_schema(request=s.TrainingJobCreateSerializer, responses={201: s.TrainingJobSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = s.TrainingJobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
+        if dataset is None:
+            raise ValidationError({"dataset": "no such dataset in this workspace"})
+        base_job = None
+        if data.get("base_job"):
+            base_job = (
+                TrainingJob.objects.for_workspace(self.workspace)
+                .filter(pk=data["base_job"])
+                .first()
+            )
+            if base_job is None:
+                raise ValidationError({"base_job": "no such job in this workspace"})
+        data.update(dataset=dataset, base_job=base_job)
+        job = services.job_create(actor=request.user, workspace=self.workspace, **data)
+        fresh = self.get_workspace_queryset().get(pk=job.pk)
+        return Response(s.TrainingJobSerializer(fresh).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: s.TrainingJobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, ws: str, pk: str) -> Response:
+        job = self.get_object()
+        services.job_request_stop(
+            job=job, mode="cancel", reason=f"cancelled by {request.user}", actor=request.user
+        )
+        fresh = self.get_workspace_queryset().get(pk=job.pk)
+        return Response(s.TrainingJobSerializer(fresh).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, description="Only this metric (e.g. loss).")],
+        responses={200: s.JobMetricSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, ws: str, pk: str) -> Response:
+        job = self.get_object()
+        rows = JobMetric.objects.for_workspace(self.workspace).filter(job=job)
+        name = request.query_params.get("name")
+        if name:
+            rows = rows.filter(name=name)
+        rows = rows.order_by("name", "step", "id")[:MAX_METRIC_ROWS]
+        return Response(s.JobMetricSerializer(rows, many=True).data)
+
+
+class EntryPointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
+    """User training code registered in the workspace (see ``training.models.EntryPoint``)."""
+
+    serializer_class = s.EntryPointSerializer
+    lookup_field = "name"
+    lookup_value_regex = r"[a-z][a-z0-9_-]*"
+    action_roles = {"create": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return EntryPoint.objects.for_workspace(self.workspace)
+
+    @extend_schema(request=s.EntryPointCreateSerializer, responses={201: s.EntryPointSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = s.EntryPointCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        entry = services.entry_point_register(
+            actor=request.user,
+            workspace=self.workspace,
+            name=data["name"],
+            module=data["module"],
+            script=data["script"].encode() if data["script"] else None,
+            description=data["description"],
+        )
+        return Response(s.EntryPointSerializer(entry).data, status=status.HTTP_201_CREATED)
+
+
+class PipelineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
+    """Pipelines: a DAG of stages defined once per workspace; ``runs`` starts one."""
+
+    serializer_class = s.PipelineSerializer
+    lookup_field = "name"
+    lookup_value_regex = r"[a-z][a-z0-9_-]*"
+    action_roles = {"create": Role.DEVELOPER, "run": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return Pipeline.objects.for_workspace(self.workspace)
+
+    @extend_schema(request=s.PipelineSerializer, responses={201: s.PipelineSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = s.PipelineSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        pipeline = pipelines.pipeline_create(
+            actor=request.user,
+            workspace=self.workspace,
+            name=data["name"],
+            description=data.get("description", ""),
+            stages=data.get("stages") or None,
+        )
+        return Response(s.PipelineSerializer(pipeline).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.PipelineRunCreateSerializer, responses={201: s.PipelineRunSerializer})
+    @action(detail=True, methods=["post"])
+    def run(self, request: Request, ws: str, name: str) -> Response:
+        pipeline = self.get_object()
+        serializer = s.PipelineRunCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run = pipelines.pipeline_run_start(
+            actor=request.user, pipeline=pipeline, params=serializer.validated_data["params"]
+        )
+        return Response(s.PipelineRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+class PipelineRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
+    """Runs of the workspace's pipelines, with each stage's state; ``retry`` reruns from the
+    failed stage."""
+
+    serializer_class = s.PipelineRunSerializer
+    lookup_value_regex = r"\d+"
+    action_roles = {"retry": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return (
+            PipelineRun.objects.for_workspace(self.workspace)
+            .select_related("pipeline")
+            .prefetch_related("stage_runs")
+        )
+
+    @extend_schema(request=None, responses={200: s.PipelineRunSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, ws: str, pk: str) -> Response:
+        run = self.get_object()
+        pipelines.pipeline_run_retry(actor=request.user, run=run)
+        fresh = self.get_workspace_queryset().get(pk=run.pk)
+        return Response(s.PipelineRunSerializer(fresh).data)
+
+
+class CandidateEvaluationViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet
+):
+    """F11: upload a not-yet-registered feature's values (multipart ``file``), joined onto a
+    dataset and evaluated with and without; nothing is registered."""
+
+    serializer_class = s.CandidateEvaluationSerializer
+    lookup_value_regex = r"\d+"
+    action_roles = {"create": Role.DEVELOPER}
+    parser_classes = [MultiPartParser, FormParser]
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return CandidateEvaluation.objects.for_workspace(self.workspace)
+
+    @extend_schema(
+        request={"multipart/form-data": s.CandidateEvaluationCreateSerializer},
+        responses={201: s.CandidateEvaluationSerializer},
+    )
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = s.CandidateEvaluationCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
+        if dataset is None:
+            raise ValidationError({"dataset": "no such dataset in this workspace"})
+        upload = data["file"]
+        if upload.size > candidates.MAX_UPLOAD_BYTES:
+            raise ValidationError({"file": f"at most {candidates.MAX_UPLOAD_BYTES} bytes"})
+        evaluation = candidates.candidate_evaluation_create(
+            actor=request.user,
+            workspace=self.workspace,
+            name=data["name"],
+            dataset=dataset,
+            key_column=data["key_column"],
+            content=upload.read(),
+            filename=upload.name or "values.csv",
+            dtype=data["dtype"],
+            params={"template": data["template"]},
+        )
+        return Response(
+            s.CandidateEvaluationSerializer(evaluation).data, status=status.HTTP_201_CREATED
+        )

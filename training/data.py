@@ -1,0 +1,242 @@
+"""The data side of a training run: the job spec the agent hands the child, and the loader.
+
+No Django here: the training child (``python -m training.runner``) imports only this module, the
+bundle contract and the templates, so it starts fast and never touches the database.
+
+The loader reads the dataset's Parquet file once with pyarrow, orders it by event time, splits
+it into a train part and a held-out tail (the newest ``holdout_fraction`` of rows: a time-ordered
+split, so evaluation never sees the past through the future), fits the numeric features'
+mean/std on the train part only, and encodes everything once through ``FeatureEncoder`` (the same
+transform serving uses). Batches are then index slices of in-memory tensors, in an order fixed
+by ``seed`` and the epoch number, so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.bundle import HASHED, BundleSpec, FeatureEncoder, FeatureSpec, hash_bucket
+
+TIME_COLUMN = "event_time"
+MIN_BUCKETS = 16
+COLLISION_FREE_MAX = 20_000
+COLLISION_TRIES = 500
+
+
+@dataclass
+class JobSpec:
+    """What the agent tells the training child (written as ``spec.json`` in the job's folder)."""
+
+    job_id: int
+    template: str
+    dataset_path: str
+    features: list[dict[str, Any]]  # FeatureSpec fields without the fitted stats
+    work_dir: str
+    label: str = "clicked"
+    entity_keys: dict[str, list[str]] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    base_model_path: str = ""
+    entry_point: str = ""  # "module.path" or a path to a .py file (user code)
+    slice_column: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        data = json.loads(text)
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return Path(self.work_dir) / "checkpoint.pt"
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.work_dir) / "model"
+
+    def param(self, name: str, default: Any) -> Any:
+        value = self.params.get(name, default)
+        return default if value is None else value
+
+
+@dataclass
+class Split:
+    dense: Any  # torch.FloatTensor [n, d]
+    cat: Any  # torch.LongTensor [n, k]
+    label: Any  # torch.FloatTensor [n]
+    slices: np.ndarray | None = None  # raw values of the slice column (held-out part)
+
+    @property
+    def n(self) -> int:
+        return int(self.label.shape[0])
+
+
+@dataclass
+class TrainData:
+    spec: BundleSpec
+    train: Split
+    holdout: Split
+
+
+def _to_label(column) -> np.ndarray:
+    """0/1 floats from a bool/int/float label column; a null label counts as no click."""
+    import pyarrow.compute as pc
+
+    values = pc.fill_null(pc.cast(column, "float64"), 0.0).to_numpy(zero_copy_only=False)
+    return (
+        np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0).clip(0, 1).astype(np.float32)
+    )
+
+
+def read_table(path: str | Path, columns: list[str]):
+    """The dataset's needed columns, ordered by event time (stable)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    present = [c for c in columns if c in schema.names]
+    if TIME_COLUMN in schema.names and TIME_COLUMN not in present:
+        present.append(TIME_COLUMN)
+    table = pq.read_table(path, columns=present)
+    if TIME_COLUMN in table.column_names and table.num_rows:
+        order = pc.sort_indices(table, sort_keys=[(TIME_COLUMN, "ascending")])
+        table = table.take(order)
+    return table
+
+
+def choose_buckets(values: list[Any]) -> int:
+    """A hash space where the train part's distinct values do not collide (when small enough).
+
+    A collision merges two categories into one embedding row (e.g. two ad categories with
+    different user affinities), which costs accuracy for nothing when the vocabulary is small.
+    """
+    values = [v for v in values if v is not None]
+    distinct = len(values)
+    buckets = max(MIN_BUCKETS, 4 * distinct)
+    if distinct > COLLISION_FREE_MAX:
+        return buckets
+    for candidate in range(buckets, buckets + COLLISION_TRIES):
+        if len(np.unique(hash_bucket(values, candidate))) == distinct:
+            return candidate
+    return buckets
+
+
+def fit_bundle_spec(job: JobSpec, table, train_rows: int) -> BundleSpec:
+    """The bundle spec with stats fitted on the train rows only (mean/std, hash buckets)."""
+    import pyarrow.compute as pc
+
+    fitted: list[FeatureSpec] = []
+    for raw in job.features:
+        feature = FeatureSpec.from_dict(raw)
+        if feature.column not in table.column_names:
+            fitted.append(feature)
+            continue
+        column = table.column(feature.column).slice(0, train_rows)
+        if feature.dtype in HASHED:
+            if not feature.buckets:
+                feature.buckets = choose_buckets(pc.unique(column).to_pylist())
+        elif feature.dtype in {"float", "int", "bool"}:
+            values = np.asarray(
+                pc.cast(column, "float64").to_numpy(zero_copy_only=False), dtype=np.float64
+            )
+            values = values[~np.isnan(values)]
+            if values.size:
+                feature.mean = float(values.mean())
+                std = float(values.std())
+                feature.std = std if std > 1e-12 else 1.0
+        fitted.append(feature)
+    hparams = {k: v for k, v in job.params.items() if not isinstance(v, dict | list)}
+    return BundleSpec(
+        template=job.template or "entry_point",
+        features=fitted,
+        hparams=hparams,
+        label=job.label,
+        entity_keys=dict(job.entity_keys),
+        extra={"job_id": job.job_id},
+    )
+
+
+def encode_split(spec: BundleSpec, table, label: str, slice_column: str = "") -> Split:
+    import torch
+
+    n = table.num_rows
+    columns = {name: table.column(name) for name in table.column_names}
+    dense, cat = FeatureEncoder(spec).encode(columns, n)
+    if label in table.column_names:
+        y = _to_label(table.column(label))
+    else:
+        y = np.zeros(n, dtype=np.float32)
+    slices = None
+    if slice_column and slice_column in table.column_names:
+        slices = np.asarray([str(v) for v in table.column(slice_column).to_pylist()], dtype=object)
+    return Split(
+        dense=torch.from_numpy(np.ascontiguousarray(dense)),
+        cat=torch.from_numpy(np.ascontiguousarray(cat)),
+        label=torch.from_numpy(y),
+        slices=slices,
+    )
+
+
+def holdout_rows(n: int, fraction: float) -> int:
+    if n < 2:
+        return 0
+    return min(n - 1, max(1, math.ceil(n * fraction)))
+
+
+def load(job: JobSpec, *, spec: BundleSpec | None = None) -> TrainData:
+    """Read, split (time-ordered), fit (train part only) and encode once.
+
+    ``spec`` (e.g. from a checkpoint or the base model) keeps the earlier fitted stats, so a
+    resumed or incremental run encodes exactly like the model it continues.
+    """
+    columns = [f["column"] for f in job.features] + [job.label]
+    if job.slice_column:
+        columns.append(job.slice_column)
+    table = read_table(job.dataset_path, list(dict.fromkeys(columns)))
+    n = table.num_rows
+    held = holdout_rows(n, float(job.param("holdout_fraction", 0.2)))
+    train_table, holdout_table = table.slice(0, n - held), table.slice(n - held, held)
+    if spec is None:
+        spec = fit_bundle_spec(job, table, n - held)
+    return TrainData(
+        spec=spec,
+        train=encode_split(spec, train_table, job.label),
+        holdout=encode_split(spec, holdout_table, job.label, job.slice_column),
+    )
+
+
+class BatchOrder:
+    """Which rows make batch ``step``: a permutation per epoch fixed by (seed, epoch).
+
+    The position in the data is therefore just the step number: a run resumed at step s reads
+    exactly the batches an uninterrupted run reads from step s on.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        self.n = n
+        self.batch_size = max(1, min(batch_size, n)) if n else 1
+        self.seed = seed
+        self.steps_per_epoch = max(1, math.ceil(n / self.batch_size)) if n else 0
+        self._epoch = -1
+        self._perm = None
+
+    def position(self, step: int) -> tuple[int, int]:
+        return divmod(step, self.steps_per_epoch)
+
+    def indices(self, step: int):
+        import torch
+
+        epoch, index = self.position(step)
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.n, generator=generator)
+            self._epoch = epoch
+        return self._perm[index * self.batch_size : (index + 1) * self.batch_size]

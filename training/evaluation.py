@@ -1,0 +1,208 @@
+"""Evaluation (T10) and feature importance (F10) on the held-out split.
+
+Pure numpy (and torch for scoring), no Django at import: the training child evaluates its model
+right after training. ``production_bundle_path`` asks the resolvers that right-hand apps register
+(serving registers the workspace's current production model) so the agent can score that model
+on the same held-out rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-7
+CALIBRATION_BINS = 10
+ROC_POINTS = 101
+MIN_SLICE_ROWS = 20
+
+_PRODUCTION_RESOLVERS: list[Callable[[Any], str | None]] = []
+
+
+def register_production_model_resolver(fn: Callable[[Any], str | None]) -> None:
+    """``fn(workspace) -> bundle directory or None``; serving registers its production model."""
+    if fn not in _PRODUCTION_RESOLVERS:
+        _PRODUCTION_RESOLVERS.append(fn)
+
+
+def production_bundle_path(workspace) -> str | None:
+    for resolver in _PRODUCTION_RESOLVERS:
+        path = resolver(workspace)
+        if path:
+            return str(path)
+    return None
+
+
+def auc(label: np.ndarray, score: np.ndarray) -> float | None:
+    """Area under the ROC curve (ties count half); None when one class is missing."""
+    y = np.asarray(label, dtype=np.float64) > 0.5
+    s = np.asarray(score, dtype=np.float64)
+    positives, negatives = int(y.sum()), int((~y).sum())
+    if positives == 0 or negatives == 0:
+        return None
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), dtype=np.float64)
+    sorted_s = s[order]
+    # Average ranks over ties.
+    boundaries = np.flatnonzero(np.diff(sorted_s)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(s)]])
+    average = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(average, ends - starts)
+    return float((ranks[y].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def logloss(label: np.ndarray, prob: np.ndarray) -> float:
+    y = np.asarray(label, dtype=np.float64)
+    p = np.clip(np.asarray(prob, dtype=np.float64), EPS, 1 - EPS)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))) if len(y) else float("nan")
+
+
+def roc_curve(label: np.ndarray, score: np.ndarray, points: int = ROC_POINTS) -> list[list[float]]:
+    """[[fpr, tpr], ...] at up to ``points`` thresholds (enough for a plot)."""
+    y = np.asarray(label) > 0.5
+    if y.all() or not y.any():
+        return []
+    order = np.argsort(-np.asarray(score), kind="mergesort")
+    tps = np.cumsum(y[order])
+    fps = np.cumsum(~y[order])
+    tpr, fpr = tps / tps[-1], fps / fps[-1]
+    picks = np.unique(np.linspace(0, len(y) - 1, points).astype(int))
+    curve = [[0.0, 0.0]] + [[round(float(fpr[i]), 4), round(float(tpr[i]), 4)] for i in picks]
+    return curve
+
+
+def calibration(label: np.ndarray, prob: np.ndarray, bins: int = CALIBRATION_BINS) -> list[dict]:
+    """Quantile bins of predicted CTR: mean predicted, observed rate and count in each."""
+    y = np.asarray(label, dtype=np.float64)
+    p = np.asarray(prob, dtype=np.float64)
+    if not len(y):
+        return []
+    order = np.argsort(p, kind="mergesort")
+    out = []
+    for chunk in np.array_split(order, min(bins, len(order))):
+        if len(chunk):
+            out.append(
+                {
+                    "predicted": round(float(p[chunk].mean()), 6),
+                    "observed": round(float(y[chunk].mean()), 6),
+                    "count": len(chunk),
+                }
+            )
+    return out
+
+
+def summary(label: np.ndarray, prob: np.ndarray) -> dict[str, Any]:
+    y = np.asarray(label, dtype=np.float64)
+    p = np.asarray(prob, dtype=np.float64)
+    observed = float(y.mean()) if len(y) else 0.0
+    predicted = float(p.mean()) if len(p) else 0.0
+    return {
+        "auc": auc(y, p),
+        "logloss": logloss(y, p),
+        "observed_ctr": observed,
+        "predicted_ctr": predicted,
+        "calibration_ratio": predicted / observed if observed else None,
+        "rows": len(y),
+    }
+
+
+def predict(model, dense, cat, batch_size: int = 65536) -> np.ndarray:
+    import torch
+
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for start in range(0, int(dense.shape[0]), batch_size):
+            logits = model(dense[start : start + batch_size], cat[start : start + batch_size])
+            out.append(torch.sigmoid(logits.float()).cpu().numpy())
+    if was_training:
+        model.train()
+    return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+
+
+def _feature_columns(spec) -> list[tuple[str, str, list[int]]]:
+    """(ref, "dense"|"cat", column indices) for each model input."""
+    result = []
+    offset = 0
+    for feature in spec.dense_features:
+        width = feature.dim if feature.dtype == "embedding" else 1
+        result.append((feature.ref, "dense", list(range(offset, offset + width))))
+        offset += width
+    for i, feature in enumerate(spec.categorical_features):
+        result.append((feature.ref, "cat", [i]))
+    return result
+
+
+def permutation_importance(
+    model, spec, dense, cat, label, *, seed: int = 0, repeats: int = 1
+) -> dict[str, float]:
+    """AUC lost when one feature's values are shuffled across the held-out rows (F10)."""
+    import torch
+
+    y = label.cpu().numpy()
+    base = auc(y, predict(model, dense, cat))
+    if base is None:
+        return {}
+    generator = torch.Generator().manual_seed(seed)
+    importance = {}
+    for ref, kind, columns in _feature_columns(spec):
+        drops = []
+        for _ in range(repeats):
+            perm = torch.randperm(int(dense.shape[0]), generator=generator)
+            d, c = dense, cat
+            if kind == "dense":
+                d = dense.clone()
+                d[:, columns] = dense[perm][:, columns]
+            else:
+                c = cat.clone()
+                c[:, columns] = cat[perm][:, columns]
+            drops.append(base - (auc(y, predict(model, d, c)) or 0.5))
+        importance[ref] = round(float(np.mean(drops)), 6)
+    return importance
+
+
+def evaluate(model, spec, split, *, seed: int = 0, importance: bool = True) -> dict[str, Any]:
+    """Everything the job page shows: summary, ROC, calibration, slices, importance."""
+    y = split.label.cpu().numpy()
+    prob = predict(model, split.dense, split.cat)
+    result: dict[str, Any] = {
+        "holdout": summary(y, prob),
+        "roc": roc_curve(y, prob),
+        "calibration": calibration(y, prob),
+    }
+    if split.slices is not None:
+        slices = {}
+        values, counts = np.unique(split.slices.astype(str), return_counts=True)
+        for value, count in sorted(zip(values, counts, strict=True), key=lambda t: -t[1])[:30]:
+            if count < MIN_SLICE_ROWS:
+                continue
+            mask = split.slices.astype(str) == value
+            slices[str(value)] = summary(y[mask], prob[mask])
+        result["slices"] = slices
+    if importance:
+        result["importance"] = permutation_importance(
+            model, spec, split.dense, split.cat, split.label, seed=seed
+        )
+    return result
+
+
+def evaluate_bundle(bundle_path: str, job_spec) -> dict[str, Any]:
+    """Score a stored bundle (e.g. the production model) on ``job_spec``'s held-out rows."""
+    from training import data
+    from training.bundle import load_bundle
+
+    bundle = load_bundle(bundle_path)
+    job = dataclasses.replace(
+        job_spec, features=[dataclasses.asdict(f) for f in bundle.spec.features]
+    )
+    loaded = data.load(job, spec=bundle.spec)
+    return summary(loaded.holdout.label.numpy(), predict(bundle.model, *_xs(loaded.holdout)))
+
+
+def _xs(split):
+    return split.dense, split.cat

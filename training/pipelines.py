@@ -1,0 +1,380 @@
+"""Pipelines (T2): a DAG of stages per workspace, run stage after stage with nobody in between.
+
+A pipeline's ``stages`` is a list of ``{"name", "kind", "after": [names], "params": {}}``; the
+default (``DEFAULT_STAGES``) is build_samples -> train -> evaluate -> register. Each kind has a
+handler in the registry; right-hand apps add theirs (serving registers ``register`` and
+``deploy``) with ``register_stage(kind, handler)`` in their ``AppConfig.ready``; training never
+imports them.
+
+A handler is ``handler(run: PipelineRun, stage: StageRun, context: dict) -> dict | WAIT``: the
+dict is the stage's output (merged into ``run.context`` for the stages after it); ``WAIT`` means
+"not done yet, ask me again" (the train stage waits for its job). An exception fails the stage
+and the run; ``pipeline_run_retry`` reruns from the failed stage with the context so far.
+
+``pipeline_run_advance(run_id)`` (Celery task ``training.tasks.run_pipeline``) runs every stage
+it can and re-queues itself while a stage waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from training.models import JobState, Pipeline, PipelineRun, RunState, StageRun, TrainingJob
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+
+logger = logging.getLogger(__name__)
+
+WAIT = object()
+WAIT_COUNTDOWN_S = 2.0
+MAX_STAGES = 30
+
+DEFAULT_STAGES: list[dict[str, Any]] = [
+    {"name": "build_samples", "kind": "build_samples", "after": [], "params": {}},
+    {"name": "train", "kind": "train", "after": ["build_samples"], "params": {}},
+    {"name": "evaluate", "kind": "evaluate", "after": ["train"], "params": {}},
+    {"name": "register", "kind": "register", "after": ["evaluate"], "params": {}},
+]
+
+Handler = Callable[[PipelineRun, StageRun, dict[str, Any]], Any]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def register_stage(kind: str, handler: Handler) -> None:
+    """Add or replace the handler of a stage kind (serving: ``register``, ``deploy``)."""
+    _HANDLERS[kind] = handler
+
+
+def stage_kinds() -> list[str]:
+    return sorted(_HANDLERS)
+
+
+# --- definition ---------------------------------------------------------------------------------
+
+
+def ordered_stages(stages: Any) -> list[dict[str, Any]]:
+    """Validate a stage list and return it in a topological order (ties keep list order)."""
+    if not isinstance(stages, list) or not stages:
+        raise ValidationError({"stages": "give a non-empty list of stages"})
+    if len(stages) > MAX_STAGES:
+        raise ValidationError({"stages": f"at most {MAX_STAGES} stages"})
+    names: dict[str, dict[str, Any]] = {}
+    for index, stage in enumerate(stages):
+        if not isinstance(stage, dict) or not isinstance(stage.get("name"), str):
+            raise ValidationError({f"stages.{index}": "each stage needs a name"})
+        if stage["name"] in names:
+            raise ValidationError({f"stages.{index}": f"duplicate stage {stage['name']!r}"})
+        if stage.get("kind") not in _HANDLERS:
+            raise ValidationError(
+                {f"stages.{index}.kind": f"unknown stage kind; use one of {stage_kinds()}"}
+            )
+        after = stage.get("after", [])
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise ValidationError({f"stages.{index}.after": "a list of stage names"})
+        if not isinstance(stage.get("params", {}), dict):
+            raise ValidationError({f"stages.{index}.params": "an object"})
+        names[stage["name"]] = {
+            "name": stage["name"],
+            "kind": stage["kind"],
+            "after": list(after),
+            "params": dict(stage.get("params") or {}),
+        }
+    for name, stage in names.items():
+        missing = [a for a in stage["after"] if a not in names]
+        if missing:
+            raise ValidationError({"stages": f"{name} runs after unknown stage(s) {missing}"})
+    done: list[dict[str, Any]] = []
+    placed: set[str] = set()
+    remaining = list(names.values())
+    while remaining:
+        ready = [s for s in remaining if set(s["after"]) <= placed]
+        if not ready:
+            raise ValidationError({"stages": "the stages form a cycle"})
+        for stage in ready:
+            done.append(stage)
+            placed.add(stage["name"])
+        remaining = [s for s in remaining if s["name"] not in placed]
+    return done
+
+
+@transaction.atomic
+def pipeline_create(*, actor, workspace, name: str, description: str = "", stages=None) -> Pipeline:
+    stages = ordered_stages(stages if stages is not None else DEFAULT_STAGES)
+    if Pipeline.objects.for_workspace(workspace).filter(name=name).exists():
+        raise ConflictError(f"pipeline '{name}' exists", attr="name")
+    pipeline = Pipeline(workspace=workspace, name=name, description=description, stages=stages)
+    try:
+        pipeline.full_clean(exclude=["workspace", "created_by"])
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
+    pipeline.created_by = actor if getattr(actor, "is_authenticated", False) else None
+    pipeline.save()
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="training.pipeline.created",
+        refs=[Ref.to(pipeline)],
+        payload={"stages": [s["name"] for s in stages]},
+    )
+    return pipeline
+
+
+def _dispatch(run_id: int, countdown: float = 0.0) -> None:
+    from training.tasks import run_pipeline
+
+    def send() -> None:
+        try:
+            run_pipeline.apply_async(args=[run_id], countdown=countdown)
+        except Exception:
+            logger.warning("could not queue pipeline run %s", run_id, exc_info=True)
+
+    transaction.on_commit(send)
+
+
+@transaction.atomic
+def pipeline_run_start(
+    *, actor, pipeline: Pipeline, params: dict | None = None, dispatch: bool = True
+) -> PipelineRun:
+    if params is not None and not isinstance(params, dict):
+        raise ValidationError({"params": "an object"})
+    run = PipelineRun.objects.create(
+        workspace=pipeline.workspace,
+        pipeline=pipeline,
+        state=RunState.RUNNING,
+        params=params or {},
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    StageRun.objects.bulk_create(
+        [
+            StageRun(
+                workspace=pipeline.workspace, run=run, name=s["name"], kind=s["kind"], position=i
+            )
+            for i, s in enumerate(ordered_stages(pipeline.stages))
+        ]
+    )
+    event_record(
+        actor=actor,
+        workspace=pipeline.workspace,
+        verb="training.pipeline_run.started",
+        refs=[Ref.to(run), Ref.to(pipeline, role="input")],
+        payload={"params": params or {}},
+    )
+    if dispatch:
+        _dispatch(run.pk)
+    return run
+
+
+@transaction.atomic
+def pipeline_run_retry(*, actor, run: PipelineRun, dispatch: bool = True) -> PipelineRun:
+    """Rerun a failed run from its failed stage (the stages before it keep their outputs)."""
+    locked = PipelineRun.objects.for_workspace(run.workspace_id).select_for_update().get(pk=run.pk)
+    if locked.state != RunState.FAILED:
+        raise ConflictError(f"run {locked.pk} is {locked.state}, not failed", attr="state")
+    stages = StageRun.objects.for_workspace(run.workspace_id).filter(run=locked)
+    failed = stages.filter(state=RunState.FAILED).order_by("position").first()
+    start = failed.position if failed else 0
+    stages.filter(position__gte=start).update(
+        state=RunState.PENDING, error="", started_at=None, finished_at=None
+    )
+    locked.state = RunState.RUNNING
+    locked.error = ""
+    locked.finished_at = None
+    locked.save(update_fields=["state", "error", "finished_at"])
+    event_record(
+        actor=actor,
+        workspace=locked.workspace,
+        verb="training.pipeline_run.retried",
+        refs=[Ref.to(locked)],
+        payload={"from_stage": failed.name if failed else ""},
+    )
+    if dispatch:
+        _dispatch(locked.pk)
+    run.state = locked.state
+    return locked
+
+
+def _finish_run(run: PipelineRun, state: str, error: str = "") -> None:
+    with transaction.atomic():
+        run.state = state
+        run.error = error[:5000]
+        run.finished_at = timezone.now()
+        run.save(update_fields=["state", "error", "finished_at", "context"])
+        event_record(
+            actor=None,
+            workspace=run.workspace,
+            verb=f"training.pipeline_run.{state}",
+            refs=[Ref.to(run)],
+            payload={"error": error[:500], "context": run.context},
+        )
+
+
+def pipeline_run_advance(run_id: int, *, dispatch: bool = True) -> str:
+    """Run the stages that can run now; returns the run's state."""
+    run = PipelineRun.objects.unscoped().select_related("workspace", "pipeline").get(pk=run_id)
+    if run.state != RunState.RUNNING:
+        return run.state
+    for stage in StageRun.objects.for_workspace(run.workspace_id).filter(run=run):
+        if stage.state in {RunState.SUCCEEDED, RunState.SKIPPED}:
+            continue
+        handler = _HANDLERS.get(stage.kind)
+        if stage.state == RunState.PENDING:
+            stage.state = RunState.RUNNING
+            stage.attempts += 1
+            stage.started_at = timezone.now()
+            stage.save(update_fields=["state", "attempts", "started_at"])
+        try:
+            if handler is None:
+                raise RuntimeError(f"no handler for stage kind {stage.kind!r}")
+            output = handler(run, stage, dict(run.context))
+        except Exception as exc:
+            logger.info("pipeline run %s stage %s failed", run.pk, stage.name, exc_info=True)
+            message = _message(exc)
+            stage.state = RunState.FAILED
+            stage.error = message[:5000]
+            stage.finished_at = timezone.now()
+            stage.save(update_fields=["state", "error", "finished_at", "output"])
+            _finish_run(run, RunState.FAILED, f"{stage.name}: {message}")
+            return run.state
+        if output is WAIT:
+            stage.save(update_fields=["output"])
+            if dispatch:
+                with transaction.atomic():
+                    _dispatch(run.pk, WAIT_COUNTDOWN_S)
+            return run.state
+        stage.output = {**stage.output, **(output or {})}
+        stage.state = RunState.SUCCEEDED
+        stage.finished_at = timezone.now()
+        stage.save(update_fields=["state", "output", "finished_at"])
+        run.context = {**run.context, **(output or {})}
+        run.save(update_fields=["context"])
+    _finish_run(run, RunState.SUCCEEDED)
+    return run.state
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{k}: {v}" for k, v in getattr(exc, "message_dict", {}).items()) or str(
+            exc
+        )
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _param(run: PipelineRun, stage: StageRun, name: str, default: Any = None) -> Any:
+    stage_params = next(
+        (s.get("params", {}) for s in run.pipeline.stages if s["name"] == stage.name), {}
+    )
+    return run.params.get(
+        f"{stage.name}.{name}", stage_params.get(name, run.params.get(name, default))
+    )
+
+
+# --- built-in stages ----------------------------------------------------------------------------
+
+
+def build_samples(run: PipelineRun, stage: StageRun, context: dict) -> dict:
+    """A new version of the named dataset over the newest data (same label and features), or a
+    given ``dataset_id`` as is."""
+    from features import samples
+    from features.models import Dataset, DatasetStatus
+
+    dataset_id = _param(run, stage, "dataset_id")
+    if dataset_id:
+        dataset = Dataset.objects.for_workspace(run.workspace).get(pk=dataset_id)
+    else:
+        name = _param(run, stage, "dataset")
+        if not name:
+            raise ValidationError({"dataset": "give params.dataset (a name) or dataset_id"})
+        latest = Dataset.objects.for_workspace(run.workspace).filter(name=name).first()
+        if latest is None:
+            raise ValidationError({"dataset": f"no dataset '{name}'"})
+        dataset = samples.dataset_create(
+            actor=None,
+            workspace=run.workspace,
+            name=name,
+            label_group=latest.label_group,
+            label_columns=list(latest.label_columns),
+            feature_refs=list(latest.feature_refs),
+        )
+    if dataset.status != DatasetStatus.READY:
+        raise RuntimeError(f"dataset {dataset} is {dataset.status}: {dataset.error[:300]}")
+    return {"dataset_id": dataset.pk, "rows": dataset.row_count}
+
+
+def train(run: PipelineRun, stage: StageRun, context: dict) -> Any:
+    """Submit a training job (first call), then wait until it ends."""
+    from features.models import Dataset
+    from training.services import job_create
+
+    job_id = stage.output.get("job_id")
+    if not job_id:
+        dataset = Dataset.objects.for_workspace(run.workspace).get(pk=context["dataset_id"])
+        base = None
+        if _param(run, stage, "incremental", False):
+            base = (
+                TrainingJob.objects.for_workspace(run.workspace)
+                .filter(state=JobState.SUCCEEDED, template=_param(run, stage, "template", ""))
+                .first()
+            )
+        job = job_create(
+            actor=None,
+            workspace=run.workspace,
+            name=f"{run.pipeline.name}-run{run.pk}"[:63],
+            dataset=dataset,
+            template=_param(run, stage, "template", "fine_ranking"),
+            params=dict(_param(run, stage, "train_params", {}) or {}),
+            base_job=base,
+            priority_class=_param(run, stage, "priority_class", "production"),
+        )
+        stage.output = {"job_id": job.pk}
+        return WAIT
+    job = TrainingJob.objects.for_workspace(run.workspace).get(pk=job_id)
+    if job.state == JobState.SUCCEEDED:
+        return {"job_id": job.pk, "model_path": job.model_path}
+    if job.state in {JobState.FAILED, JobState.CANCELLED}:
+        raise RuntimeError(f"training job {job.pk} {job.state}: {job.state_reason}")
+    return WAIT
+
+
+def evaluate(run: PipelineRun, stage: StageRun, context: dict) -> dict:
+    """The job's held-out metrics; ``min_auc`` and ``max_auc_drop`` (vs production) gate."""
+    job = TrainingJob.objects.for_workspace(run.workspace).get(pk=context["job_id"])
+    holdout = (job.metrics or {}).get("holdout") or {}
+    auc = holdout.get("auc")
+    min_auc = _param(run, stage, "min_auc")
+    if min_auc is not None and (auc is None or auc < float(min_auc)):
+        raise RuntimeError(f"held-out AUC {auc} is below the gate {min_auc}")
+    delta = (job.metrics or {}).get("auc_delta_vs_production")
+    max_drop = _param(run, stage, "max_auc_drop")
+    if max_drop is not None and delta is not None and delta < -float(max_drop):
+        raise RuntimeError(f"AUC is {-delta:.4f} below the production model's")
+    return {"auc": auc, "logloss": holdout.get("logloss"), "auc_delta_vs_production": delta}
+
+
+def register_candidate(run: PipelineRun, stage: StageRun, context: dict) -> dict:
+    """Fallback until serving registers its handler: mark the model as the run's candidate."""
+    with transaction.atomic():
+        job = TrainingJob.objects.for_workspace(run.workspace).get(pk=context["job_id"])
+        event_record(
+            actor=None,
+            workspace=run.workspace,
+            verb="training.candidate.selected",
+            refs=[Ref.to(job, role="input"), Ref.to(run)],
+            payload={"model_path": job.model_path},
+        )
+    return {"candidate_job_id": job.pk}
+
+
+# Built-ins never replace a handler another app registered first (serving's "register").
+for _kind, _handler in (
+    ("build_samples", build_samples),
+    ("train", train),
+    ("evaluate", evaluate),
+    ("register", register_candidate),
+):
+    _HANDLERS.setdefault(_kind, _handler)

@@ -1,0 +1,317 @@
+"""The training child: ``python -m training.runner <work_dir>/spec.json``.
+
+The node agent starts it with the job's devices (``CUDA_VISIBLE_DEVICES``) and reads its stdout:
+one JSON object per line (``progress``, ``metric``, ``checkpoint``, ``log``, ``done``,
+``stopped``). It never touches the database; the agent owns the job row and MLflow.
+
+Checkpoints (``<work_dir>/checkpoint.pt``) are written to a temporary name and renamed, every
+``checkpoint_every_steps`` steps or ``checkpoint_every_s`` seconds and on SIGTERM; they hold the
+model and optimiser state, the step (which fixes the data position, see ``data.BatchOrder``), the
+torch RNG state and the fitted bundle spec. A restarted run loads it and continues from the same
+step, so an interrupted run ends with the same model as an uninterrupted one with the same seed.
+
+Exit codes: 0 done, ``EXIT_STOPPED`` checkpointed and stopped on SIGTERM, anything else failed.
+
+User entry points follow the same contract as a template: the module (dotted path or a ``.py``
+file) defines ``build(spec: BundleSpec) -> torch.nn.Module`` (``forward(dense, cat)`` -> logits,
+optionally ``training_loss(dense, cat, label)``); it is registered as template ``entry_point``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXIT_STOPPED = 3
+CHECKPOINT_FORMAT = "rankops-checkpoint/1"
+
+
+class Emitter:
+    """JSON lines to a stream (the agent reads them); a callable sink in-process."""
+
+    def __init__(self, sink: Callable[[dict], None] | None = None, stream=None) -> None:
+        self.sink = sink
+        self.stream = stream
+
+    def __call__(self, kind: str, **data: Any) -> None:
+        event = {"type": kind, **data}
+        if self.sink is not None:
+            self.sink(event)
+        if self.stream is not None:
+            self.stream.write(json.dumps(event, default=float) + "\n")
+            self.stream.flush()
+
+
+class StopFlag:
+    def __init__(self) -> None:
+        self.requested = False
+
+    def set(self, *_args) -> None:
+        self.requested = True
+
+
+def load_entry_point(target: str) -> None:
+    """Import user code and register its ``build`` as the ``entry_point`` template."""
+    from training.bundle import register_template
+
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location("rankops_entry_point", target)
+        if module_spec is None or module_spec.loader is None:
+            raise RuntimeError(f"cannot load entry point {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise RuntimeError("an entry point must define build(spec) -> torch.nn.Module")
+    register_template("entry_point")(build)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _device(job) -> Any:
+    import torch
+
+    wanted = str(job.param("device", "auto"))
+    if wanted == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(wanted)
+
+
+def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
+    """Run (or resume) the job described by ``job`` (a ``data.JobSpec``). Returns an exit code."""
+    import torch
+    from torch.nn import functional as F
+
+    from training import data, evaluation
+    from training.bundle import BundleSpec, build_model, load_bundle, save_bundle
+
+    stop = stop or StopFlag()
+    seed = int(job.param("seed", 0))
+    threads = int(job.param("threads", 0))
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    if job.entry_point:
+        load_entry_point(job.entry_point)
+    device = _device(job)
+    work = Path(job.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+
+    checkpoint = None
+    if job.checkpoint_file.exists():
+        checkpoint = torch.load(job.checkpoint_file, map_location="cpu", weights_only=True)
+        if checkpoint.get("format") != CHECKPOINT_FORMAT:
+            checkpoint = None
+    base = load_bundle(job.base_model_path) if job.base_model_path and checkpoint is None else None
+
+    spec = None
+    if checkpoint is not None:
+        spec = BundleSpec.from_json(json.loads(checkpoint["spec"]))
+    elif base is not None:
+        # Incremental training keeps the base model's encoding (buckets, mean/std).
+        spec = base.spec
+        spec.template = job.template or spec.template
+    started = time.monotonic()
+    loaded = data.load(job, spec=spec)
+    spec = loaded.spec
+    spec.extra = {**spec.extra, "job_id": job.job_id}
+    emit(
+        "log",
+        message=f"data: {loaded.train.n} train rows, {loaded.holdout.n} held out "
+        f"({time.monotonic() - started:.2f}s)",
+    )
+    if loaded.train.n == 0:
+        emit("log", message="the dataset has no training rows")
+        return 2
+
+    model = build_model(spec)
+    if base is not None:
+        model.load_state_dict(base.model.state_dict())
+        emit("log", message=f"incremental: starting from {job.base_model_path}")
+    model.to(device)
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=float(job.param("lr", 0.01)),
+        weight_decay=float(job.param("weight_decay", 0.0)),
+    )
+    order = data.BatchOrder(loaded.train.n, int(job.param("batch_size", 512)), seed)
+    epochs = int(job.param("epochs", 2))
+    total = int(job.param("max_steps", 0)) or epochs * order.steps_per_epoch
+    step = 0
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        step = int(checkpoint["step"])
+        torch.set_rng_state(checkpoint["rng"])
+        emit("log", message=f"resumed from checkpoint at step {step}")
+
+    train_x = loaded.train
+    dense_all, cat_all, y_all = (
+        train_x.dense.to(device),
+        train_x.cat.to(device),
+        train_x.label.to(device),
+    )
+    every_steps = int(job.param("checkpoint_every_steps", 200))
+    every_s = float(job.param("checkpoint_every_s", 30.0))
+    log_every = max(1, int(job.param("log_every_steps", 10)))
+    custom_loss = getattr(model, "training_loss", None)
+    # A throttle for demos and tests that need a run to last a while (0: full speed).
+    step_sleep_s = float(job.param("step_sleep_s", 0.0))
+    epoch_eval = bool(job.param("epoch_eval", True))
+    eval_s = 0.0
+
+    def save_checkpoint(at: int) -> None:
+        _atomic_save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "optimizer": optimizer.state_dict(),
+                "step": at,
+                "rng": torch.get_rng_state(),
+                "spec": json.dumps(spec.to_json()),
+            },
+            job.checkpoint_file,
+        )
+        emit("checkpoint", step=at, path=str(job.checkpoint_file))
+
+    emit(
+        "start",
+        total_steps=total,
+        step=step,
+        steps_per_epoch=order.steps_per_epoch,
+        train_rows=train_x.n,
+        holdout_rows=loaded.holdout.n,
+        device=str(device),
+    )
+    model.train()
+    window_start, window_samples = time.monotonic(), 0
+    train_start, train_samples = time.monotonic(), 0
+    last_checkpoint = time.monotonic()
+    running_loss, running_n = 0.0, 0
+    while step < total:
+        if stop.requested:
+            save_checkpoint(step)
+            emit("stopped", step=step)
+            return EXIT_STOPPED
+        index = order.indices(step).to(device)
+        dense, cat, label = dense_all[index], cat_all[index], y_all[index]
+        if custom_loss is not None:
+            loss = custom_loss(dense, cat, label)
+        else:
+            loss = F.binary_cross_entropy_with_logits(model(dense, cat), label)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step_sleep_s:
+            time.sleep(step_sleep_s)
+        window_samples += int(index.shape[0])
+        train_samples += int(index.shape[0])
+        running_loss += float(loss.detach()) * int(index.shape[0])
+        running_n += int(index.shape[0])
+        epoch, _ = order.position(step - 1)
+        if step % log_every == 0 or step == total:
+            now = time.monotonic()
+            rate = window_samples / max(now - window_start, 1e-9)
+            steps_left = total - step
+            per_step = (now - train_start) / max(step - (checkpoint or {}).get("step", 0), 1)
+            emit(
+                "progress",
+                step=step,
+                total_steps=total,
+                epoch=epoch,
+                loss=running_loss / max(running_n, 1),
+                samples_per_s=rate,
+                eta_s=steps_left * per_step,
+                gpu_memory_mb=(
+                    torch.cuda.max_memory_allocated(device) // (1024 * 1024)
+                    if device.type == "cuda"
+                    else 0
+                ),
+            )
+            window_start, window_samples = now, 0
+            running_loss, running_n = 0.0, 0
+        if step < total and (
+            step % every_steps == 0 or time.monotonic() - last_checkpoint >= every_s
+        ):
+            save_checkpoint(step)
+            last_checkpoint = time.monotonic()
+        if step % order.steps_per_epoch == 0 and loaded.holdout.n and epoch_eval:
+            eval_start = time.monotonic()
+            prob = evaluation.predict(
+                model, loaded.holdout.dense.to(device), loaded.holdout.cat.to(device)
+            )
+            y = loaded.holdout.label.numpy()
+            emit("metric", step=step, name="holdout_auc", value=evaluation.auc(y, prob))
+            emit("metric", step=step, name="holdout_logloss", value=evaluation.logloss(y, prob))
+            eval_s += time.monotonic() - eval_start
+    # Training throughput: the time spent in evaluation between epochs is not training time.
+    elapsed = time.monotonic() - train_start - eval_s
+    train_rate = train_samples / elapsed if elapsed > 0 else 0.0
+    save_checkpoint(step)
+
+    model.to("cpu")
+    metrics: dict[str, Any] = {
+        "train_samples_per_s": train_rate,
+        "steps": step,
+        "epoch_eval_s": eval_s,
+    }
+    if loaded.holdout.n:
+        holdout = loaded.holdout
+        metrics.update(
+            evaluation.evaluate(
+                model,
+                spec,
+                holdout,
+                seed=seed,
+                importance=bool(job.param("importance", True)),
+            )
+        )
+    spec.extra = {**spec.extra, "holdout": metrics.get("holdout", {})}
+    save_bundle(job.model_dir, model, spec)
+    emit("done", step=step, metrics=metrics, model_path=str(job.model_dir))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from training.data import JobSpec
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m training.runner <spec.json>", file=sys.stderr)
+        return 2
+    job = JobSpec.from_json(Path(args[0]).read_text())
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop.set)
+    out = sys.stdout
+    # Anything a library prints goes to stderr (the log); stdout carries only events.
+    sys.stdout = sys.stderr
+    emit = Emitter(stream=out)
+    try:
+        return train(job, emit=emit, stop=stop)
+    except Exception as exc:  # noqa: BLE001 - reported to the agent, then exit 1
+        import traceback
+
+        traceback.print_exc()
+        emit("error", message=f"{type(exc).__name__}: {exc}"[:2000])
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

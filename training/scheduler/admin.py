@@ -1,0 +1,145 @@
+"""Admin console: quotas, scheduling records, the over-quota audit list, lending."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from training.models import NodeState
+from training.scheduler import services
+from training.scheduler.lending import reclaim_node, utilisation
+from training.scheduler.models import (
+    JobScheduling,
+    LendingLease,
+    ManagedNode,
+    NodeHealth,
+    NodeLending,
+    OverQuotaJob,
+    WorkspaceQuota,
+)
+
+
+class UnscopedAdmin(admin.ModelAdmin):
+    """The admin console reads platform-wide, deliberately."""
+
+    def get_queryset(self, request):
+        manager = self.model._default_manager
+        qs = manager.unscoped() if hasattr(manager, "unscoped") else manager.all()
+        return qs
+
+
+@admin.register(WorkspaceQuota)
+class WorkspaceQuotaAdmin(UnscopedAdmin):
+    list_display = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "updated_at")
+    list_filter = ("gpu_type",)
+
+
+@admin.register(JobScheduling)
+class JobSchedulingAdmin(UnscopedAdmin):
+    list_display = ("job", "workspace", "reason", "policy", "placements", "preemptions", "borrowed")
+    list_filter = ("policy", "borrowed", "over_quota")
+    readonly_fields = ("job", "workspace", "gang_nodes", "victims", "recommendation")
+
+
+@admin.register(OverQuotaJob)
+class OverQuotaJobAdmin(UnscopedAdmin):
+    list_display = (
+        "job",
+        "workspace",
+        "job_priority",
+        "job_state",
+        "flagged_at",
+        "reviewed_at",
+        "reviewed_by",
+    )
+    list_filter = ("reviewed_at",)
+    actions = ["mark_reviewed"]
+    readonly_fields = ("job", "workspace", "reason", "flagged_at", "reviewed_at", "reviewed_by")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(over_quota=True).select_related("job")
+
+    @admin.display(description="class")
+    def job_priority(self, obj):
+        return obj.job.priority_class
+
+    @admin.display(description="state")
+    def job_state(self, obj):
+        return obj.job.state
+
+    @admin.action(description="Mark as reviewed")
+    def mark_reviewed(self, request, queryset):
+        for item in queryset:
+            services.over_quota_review(actor=request.user, scheduling=item)
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(LendingLease)
+class LendingLeaseAdmin(UnscopedAdmin):
+    list_display = ("node", "job", "gpu_milli", "started_at", "ended_at", "end_reason")
+    change_list_template = "scheduler/admin_lending_changelist.html"
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "lending": utilisation(days=7)}
+        return super().changelist_view(request, extra_context=extra_context)
+
+
+@admin.register(NodeLending)
+class NodeLendingAdmin(admin.ModelAdmin):
+    list_display = ("node", "reclaimed_until", "reclaim_reason")
+
+
+@admin.register(NodeHealth)
+class NodeHealthAdmin(admin.ModelAdmin):
+    list_display = ("node", "acknowledged_failures", "cordoned_at")
+
+
+@admin.register(ManagedNode)
+class ManagedNodeAdmin(admin.ModelAdmin):
+    """Cordon or make ready, declare inference nodes and their lending windows, reclaim."""
+
+    list_display = (
+        "name",
+        "kind",
+        "state",
+        "state_reason",
+        "cpu_milli",
+        "memory_mb",
+        "gpu_count",
+        "failure_count",
+        "last_heartbeat",
+    )
+    list_filter = ("kind", "state")
+    fields = (
+        "name",
+        "queue",
+        "kind",
+        "state",
+        "state_reason",
+        "lending_windows",
+        "labels",
+        "cpu_milli",
+        "memory_mb",
+        "gpus",
+        "failure_count",
+        "last_heartbeat",
+    )
+    readonly_fields = ("name", "queue", "cpu_milli", "memory_mb", "gpus", "last_heartbeat")
+    actions = ["cordon", "make_ready", "reclaim"]
+
+    def has_add_permission(self, request):
+        return False  # nodes register themselves through their agent's heartbeat
+
+    @admin.action(description="Cordon (no new jobs)")
+    def cordon(self, request, queryset):
+        queryset.update(state=NodeState.CORDONED, state_reason=f"cordoned by {request.user}")
+
+    @admin.action(description="Make ready")
+    def make_ready(self, request, queryset):
+        queryset.update(state=NodeState.READY, state_reason=f"made ready by {request.user}")
+
+    @admin.action(description="Reclaim lent capacity (preempt borrowed jobs)")
+    def reclaim(self, request, queryset):
+        for node in queryset:
+            reclaim_node(node=node, reason=f"reclaimed by {request.user}")

@@ -1,0 +1,152 @@
+"""Reads for the queue view, the API and the cluster view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.models import PRIORITY_RANK, JobState, Node, NodeKind, TrainingJob
+from training.scheduler.admission import job_usage, workspace_usage
+from training.scheduler.inventory import build_cluster, holding_jobs, job_request
+from training.scheduler.models import JobScheduling, WorkspaceQuota
+
+QUEUE_STATES = (
+    JobState.PENDING,
+    JobState.ADMITTED,
+    JobState.PLACED,
+    JobState.RUNNING,
+    JobState.PREEMPTED,
+)
+WAITING = (JobState.PENDING, JobState.ADMITTED, JobState.PREEMPTED)
+
+
+def _reason(job: TrainingJob, sched: JobScheduling | None) -> str:
+    if job.state == JobState.PENDING and not sched:
+        return "waiting for the next scheduler tick"
+    if job.state == JobState.RUNNING and job.stop_requested:
+        return f"stopping ({job.stop_requested}): checkpointing"
+    if job.state == JobState.RUNNING:
+        text = f"running on {job.node.name}" if job.node else "running"
+        if job.over_quota:
+            text += "; over quota, running preemptible"
+        if sched and sched.borrowed:
+            text += " (borrowed inference capacity)"
+        return text
+    if job.state == JobState.PREEMPTED:
+        return f"preempted at step {job.checkpoint_step}; requeued at the next tick"
+    return (sched.reason if sched else "") or job.state_reason or job.state
+
+
+def queue_of(*, workspace) -> list[dict[str, Any]]:
+    """The workspace's active jobs in scheduling order, with positions for the waiting ones."""
+    jobs = list(
+        TrainingJob.objects.for_workspace(workspace)
+        .filter(state__in=QUEUE_STATES)
+        .select_related("node")
+        .order_by("created_at", "id")
+    )
+    scheds = {
+        s.job_id: s
+        for s in JobScheduling.objects.for_workspace(workspace).filter(
+            job_id__in=[j.pk for j in jobs]
+        )
+    }
+    waiting = sorted(
+        (j for j in jobs if j.state in WAITING),
+        key=lambda j: (-PRIORITY_RANK[j.priority_class], j.created_at, j.pk),
+    )
+    position = {j.pk: i + 1 for i, j in enumerate(waiting)}
+    rows = []
+    for job in sorted(jobs, key=lambda j: (j.state not in WAITING, position.get(j.pk, 0), j.pk)):
+        sched = scheds.get(job.pk)
+        rows.append(
+            {
+                "id": job.pk,
+                "name": job.name,
+                "state": job.state,
+                "priority_class": job.priority_class,
+                "position": position.get(job.pk),
+                "request": job_request(job).describe(),
+                "cpu_milli": job.cpu_milli,
+                "memory_mb": job.memory_mb,
+                "gpu_count": job.gpu_count,
+                "gpu_milli": job.gpu_milli,
+                "gpu_type": job.gpu_type,
+                "workers": job.workers,
+                "node": job.node.name if job.node else None,
+                "over_quota": job.over_quota,
+                "preemptible": job.preemptible,
+                "borrowed": bool(sched and sched.borrowed),
+                "preemptions": sched.preemptions if sched else 0,
+                "reason": _reason(job, sched),
+                "created_at": job.created_at,
+            }
+        )
+    return rows
+
+
+def quotas_of(*, workspace) -> list[dict[str, Any]]:
+    usage = workspace_usage(workspace.pk)
+    rows = []
+    for quota in WorkspaceQuota.objects.for_workspace(workspace).order_by("gpu_type"):
+        used = usage.get(quota.gpu_type, {})
+        rows.append(
+            {
+                "gpu_type": quota.gpu_type,
+                "cpu_milli": quota.cpu_milli,
+                "memory_mb": quota.memory_mb,
+                "gpu_milli": quota.gpu_milli,
+                "used_cpu_milli": used.get("cpu_milli", 0),
+                "used_memory_mb": used.get("memory_mb", 0),
+                "used_gpu_milli": used.get("gpu_milli", 0),
+                "updated_at": quota.updated_at,
+            }
+        )
+    return rows
+
+
+def cluster_overview() -> dict[str, Any]:
+    """Every node with its inventory, per-GPU allocation and fragmentation (staff view)."""
+    nodes = list(Node.objects.order_by("kind", "name"))
+    holding = holding_jobs()
+    recent = list(TrainingJob.objects.unscoped().order_by("-created_at")[:500])
+    cluster, on_node = build_cluster(nodes, holding, workload_jobs=recent)
+    frag = (
+        cluster.fragmentation_of(cluster.free, cluster.cpu, cluster.mem, cluster.typ)
+        if len(nodes)
+        else []
+    )
+    rows = []
+    for i, node in enumerate(nodes):
+        gpus = []
+        for slot, g in enumerate(sorted(node.gpus or [], key=lambda g: int(g.get("index", 0)))):
+            free = int(cluster.free[i, slot])
+            gpus.append(
+                {
+                    "index": int(g.get("index", slot)),
+                    "type": g.get("type", ""),
+                    "allocated_milli": 1000 - free,
+                    "hue": int(120 - 120 * (1000 - free) / 1000),
+                }
+            )
+        jobs = on_node.get(node.pk, [])
+        rows.append(
+            {
+                "node": node,
+                "gpus": gpus,
+                "cpu_used": node.cpu_milli - int(cluster.cpu[i]),
+                "memory_used": node.memory_mb - int(cluster.mem[i]),
+                "jobs": [
+                    {"id": j.pk, "name": j.name, "workspace": j.workspace_id, **job_usage(j)}
+                    for j in jobs
+                ],
+                "fragmentation_milli": round(float(frag[i]), 1) if len(nodes) else 0.0,
+            }
+        )
+    capacity = cluster.gpu_capacity_milli if len(nodes) else 0
+    return {
+        "nodes": rows,
+        "gpu_capacity": capacity // 1000,
+        "gpu_allocated": (capacity - cluster.gpu_free_milli) / 1000 if len(nodes) else 0,
+        "fragmentation_share": round(cluster.fragmentation(), 4) if capacity else 0.0,
+        "inference_nodes": sum(1 for n in nodes if n.kind == NodeKind.INFERENCE),
+    }

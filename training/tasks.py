@@ -1,0 +1,66 @@
+"""Celery tasks of the training app.
+
+``run_job`` is what the scheduler dispatches to a node's queue
+(``run_job.apply_async(args=[job.pk], queue=node.queue)``); the worker consuming that queue is
+the node's agent. A worker that consumes any ``node.<name>`` queue also starts that node's
+heartbeat on ``worker_ready``.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+from celery.contrib.testing.worker import test_worker_started
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from django.db import connection
+
+from training import agent
+
+
+@shared_task(name="training.tasks.run_job", acks_late=True, bind=True)
+def run_job(self, job_id: int) -> str:
+    try:
+        return agent.execute_job(int(job_id))
+    finally:
+        # A job runs for minutes to hours: hand the connection back rather than hold it idle
+        # (only on a worker; a direct or eager call shares its caller's connection).
+        if not (self.request.called_directly or self.request.is_eager):
+            connection.close()
+
+
+@shared_task(name="training.tasks.run_pipeline")
+def run_pipeline(run_id: int) -> str:
+    from training import pipelines
+
+    return pipelines.pipeline_run_advance(run_id)
+
+
+@shared_task(name="training.tasks.run_candidate_evaluation")
+def run_candidate_evaluation(evaluation_id: int) -> str:
+    from training import candidates
+
+    return candidates.candidate_evaluate(evaluation_id)
+
+
+@worker_ready.connect
+def _start_node_heartbeats(sender=None, **_kwargs) -> None:
+    if sender is not None:
+        agent.start_heartbeats(sender)
+
+
+# Celery's embedded test worker (celery.contrib.testing) announces itself with its own signal
+# instead of worker_ready; a node queue consumed there beats the same way.
+@test_worker_started.connect
+def _start_node_heartbeats_in_test_worker(consumer=None, **_kwargs) -> None:
+    if consumer is not None:
+        agent.start_heartbeats(consumer)
+
+
+@worker_shutdown.connect
+def _stop_node_heartbeats(**_kwargs) -> None:
+    agent.HEARTBEATS.shutdown()
+
+
+@worker_shutting_down.connect
+def _checkpoint_running_jobs(**_kwargs) -> None:
+    """SIGTERM to the worker: running children checkpoint and stop; their jobs are preempted."""
+    agent.SHUTTING_DOWN.set()

@@ -1,0 +1,99 @@
+"""The training pages in a real browser: the job list's progress bar and the job page's loss
+curve move while a job runs; when it ends the page shows the evaluation plots."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from training import agent
+from training.models import TrainingJob
+from training.services import job_create
+from training.tests.factories import FAST, make_demo_dataset, make_node, place
+from workspaces.models import Role
+from workspaces.testing.factories import TEST_PASSWORD, make_member
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def chromium():
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM),
+                args=[
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                ],
+            )
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+def test_live_progress_and_curves(chromium, live_server, workspace):
+    user = make_member(workspace, Role.VIEWER, username="viewer-ui")
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    job = job_create(
+        actor=None,
+        workspace=workspace,
+        name="live",
+        dataset=dataset,
+        template="fine_ranking",
+        params={**FAST, "epochs": 4, "batch_size": 32, "step_sleep_s": 0.04},
+    )
+    place(job, make_node())
+    context = chromium.new_context(base_url=live_server.url)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+
+    def run() -> None:
+        from django.db import connection
+
+        try:
+            agent.execute_job(job.pk)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        page.goto(f"/w/{workspace.slug}/training/")
+        row = page.locator(f'tr[data-job="{job.pk}"]')
+        expect(row.locator('[data-field="state"]')).to_have_text("running")
+        bar = f'tr[data-job="{job.pk}"] [data-field="progress"]'
+        page.wait_for_function(
+            f"() => {{ const b = document.querySelector('{bar}');"
+            " return b && parseFloat(b.style.width) > 0; }"
+        )
+        page.get_by_role("link", name=f"live #{job.pk}").click()
+        page.wait_for_function(
+            "() => { const l = document.querySelector('#chart-loss polyline');"
+            " return l && l.getAttribute('points').split(' ').length >= 2; }"
+        )
+        # When the job ends the page reloads itself and shows the evaluation.
+        expect(page.locator('[data-testid="roc"] polyline')).to_have_count(1, timeout=60_000)
+        expect(page.locator("#job-state")).to_have_text("succeeded")
+    finally:
+        thread.join(120)
+        context.close()
+    assert TrainingJob.objects.for_workspace(workspace).get(pk=job.pk).state == "succeeded"

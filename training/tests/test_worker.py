@@ -1,0 +1,84 @@
+"""A real Celery worker (not eager) on a node queue takes a job from pending to succeeded:
+the heartbeat registers the node, progress rows land in the database, metrics in MLflow."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+
+from config.celery import app
+from training import agent
+from training.models import JobMetric, JobState, Node, TrainingJob
+from training.tasks import run_job
+from training.tests.factories import FAST, make_demo_dataset, place
+from workspaces.models import Role
+from workspaces.testing.factories import make_member
+
+pytestmark = pytest.mark.celery_worker
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    client = client_for(make_member(workspace, Role.DEVELOPER))
+    response = client.post(
+        f"/api/v1/workspaces/{workspace.slug}/training-jobs/",
+        {"name": "worker-job", "template": "fine_ranking", "dataset": dataset.pk, "params": FAST},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    job = TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
+    assert job.state == JobState.PENDING
+
+    name = f"t{uuid.uuid4().hex[:10]}"
+    queue = f"node.{name}"
+    try:
+        _run_on_worker(job, name, queue)
+    finally:
+        agent.HEARTBEATS.shutdown()  # the test worker sends no worker_shutdown
+    _check_results(workspace, job, client)
+
+
+def _run_on_worker(job, name, queue):
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+        deadline = time.monotonic() + 30
+        while not Node.objects.filter(name=name).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        node = Node.objects.get(name=name)  # registered by the agent's heartbeat
+        assert node.queue == queue and node.cpu_milli > 0 and node.memory_mb > 0
+        place(job, node)
+        run_job.apply_async(args=[job.pk], queue=queue)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            job.refresh_from_db()
+            if job.is_terminal:
+                break
+            time.sleep(0.2)
+
+
+def _check_results(workspace, job, client):
+    from mlflow.tracking import MlflowClient
+
+    assert job.state == JobState.SUCCEEDED, job.state_reason
+    assert job.step == job.total_steps > 0
+    assert job.samples_per_s > 0 and job.metrics["holdout"]["auc"] is not None
+    rows = JobMetric.objects.for_workspace(workspace).filter(job=job)
+    assert rows.filter(name="loss").count() >= 2
+    assert rows.filter(name="holdout_auc").exists()
+
+    tracking = MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI)
+    run = tracking.get_run(job.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["template"] == "fine_ranking"
+    assert "loss" in run.data.metrics and "final_auc" in run.data.metrics
+    history = tracking.get_metric_history(job.mlflow_run_id, "loss")
+    assert len(history) >= 2
+    artifacts = [a.path for a in tracking.list_artifacts(job.mlflow_run_id, "model")]
+    assert "model/spec.json" in artifacts and "model/weights.pt" in artifacts
+
+    detail = client.get(f"/api/v1/workspaces/{workspace.slug}/training-jobs/{job.pk}/metrics/")
+    assert detail.status_code == 200 and any(r["name"] == "loss" for r in detail.json())

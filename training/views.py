@@ -1,0 +1,290 @@
+"""Browser UI of training: the job list with live progress, a job's page (curves, evaluation
+plots, resources, placement and checkpoint history, log, MLflow run) and pipelines with their
+DAG. The live parts poll small JSON views here (session auth, same workspace checks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from training.models import (
+    CandidateEvaluation,
+    JobMetric,
+    JobState,
+    Pipeline,
+    PipelineRun,
+    TrainingJob,
+)
+from workspaces.models import Event
+from workspaces.views import _context, workspace_page
+
+JOBS_SHOWN = 100
+LOG_TAIL_BYTES = 8000
+SERIES_POINTS = 400
+PLOT = 240  # SVG plot size in px
+
+
+def _job_row(job: TrainingJob) -> dict[str, Any]:
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "template": job.template or job.entry_point,
+        "state": job.state,
+        "state_reason": job.state_reason,
+        "step": job.step,
+        "total_steps": job.total_steps,
+        "progress": min(1.0, job.step / job.total_steps) if job.total_steps else 0.0,
+        "epoch": job.epoch,
+        "loss": job.loss,
+        "samples_per_s": round(job.samples_per_s, 1),
+        "eta_s": None if job.eta_s is None else round(job.eta_s, 1),
+        "node": job.node.name if job.node_id else None,
+        "auc": ((job.metrics or {}).get("holdout") or {}).get("auc"),
+        "checkpoint_step": job.checkpoint_step,
+        "attempts": job.attempts,
+    }
+
+
+def _jobs(workspace):
+    return TrainingJob.objects.for_workspace(workspace).select_related("node", "dataset")
+
+
+@workspace_page()
+def job_list(request: HttpRequest, workspace) -> HttpResponse:
+    jobs = list(_jobs(workspace)[:JOBS_SHOWN])
+    return render(
+        request,
+        "training/job_list.html",
+        _context(request, section="training", jobs=jobs, rows=[_job_row(j) for j in jobs]),
+    )
+
+
+@workspace_page()
+def job_list_json(request: HttpRequest, workspace) -> JsonResponse:
+    return JsonResponse({"jobs": [_job_row(j) for j in _jobs(workspace)[:JOBS_SHOWN]]})
+
+
+def _series(workspace, job: TrainingJob) -> dict[str, list[list[float]]]:
+    series: dict[str, list[list[float]]] = {}
+    rows = (
+        JobMetric.objects.for_workspace(workspace)
+        .filter(job=job)
+        .exclude(name="checkpoint")
+        .order_by("name", "step", "id")
+        .values_list("name", "step", "value")
+    )
+    for name, step, value in rows:
+        series.setdefault(name, []).append([step, value])
+    for name, points in series.items():
+        if len(points) > SERIES_POINTS:
+            stride = len(points) / SERIES_POINTS
+            series[name] = [points[int(i * stride)] for i in range(SERIES_POINTS)] + [points[-1]]
+    return series
+
+
+def _get_job(workspace, pk: int) -> TrainingJob:
+    job = _jobs(workspace).filter(pk=pk).first()
+    if job is None:
+        raise Http404("no such job")
+    return job
+
+
+@workspace_page()
+def job_live_json(request: HttpRequest, workspace, pk: int) -> JsonResponse:
+    job = _get_job(workspace, pk)
+    return JsonResponse({"job": _job_row(job), "series": _series(workspace, job)})
+
+
+def _polyline(points: list[list[float]], size: int = PLOT) -> str:
+    return " ".join(f"{x * size:.1f},{(1 - y) * size:.1f}" for x, y in points)
+
+
+def _roc_svg(roc: list[list[float]]) -> str:
+    return _polyline(roc)
+
+
+def _calibration_points(calibration: list[dict]) -> tuple[str, float]:
+    if not calibration:
+        return "", 1.0
+    top = max(max(b["predicted"], b["observed"]) for b in calibration) or 1.0
+    top = min(1.0, top * 1.1)
+    points = [[b["predicted"] / top, b["observed"] / top] for b in calibration]
+    return _polyline(points), top
+
+
+def _log_tail(job: TrainingJob) -> str:
+    from training.agent import LOG_FILE
+    from training.services import job_work_dir
+
+    path = job_work_dir(job) / LOG_FILE
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _mlflow_link(job: TrainingJob) -> str:
+    uri = str(settings.MLFLOW_TRACKING_URI)
+    if job.mlflow_run_id and uri.startswith("http"):
+        return f"{uri.rstrip('/')}/#/runs/{job.mlflow_run_id}"
+    return ""
+
+
+@workspace_page()
+def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+    job = _get_job(workspace, pk)
+    metrics = job.metrics or {}
+    history = (
+        Event.objects.for_workspace(workspace)
+        .filter(refs__kind=TrainingJob.event_kind, refs__object_id=str(job.pk))
+        .filter(verb__startswith="training.job.")
+        .order_by("id")
+        .distinct()[:200]
+    )
+    checkpoints = (
+        JobMetric.objects.for_workspace(workspace)
+        .filter(job=job, name="checkpoint")
+        .order_by("-step", "-id")[:50]
+    )
+    calibration_line, calibration_top = _calibration_points(metrics.get("calibration") or [])
+    importance = sorted((metrics.get("importance") or {}).items(), key=lambda item: -item[1])
+    top_importance = max([abs(v) for _, v in importance] or [1.0]) or 1.0
+    return render(
+        request,
+        "training/job_detail.html",
+        _context(
+            request,
+            section="training",
+            job=job,
+            row=_job_row(job),
+            holdout=metrics.get("holdout") or {},
+            production=metrics.get("production"),
+            slices=sorted((metrics.get("slices") or {}).items()),
+            importance=[(ref, value, abs(value) / top_importance) for ref, value in importance],
+            roc_line=_roc_svg(metrics.get("roc") or []),
+            calibration_line=calibration_line,
+            calibration_top=calibration_top,
+            calibration=metrics.get("calibration") or [],
+            plot=PLOT,
+            history=history,
+            checkpoints=checkpoints,
+            log_tail=_log_tail(job),
+            mlflow_link=_mlflow_link(job),
+            running=job.state
+            in {JobState.PENDING, JobState.ADMITTED, JobState.PLACED, JobState.RUNNING},
+            model_dir=Path(job.model_path).name if job.model_path else "",
+        ),
+    )
+
+
+def _run_row(run: PipelineRun) -> dict[str, Any]:
+    stages = list(run.stage_runs.all())
+    return {
+        "id": run.pk,
+        "pipeline": run.pipeline.name,
+        "state": run.state,
+        "error": run.error,
+        "stages": [
+            {"name": s.name, "kind": s.kind, "state": s.state, "error": s.error} for s in stages
+        ],
+    }
+
+
+def _dag_layout(pipeline: Pipeline) -> dict[str, Any]:
+    """Boxes by depth (column) for the DAG drawing; edges as from/to names."""
+    depth: dict[str, int] = {}
+    for stage in pipeline.stages:
+        depth[stage["name"]] = 1 + max((depth[a] for a in stage.get("after", [])), default=-1)
+    columns: dict[int, int] = {}
+    boxes = []
+    for stage in pipeline.stages:
+        column = depth[stage["name"]]
+        row = columns.get(column, 0)
+        columns[column] = row + 1
+        boxes.append(
+            {
+                "name": stage["name"],
+                "kind": stage["kind"],
+                "x": 10 + column * 170,
+                "y": 10 + row * 60,
+            }
+        )
+    where = {b["name"]: b for b in boxes}
+    edges = [
+        {
+            "x1": where[a]["x"] + 140,
+            "y1": where[a]["y"] + 20,
+            "x2": where[s["name"]]["x"],
+            "y2": where[s["name"]]["y"] + 20,
+        }
+        for s in pipeline.stages
+        for a in s.get("after", [])
+    ]
+    width = 20 + (max(depth.values(), default=0) + 1) * 170
+    height = 20 + max(columns.values(), default=1) * 60
+    return {"boxes": boxes, "edges": edges, "width": width, "height": height}
+
+
+@workspace_page()
+def pipeline_list(request: HttpRequest, workspace) -> HttpResponse:
+    pipelines = list(Pipeline.objects.for_workspace(workspace))
+    runs = (
+        PipelineRun.objects.for_workspace(workspace)
+        .select_related("pipeline")
+        .prefetch_related("stage_runs")[:30]
+    )
+    candidates = CandidateEvaluation.objects.for_workspace(workspace).select_related("dataset")[:30]
+    return render(
+        request,
+        "training/pipelines.html",
+        _context(
+            request,
+            section="training",
+            pipelines=[(p, _dag_layout(p)) for p in pipelines],
+            runs=[_run_row(r) for r in runs],
+            candidates=candidates,
+        ),
+    )
+
+
+@workspace_page()
+def pipeline_runs_json(request: HttpRequest, workspace) -> JsonResponse:
+    runs = (
+        PipelineRun.objects.for_workspace(workspace)
+        .select_related("pipeline")
+        .prefetch_related("stage_runs")[:30]
+    )
+    return JsonResponse({"runs": [_run_row(r) for r in runs]})
+
+
+def dashboard_section(*, workspace, user):
+    """The "Training jobs" card: counts by state and the latest jobs (one query each)."""
+    from django.db.models import Count
+
+    from workspaces.dashboard import DashboardSection
+
+    counts = dict(
+        TrainingJob.objects.for_workspace(workspace)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    latest = list(_jobs(workspace)[:5])
+    return DashboardSection(
+        template="training/_dashboard_section.html",
+        context={
+            "workspace": workspace,
+            "counts": counts,
+            "running": counts.get(JobState.RUNNING, 0),
+            "total": sum(counts.values()),
+            "latest": [_job_row(j) for j in latest],
+        },
+    )
