@@ -1,3 +1,16 @@
-"""Open Inference Protocol routes (/v2/...), served at the site root."""
+"""Open Inference Protocol routes (/v2/...), served at the site root.
 
-urlpatterns: list = []
+Model names are workspace-qualified: ``<workspace-slug>.<deployment>``.
+"""
+
+from django.urls import path
+
+from serving import gateway
+
+urlpatterns: list = [
+    path("health/live", gateway.oip_live, name="oip-live"),
+    path("health/ready", gateway.oip_ready, name="oip-ready"),
+    path("models/<str:name>", gateway.oip_model, name="oip-model"),
+    path("models/<str:name>/ready", gateway.oip_model_ready, name="oip-model-ready"),
+    path("models/<str:name>/infer", gateway.oip_infer, name="oip-infer"),
+]

@@ -1,3 +1,17 @@
-"""Browser UI routes of the serving app."""
+"""Browser UI routes of the serving app, and the Prometheus ``/metrics`` endpoint."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from serving import views
+
+urlpatterns: list = [
+    path("metrics", views.metrics, name="metrics"),
+    path("w/<slug:ws>/models/", views.model_list, name="serving-models"),
+    path(
+        "w/<slug:ws>/models/<str:name>/v<int:version>/",
+        views.version_detail,
+        name="serving-version",
+    ),
+    path("w/<slug:ws>/deployments/", views.deployment_list, name="serving-deployments"),
+    path("w/<slug:ws>/deployments/<str:name>/", views.deployment_detail, name="serving-deployment"),
+]

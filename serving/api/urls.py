@@ -1,3 +1,20 @@
 """REST routes of the serving app, included under /api/v1/."""
 
-urlpatterns: list = []
+from django.urls import re_path
+from rest_framework.routers import SimpleRouter
+
+from serving import gateway
+from serving.api import views
+
+WS = r"workspaces/(?P<ws>[a-z0-9-]+)"
+
+router = SimpleRouter()
+router.register(rf"{WS}/models", views.RegisteredModelViewSet, basename="serving-model")
+router.register(rf"{WS}/model-versions", views.ModelVersionViewSet, basename="serving-version")
+router.register(rf"{WS}/deployments", views.DeploymentViewSet, basename="serving-deployment")
+
+urlpatterns = [
+    # The gateway's lean hot path: a plain Django view (no DRF), see serving/gateway.py.
+    re_path(rf"^{WS}/predict/$", gateway.predict, name="serving-predict"),
+    *router.urls,
+]

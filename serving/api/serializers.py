@@ -1,0 +1,138 @@
+"""Serializers of the serving API (the gateway's hot path uses none)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
+
+
+class RegisteredModelSerializer(serializers.ModelSerializer):
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RegisteredModel
+        fields = [
+            "id",
+            "name",
+            "description",
+            "aliases",
+            "mlflow_name",
+            "created_at",
+            "latest_version",
+        ]
+
+    def get_latest_version(self, obj) -> int | None:
+        return getattr(obj, "latest", None)
+
+
+class ModelVersionSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="model.name")
+    job = serializers.IntegerField(source="job_id", allow_null=True)
+    dataset = serializers.IntegerField(source="dataset_id", allow_null=True)
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "id",
+            "model",
+            "version",
+            "source",
+            "job",
+            "dataset",
+            "artifact_path",
+            "features",
+            "metrics",
+            "evaluation",
+            "importance",
+            "artifacts",
+            "mlflow_run_id",
+            "mlflow_version",
+            "gate_status",
+            "gates",
+            "description",
+            "created_at",
+        ]
+
+
+class VersionRegisterSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=63)
+    job_id = serializers.IntegerField(required=False)
+    source = serializers.CharField(max_length=1000, required=False, help_text="runs:/ or models:/")
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    run_gates = serializers.BooleanField(required=False, default=False)
+    auto_deploy = serializers.CharField(
+        max_length=63,
+        required=False,
+        allow_blank=True,
+        help_text="Deployment to release the version to when its gates pass.",
+    )
+
+
+class AliasSerializer(serializers.Serializer):
+    alias = serializers.CharField(max_length=40)
+    version = serializers.IntegerField(allow_null=True)
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="model.name", read_only=True)
+    version = serializers.IntegerField(source="version.version", read_only=True)
+    version_id = serializers.IntegerField(read_only=True)
+    previous_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "name",
+            "model",
+            "version",
+            "version_id",
+            "previous_version",
+            "previous_version_id",
+            "backend",
+            "device",
+            "replicas",
+            "scaling",
+            "state",
+            "routing_version",
+            "status_detail",
+            "created_at",
+            "updated_at",
+        ]
+
+    def get_previous_version(self, obj) -> int | None:
+        return obj.previous_version.version if obj.previous_version_id else None
+
+
+class DeploymentCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    version_id = serializers.IntegerField()
+    backend = serializers.CharField(max_length=12, required=False, default="embedded")
+    device = serializers.CharField(max_length=8, required=False, default="cpu")
+    replicas = serializers.IntegerField(required=False, default=1)
+    scaling = serializers.JSONField(required=False)
+
+
+class ReleaseSerializer(serializers.Serializer):
+    version_id = serializers.IntegerField()
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class RollbackSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500)
+
+
+class ScaleSerializer(serializers.Serializer):
+    replicas = serializers.IntegerField(required=False)
+    scaling = serializers.JSONField(required=False)
+
+
+class DeploymentChangeSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor.username", default=None)
+    from_version = serializers.IntegerField(source="from_version.version", default=None)
+    to_version = serializers.IntegerField(source="to_version.version", default=None)
+
+    class Meta:
+        model = DeploymentChange
+        fields = ["kind", "from_version", "to_version", "reason", "actor", "detail", "created_at"]

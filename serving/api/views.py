@@ -1,0 +1,260 @@
+"""REST views of the registry and deployments (the gateway itself is ``serving.gateway``)."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db.models import Max, QuerySet
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from serving import deployments as dep_services
+from serving import registry
+from serving.api.serializers import (
+    AliasSerializer,
+    DeploymentChangeSerializer,
+    DeploymentCreateSerializer,
+    DeploymentSerializer,
+    ModelVersionSerializer,
+    RegisteredModelSerializer,
+    ReleaseSerializer,
+    RollbackSerializer,
+    ScaleSerializer,
+    VersionRegisterSerializer,
+)
+from serving.gates import version_gates_run
+from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
+from serving.observability import deployment_stats
+from serving.routing import routing_table
+from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.models import Role
+
+
+class RegisteredModelViewSet(WorkspaceScopedViewSet):
+    """Registered models of a workspace with their aliases."""
+
+    lookup_field = "name"
+    lookup_value_regex = "[a-z][a-z0-9_-]*"
+    serializer_class = RegisteredModelSerializer
+    queryset = RegisteredModel.objects.none()
+    action_roles = {"alias": Role.MAINTAINER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return RegisteredModel.objects.for_workspace(self.workspace).annotate(
+            latest=Max("versions__version")
+        )
+
+    def list(self, request: Request, ws: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request: Request, ws: str, name: str) -> Response:
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(request=AliasSerializer, responses={200: RegisteredModelSerializer})
+    @action(detail=True, methods=["post"])
+    def alias(self, request: Request, ws: str, name: str) -> Response:
+        model = self.get_object()
+        body = AliasSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        number = body.validated_data["version"]
+        version = None
+        if number is not None:
+            version = get_object_or_404(
+                ModelVersion.objects.for_workspace(self.workspace), model=model, version=number
+            )
+        registry.model_alias_set(
+            actor=request.user,
+            workspace=self.workspace,
+            model=model,
+            alias=body.validated_data["alias"],
+            version=version,
+        )
+        return Response(RegisteredModelSerializer(self.get_queryset().get(pk=model.pk)).data)
+
+
+class ModelVersionViewSet(WorkspaceScopedViewSet):
+    """Model versions: register from a training job or import from MLflow; run release gates."""
+
+    serializer_class = ModelVersionSerializer
+    queryset = ModelVersion.objects.none()  # the model, for the schema; requests use the scoped one
+    lookup_value_regex = "[0-9]+"
+    action_roles = {"create": Role.DEVELOPER, "gates": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        qs = ModelVersion.objects.for_workspace(self.workspace).select_related("model")
+        model = self.request.query_params.get("model") if hasattr(self, "request") else None
+        if model:
+            qs = qs.filter(model__name=model)
+        return qs.order_by("-created_at", "-id")
+
+    def list(self, request: Request, ws: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request: Request, ws: str, pk: str) -> Response:
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(request=VersionRegisterSerializer, responses={201: ModelVersionSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        from training.models import TrainingJob
+
+        body = VersionRegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if ("job_id" in data) == ("source" in data):
+            raise ValidationError({"job_id": "give either job_id or an MLflow source"})
+        if "job_id" in data:
+            job = get_object_or_404(
+                TrainingJob.objects.for_workspace(self.workspace), pk=data["job_id"]
+            )
+            version = registry.model_version_register(
+                actor=request.user,
+                workspace=self.workspace,
+                name=data["model"],
+                job=job,
+                description=data.get("description", ""),
+            )
+        else:
+            version = registry.model_version_import_mlflow(
+                actor=request.user,
+                workspace=self.workspace,
+                name=data["model"],
+                source=data["source"],
+                description=data.get("description", ""),
+            )
+        if data.get("run_gates") or data.get("auto_deploy"):
+            from serving.pipeline import gates_and_deploy
+
+            version = gates_and_deploy(
+                actor=request.user,
+                workspace=self.workspace,
+                version=version,
+                deployment=data.get("auto_deploy") or "",
+            )
+        return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: ModelVersionSerializer})
+    @action(detail=True, methods=["post"])
+    def gates(self, request: Request, ws: str, pk: str) -> Response:
+        version = self.get_object()
+        version = version_gates_run(actor=request.user, workspace=self.workspace, version=version)
+        return Response(ModelVersionSerializer(version).data)
+
+
+class DeploymentViewSet(WorkspaceScopedViewSet):
+    """Deployments: create, release a version, roll back, scale; routing table and stats."""
+
+    lookup_field = "name"
+    lookup_value_regex = "[a-z][a-z0-9_-]*"
+    serializer_class = DeploymentSerializer
+    queryset = Deployment.objects.none()
+    action_roles = {
+        "create": Role.MAINTAINER,
+        "release": Role.MAINTAINER,
+        "rollback": Role.MAINTAINER,
+        "scale": Role.MAINTAINER,
+    }
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return Deployment.objects.for_workspace(self.workspace).select_related(
+            "model", "version", "previous_version"
+        )
+
+    def list(self, request: Request, ws: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request: Request, ws: str, name: str) -> Response:
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        body = DeploymentCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        dep = dep_services.deployment_create(
+            actor=request.user,
+            workspace=self.workspace,
+            name=data["name"],
+            version=data["version_id"],
+            backend=data["backend"],
+            replicas=data["replicas"],
+            device=data["device"],
+            scaling=data.get("scaling"),
+        )
+        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data, status=201)
+
+    @extend_schema(request=ReleaseSerializer, responses={200: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        body = ReleaseSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        dep_services.deployment_release(
+            actor=request.user,
+            workspace=self.workspace,
+            deployment=dep,
+            version=body.validated_data["version_id"],
+            reason=body.validated_data.get("reason", ""),
+        )
+        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+
+    @extend_schema(request=RollbackSerializer, responses={200: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        body = RollbackSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        dep_services.deployment_rollback(
+            actor=request.user,
+            workspace=self.workspace,
+            deployment=dep,
+            reason=body.validated_data["reason"],
+        )
+        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+
+    @extend_schema(request=ScaleSerializer, responses={200: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        body = ScaleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        dep_services.deployment_scale(
+            actor=request.user,
+            workspace=self.workspace,
+            deployment=dep,
+            replicas=body.validated_data.get("replicas"),
+            scaling=body.validated_data.get("scaling"),
+        )
+        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+
+    @extend_schema(responses={200: OpenApiResponse(description="The published routing table.")})
+    @action(detail=True, methods=["get"])
+    def routing(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        table = routing_table(self.workspace, dep)
+        table.pop("_compiled", None)
+        return Response(table)
+
+    @extend_schema(
+        responses={200: OpenApiResponse(description="QPS, latency, errors, version mix.")}
+    )
+    @action(detail=True, methods=["get"])
+    def stats(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        return Response(deployment_stats(dep))
+
+    @extend_schema(responses={200: DeploymentChangeSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def history(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        changes = (
+            DeploymentChange.objects.for_workspace(self.workspace)
+            .filter(deployment=dep)
+            .select_related("actor", "from_version", "to_version")[:100]
+        )
+        return Response(DeploymentChangeSerializer(changes, many=True).data)

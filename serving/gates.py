@@ -1,0 +1,227 @@
+"""Release gates (S2): a version takes no traffic until both pass.
+
+- ``consistency``: for a sample of real entities from the version's training dataset, the
+  serving path (online-store values fetched by entity keys through the features lookup service,
+  the version's serving transforms, the ``FeatureEncoder``) and the training path (the dataset's
+  own rows through the same encoder) must give the same model inputs and scores to 1e-6.
+- ``performance``: p50/p99 latency and throughput of one model-server process scoring the
+  workspace's request shape (``candidates`` per request), against the workspace's limits.
+
+Results are stored on the version (``gates``, ``gate_status``) and written to the event log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from serving import artifacts
+from serving.models import GateStatus, ModelVersion
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+
+TOLERANCE = 1e-6
+DEFAULT_LIMITS = {"candidates": 100, "p50_ms": 20.0, "p99_ms": 50.0, "min_rps": 50.0}
+GATES = ("consistency", "performance")
+
+
+def workspace_limits(workspace) -> dict[str, float]:
+    limits = dict(DEFAULT_LIMITS)
+    limits.update(getattr(settings, "SERVING_LIMITS", {}) or {})
+    template = workspace.template if isinstance(workspace.template, dict) else {}
+    custom = template.get("serving_limits")
+    if isinstance(custom, dict):
+        limits.update({k: v for k, v in custom.items() if k in DEFAULT_LIMITS})
+    return limits
+
+
+def require_deployable(version: ModelVersion) -> None:
+    """409 naming the gate unless every gate passed."""
+    gates = version.gates or {}
+    for gate in GATES:
+        result = gates.get(gate) or {}
+        status = result.get("status", GateStatus.PENDING)
+        if status != GateStatus.PASSED:
+            detail = f": {result['detail']}" if result.get("detail") else ""
+            raise ConflictError(
+                f"{version} has not passed the {gate} gate ({status}){detail}", attr=gate
+            )
+
+
+def _sample_rows(version: ModelVersion, sample: int) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    from features.samples import dataset_file
+
+    table = pq.read_table(dataset_file(version.dataset))
+    rows = table.to_pylist()
+    if not rows:
+        return []
+    # The online store holds each entity's latest values: compare against each entity's latest
+    # row in the dataset.
+    rows.sort(key=lambda r: str(r.get("event_time") or ""))
+    return rows[-sample:] if len(rows) > sample else rows
+
+
+def consistency_check(version: ModelVersion, *, sample: int = 50) -> dict[str, Any]:
+    from serving.inference import build_plan, serving_columns
+    from serving.registry import load_version
+
+    if version.dataset_id is None:
+        return {"status": GateStatus.FAILED, "detail": "no training dataset to compare against"}
+    bundle = load_version(version)
+    plan = build_plan(version.workspace_id, bundle.spec)
+    rows = _sample_rows(version, sample)
+    if not rows:
+        return {"status": GateStatus.FAILED, "detail": "the training dataset has no rows"}
+    # Keep one row per entity combination (latest wins).
+    by_key: dict[tuple, dict] = {}
+    for row in rows:
+        key = tuple(str(row.get(k)) for keys in plan.keys.values() for k in keys)
+        by_key[key] = row
+    rows = list(by_key.values())
+    n = len(rows)
+    training = {f.column: [row.get(f.column) for row in rows] for f in bundle.spec.features}
+    entities: dict[str, list] = {}
+    for entity, keys in plan.keys.items():
+        missing = [k for k in keys if k not in rows[0]]
+        if missing:
+            return {
+                "status": GateStatus.FAILED,
+                "detail": f"dataset has no key column {missing[0]}",
+            }
+        entities[entity] = [{k: row[k] for k in keys} for row in rows]
+    context = [{c: row.get(c) for _, c, _ in plan.context} for row in rows]
+    serving = serving_columns(
+        workspace=version.workspace, plan=plan, entities=entities, context=context, n=n
+    )
+    t_dense, t_cat = bundle.encoder.encode(training, n)
+    s_dense, s_cat = bundle.encoder.encode(serving, n)
+    t_scores = bundle.predict(training, n)
+    s_scores = bundle.predict(serving, n)
+    input_diff = float(np.max(np.abs(t_dense - s_dense))) if t_dense.size else 0.0
+    cat_mismatch = int(np.sum(t_cat != s_cat)) if t_cat.size else 0
+    score_diff = float(np.max(np.abs(t_scores - s_scores))) if n else 0.0
+    ok = input_diff <= TOLERANCE and cat_mismatch == 0 and score_diff <= TOLERANCE
+    worst: list[str] = []
+    if not ok and t_dense.size:
+        per_col = np.max(np.abs(t_dense - s_dense), axis=0)
+        dense_names = []
+        for f in bundle.spec.dense_features:
+            dense_names.extend([f.ref] * (f.dim if f.dtype == "embedding" else 1))
+        worst = sorted({dense_names[i] for i in np.nonzero(per_col > TOLERANCE)[0]})
+    return {
+        "status": GateStatus.PASSED if ok else GateStatus.FAILED,
+        "entities": n,
+        "max_input_diff": input_diff,
+        "categorical_mismatches": cat_mismatch,
+        "max_score_diff": score_diff,
+        "tolerance": TOLERANCE,
+        "differing_features": worst,
+        "detail": ""
+        if ok
+        else f"serving and training paths differ (max score diff {score_diff:.3g}"
+        + (f"; features {', '.join(worst)}" if worst else "")
+        + ")",
+    }
+
+
+def performance_check(version: ModelVersion, *, seconds: float | None = None) -> dict[str, Any]:
+    """Sandbox: one model-server process scoring the workspace's request shape."""
+    if seconds is None:
+        seconds = float(getattr(settings, "SERVING_SANDBOX_SECONDS", 1.0))
+    limits = workspace_limits(version.workspace)
+    candidates = int(limits["candidates"])
+    path = artifacts.resolve_artifact(version.artifact_path, attr="artifact_path")
+    artifacts.check_bundle_dir(path, attr="artifact_path")
+    mode = getattr(settings, "SERVING_SANDBOX", "process")
+    if mode == "inprocess":
+        from serving.model_server import sandbox
+        from serving.registry import load_version
+
+        measured = sandbox(load_version(version), candidates=candidates, seconds=seconds)
+    else:
+        proc = subprocess.run(  # noqa: S603 - our own module, fixed arguments
+            [
+                sys.executable,
+                "-m",
+                "serving.model_server",
+                "sandbox",
+                "--path",
+                str(path),
+                "--candidates",
+                str(candidates),
+                "--seconds",
+                str(seconds),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(settings.BASE_DIR),
+        )
+        if proc.returncode != 0:
+            return {
+                "status": GateStatus.FAILED,
+                "detail": f"model server failed: {proc.stderr.strip()[-300:]}",
+                "limits": limits,
+            }
+        measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    failures = []
+    if measured["p50_ms"] > limits["p50_ms"]:
+        failures.append(f"p50 {measured['p50_ms']:.2f} ms > {limits['p50_ms']} ms")
+    if measured["p99_ms"] > limits["p99_ms"]:
+        failures.append(f"p99 {measured['p99_ms']:.2f} ms > {limits['p99_ms']} ms")
+    if measured["rps"] < limits["min_rps"]:
+        failures.append(f"throughput {measured['rps']:.0f}/s < {limits['min_rps']}/s")
+    return {
+        **measured,
+        "mode": mode,
+        "limits": limits,
+        "status": GateStatus.FAILED if failures else GateStatus.PASSED,
+        "detail": "; ".join(failures),
+    }
+
+
+def version_gates_run(*, actor, workspace, version: ModelVersion) -> ModelVersion:
+    """Run both gates, store the results on the version and record an event."""
+    results: dict[str, Any] = {}
+    for gate, check in (("consistency", consistency_check), ("performance", performance_check)):
+        if results and any(r["status"] != GateStatus.PASSED for r in results.values()):
+            # Gates run in order; a version that already failed is not worth a sandbox run.
+            results[gate] = {
+                "status": GateStatus.FAILED,
+                "detail": "skipped: an earlier gate failed",
+            }
+            continue
+        try:
+            result = check(version)
+        except Exception as exc:  # noqa: BLE001 (a crashing gate is a failed gate, with why)
+            result = {"status": GateStatus.FAILED, "detail": f"{type(exc).__name__}: {exc}"[:500]}
+        result["checked_at"] = timezone.now().isoformat()
+        results[gate] = result
+    passed = all(r["status"] == GateStatus.PASSED for r in results.values())
+    with transaction.atomic():
+        ModelVersion.objects.for_workspace(workspace).filter(pk=version.pk).update(
+            gates=results, gate_status=GateStatus.PASSED if passed else GateStatus.FAILED
+        )
+        version.gates = results
+        version.gate_status = GateStatus.PASSED if passed else GateStatus.FAILED
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="serving.model_version.gates_passed"
+            if passed
+            else "serving.model_version.gates_failed",
+            refs=[Ref.to(version)],
+            payload={
+                gate: {k: v for k, v in r.items() if k != "limits"} for gate, r in results.items()
+            },
+        )
+    return version

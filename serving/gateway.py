@@ -1,0 +1,350 @@
+"""The inference gateway: the lean hot path (plain Django views, orjson, models in memory).
+
+``POST /api/v1/workspaces/{ws}/predict/``::
+
+    {"request_id": "r-1", "deployment": "ranker", "user": "u42" | {"user_id": "u42"},
+     "context": {...}, "candidates": ["i1", "i2", ...] | [{"item_id": "i1"}, ...]}
+    -> {"request_id", "deployment", "model", "version", "version_id", "experiment", "arm",
+        "scores": [...]}
+
+The gateway fetches the online features itself (user features once, item features for all
+candidates, context features from ``context``), routes the user to a version (production or an
+experiment arm), scores all candidates in one batch and logs the prediction before answering.
+
+``POST /v2/models/{name}/infer`` (Open Inference Protocol v2 JSON) scores raw feature inputs with
+one deployment's production version. ``name`` is workspace-qualified: ``<workspace>.<deployment>``
+(for example ``feed-pctr.ranker``). Token auth (``Authorization: Token <key>``) as for the REST API.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+from django.conf import settings
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions as drf_exceptions
+
+from serving import oip
+from serving.inference import MODELS, serving_columns
+from serving.metrics import CANDIDATES, LATENCY, REQUESTS
+from serving.predlog import predlog_write
+from serving.routing import TABLES, route, table_version_ids
+from workspaces.api.authentication import ApiTokenAuthentication
+from workspaces.exceptions import ConflictError
+from workspaces.selectors import workspace_access
+
+MAX_CANDIDATES = 1000
+MAX_BODY = 1024 * 1024
+READ_PERMISSION = "view_workspace"
+_auth = ApiTokenAuthentication()
+
+
+def _prepare(table: dict) -> None:
+    """Load and warm every version a new table routes to before it takes traffic."""
+    MODELS.ensure(table_version_ids(table))
+
+
+TABLES.prepare = _prepare
+
+
+def _json(body: dict, status: int = 200) -> HttpResponse:
+    return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(
+    status: int, code: str, detail: str, attr: str | None = None, errors=None
+) -> HttpResponse:
+    kinds = {
+        400: "validation_error",
+        401: "client_error",
+        403: "client_error",
+        404: "client_error",
+        405: "client_error",
+        409: "client_error",
+        413: "client_error",
+    }
+    return _json(
+        {
+            "type": kinds.get(status, "server_error"),
+            "code": code,
+            "detail": detail,
+            "attr": attr,
+            "errors": errors or [{"code": code, "detail": detail, "attr": attr}],
+        },
+        status,
+    )
+
+
+class _Refused(Exception):
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+
+
+def _access(request, slug: str):
+    try:
+        found = _auth.authenticate(request)
+    except drf_exceptions.AuthenticationFailed as exc:
+        raise _Refused(_error(401, "authentication_failed", str(exc.detail))) from exc
+    if found is None:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            response = _error(
+                401, "not_authenticated", "Authentication credentials were not provided."
+            )
+            response["WWW-Authenticate"] = 'Token realm="api"'
+            raise _Refused(response)
+        token = None
+    else:
+        user, token = found
+    try:
+        workspace, perms = workspace_access(user=user, slug=slug, token=token)
+    except Http404 as exc:
+        raise _Refused(_error(404, "not_found", "No such workspace.")) from exc
+    if READ_PERMISSION not in perms:
+        raise _Refused(_error(403, "permission_denied", "You do not have permission."))
+    return workspace
+
+
+def _body(request) -> dict:
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > MAX_BODY:
+        raise _Refused(_error(413, "too_large", f"body over {MAX_BODY} bytes"))
+    try:
+        data = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise _Refused(_error(400, "parse_error", "body is not valid JSON")) from exc
+    if not isinstance(data, dict):
+        raise _Refused(_error(400, "invalid", "the body must be a JSON object"))
+    return data
+
+
+def _unit(user) -> str:
+    if isinstance(user, dict):
+        return "|".join(str(user[k]) for k in sorted(user))
+    return str(user)
+
+
+def _key_ok(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (str, int)):
+        return len(str(value)) <= 200
+    if isinstance(value, dict):
+        return 0 < len(value) <= 8 and all(
+            isinstance(k, str)
+            and isinstance(v, (str, int))
+            and not isinstance(v, bool)
+            and len(str(v)) <= 200
+            for k, v in value.items()
+        )
+    return False
+
+
+def _validate_predict(data: dict) -> tuple[str, str, object, dict, list]:
+    request_id = data.get("request_id")
+    if request_id is None:
+        request_id = uuid.uuid4().hex
+    if not isinstance(request_id, str) or not 1 <= len(request_id) <= 100:
+        raise ValidationError({"request_id": "give a string of 1-100 characters"})
+    deployment = data.get("deployment")
+    if not isinstance(deployment, str) or not 1 <= len(deployment) <= 63:
+        raise ValidationError({"deployment": "give the deployment name"})
+    user = data.get("user")
+    if not _key_ok(user):
+        raise ValidationError(
+            {"user": "give the user's entity key (a string or an object of keys)"}
+        )
+    context = data.get("context") or {}
+    if not isinstance(context, dict) or len(context) > 200:
+        raise ValidationError({"context": "give an object of at most 200 values"})
+    candidates = data.get("candidates")
+    if not isinstance(candidates, list) or not 1 <= len(candidates) <= MAX_CANDIDATES:
+        raise ValidationError({"candidates": f"give 1-{MAX_CANDIDATES} candidate items"})
+    for i, item in enumerate(candidates):
+        if not _key_ok(item):
+            raise ValidationError({f"candidates.{i}": "give an item key (string or object)"})
+    return request_id, deployment, user, context, candidates
+
+
+def _count_error(workspace_id: int, deployment: str) -> None:
+    key = f"serving:errors:{workspace_id}:{deployment}:{int(time.time() // 60)}"
+    try:
+        if not cache.add(key, 1, timeout=7200):
+            cache.incr(key)
+    except ValueError:
+        pass
+
+
+@csrf_exempt
+def predict(request, ws: str) -> HttpResponse:
+    started = time.perf_counter()
+    if request.method != "POST":
+        return _error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+    deployment = ""
+    workspace = None
+    try:
+        workspace = _access(request, ws)
+        data = _body(request)
+        request_id, deployment, user, context, candidates = _validate_predict(data)
+        table = TABLES.get(workspace.pk, deployment)
+        if table.get("stopped"):
+            raise ConflictError(f"deployment '{deployment}' is stopped", attr="deployment")
+        unit_id = _unit(user)
+        version_id, experiment, arm = route(table, unit_id)
+        loaded = MODELS.get(version_id)
+        n = len(candidates)
+        entities = {"user": [user], "item": candidates}
+        for entity in loaded.plan.lookups:
+            if entity not in entities and entity in context:
+                entities[entity] = [context[entity]]
+        columns = serving_columns(
+            workspace=workspace, plan=loaded.plan, entities=entities, context=context, n=n
+        )
+        scores = loaded.predict(columns, n)
+        latency_ms = (time.perf_counter() - started) * 1000
+        predlog_write(
+            {
+                "w": workspace.pk,
+                "r": request_id,
+                "u": unit_id,
+                "d": table["deployment_id"],
+                "dn": deployment,
+                "v": version_id,
+                "e": experiment,
+                "a": arm,
+                "n": n,
+                "l": latency_ms,
+                "t": time.time(),
+            }
+        )
+    except _Refused as refused:
+        return refused.response
+    except ValidationError as exc:
+        if workspace is not None and deployment:
+            REQUESTS.labels(ws, deployment, "", "invalid").inc()
+        errors = getattr(exc, "message_dict", {"non_field_errors": exc.messages})
+        attr, messages = next(iter(errors.items()))
+        status = 404 if attr == "deployment" and "no deployment" in messages[0] else 400
+        return _error(
+            status,
+            "invalid" if status == 400 else "not_found",
+            messages[0],
+            attr,
+            [{"code": "invalid", "detail": m, "attr": a} for a, ms in errors.items() for m in ms],
+        )
+    except ConflictError as exc:
+        return _error(409, "conflict", str(exc), exc.attr)
+    except Exception:
+        if workspace is not None:
+            REQUESTS.labels(ws, deployment, "", "error").inc()
+            _count_error(workspace.pk, deployment)
+        raise
+    REQUESTS.labels(ws, deployment, str(loaded.number), "ok").inc()
+    LATENCY.labels(ws, deployment).observe(latency_ms / 1000)
+    CANDIDATES.labels(ws, deployment).inc(n)
+    return _json(
+        {
+            "request_id": request_id,
+            "deployment": deployment,
+            "model": loaded.model_name,
+            "version": loaded.number,
+            "version_id": version_id,
+            "experiment": experiment,
+            "arm": arm,
+            "scores": scores.tolist(),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Open Inference Protocol v2
+
+
+def _oip_target(request, name: str):
+    slug, dot, deployment = name.partition(".")
+    if not dot or not slug or not deployment:
+        raise _Refused(_error(404, "not_found", "model names are '<workspace>.<deployment>'"))
+    workspace = _access(request, slug)
+    try:
+        table = TABLES.get(workspace.pk, deployment)
+    except ValidationError as exc:
+        raise _Refused(_error(404, "not_found", f"no deployment '{deployment}'")) from exc
+    return workspace, deployment, table
+
+
+@csrf_exempt
+def oip_infer(request, name: str) -> HttpResponse:
+    started = time.perf_counter()
+    if request.method != "POST":
+        return _error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+    try:
+        workspace, deployment, table = _oip_target(request, name)
+        payload = _body(request)
+        columns, n, request_id = oip.decode_inputs(payload)
+        loaded = MODELS.get(table["production"])
+        scores = loaded.predict(columns, n)
+    except _Refused as refused:
+        return refused.response
+    except ValueError as exc:
+        return _error(400, "invalid", str(exc), "inputs")
+    REQUESTS.labels(workspace.slug, deployment, str(loaded.number), "ok").inc()
+    LATENCY.labels(workspace.slug, deployment).observe(time.perf_counter() - started)
+    return _json(oip.encode_outputs(name, str(loaded.number), request_id, scores))
+
+
+def oip_live(request) -> HttpResponse:
+    return _json({"live": True})
+
+
+def oip_ready(request) -> HttpResponse:
+    from django.db import connection
+
+    try:
+        connection.ensure_connection()
+    except Exception:  # noqa: BLE001
+        return _json({"ready": False}, 503)
+    return _json({"ready": True})
+
+
+def oip_model(request, name: str) -> HttpResponse:
+    try:
+        _, _, table = _oip_target(request, name)
+        loaded = MODELS.get(table["production"])
+    except _Refused as refused:
+        return refused.response
+    inputs = []
+    for f in loaded.bundle.spec.features:
+        if f.dtype == "embedding":
+            inputs.append({"name": f.column, "datatype": "FP32", "shape": [-1, f.dim]})
+        elif f.dtype in ("categorical", "string"):
+            inputs.append({"name": f.column, "datatype": "BYTES", "shape": [-1]})
+        elif f.dtype == "bool":
+            inputs.append({"name": f.column, "datatype": "BOOL", "shape": [-1]})
+        else:
+            inputs.append({"name": f.column, "datatype": "FP64", "shape": [-1]})
+    return _json(
+        {
+            "name": name,
+            "versions": [str(loaded.number)],
+            "platform": "pytorch",
+            "inputs": inputs,
+            "outputs": [{"name": "score", "datatype": "FP64", "shape": [-1]}],
+        }
+    )
+
+
+def oip_model_ready(request, name: str) -> HttpResponse:
+    try:
+        _, _, table = _oip_target(request, name)
+        MODELS.get(table["production"])
+    except _Refused as refused:
+        return refused.response
+    return _json({"name": name, "ready": True})
+
+
+_ = settings  # settings read lazily by helpers

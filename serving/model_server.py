@@ -1,0 +1,129 @@
+"""A model-server process: one bundle, scored in process. No Django needed.
+
+    python -m serving.model_server sandbox --path DIR --candidates 100 --seconds 1.0
+        Load the bundle, warm it, score synthetic requests of the workspace's request shape for
+        the given time and print {"p50_ms", "p99_ms", "rps", "requests"} as JSON (the release
+        gate's sandbox performance check runs exactly this, one process, one thread).
+    python -m serving.model_server serve --path DIR --port 8801 [--name NAME]
+        Serve the Open Inference Protocol (``/v2/health/live|ready``, ``/v2/models/NAME``,
+        ``/v2/models/NAME/infer``) for the bundle; started and supervised by the local backend.
+
+The path must be a platform-written bundle; the caller resolves it inside ARTIFACT_ROOT.
+Weights are loaded with ``weights_only=True`` (``training.bundle.load_bundle``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def synthetic_columns(spec, n: int, seed: int = 0) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    columns: dict[str, list] = {}
+    for f in spec.features:
+        if f.dtype == "embedding":
+            columns[f.column] = rng.normal(size=(n, f.dim)).tolist()
+        elif f.dtype in ("categorical", "string"):
+            columns[f.column] = [f"v{int(x)}" for x in rng.integers(0, 1000, n)]
+        elif f.dtype == "bool":
+            columns[f.column] = (rng.random(n) > 0.5).tolist()
+        else:
+            columns[f.column] = rng.normal(f.mean, f.std or 1.0, n).tolist()
+    return columns
+
+
+def sandbox(bundle, *, candidates: int, seconds: float) -> dict[str, float]:
+    columns = synthetic_columns(bundle.spec, candidates)
+    for _ in range(5):
+        bundle.predict(columns, candidates)
+    latencies = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        bundle.predict(columns, candidates)
+        t1 = time.perf_counter()
+        latencies.append((t1 - t0) * 1000)
+        if t1 - start >= seconds and len(latencies) >= 20:
+            break
+    elapsed = time.perf_counter() - start
+    arr = np.asarray(latencies)
+    return {
+        "p50_ms": float(np.percentile(arr, 50)),
+        "p99_ms": float(np.percentile(arr, 99)),
+        "rps": len(latencies) / elapsed,
+        "requests": len(latencies),
+        "candidates": candidates,
+    }
+
+
+def oip_app(bundle, name: str, version: str = "1"):
+    """A minimal WSGI app speaking OIP v2 JSON for one bundle."""
+    from serving.oip import decode_inputs, encode_outputs
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        method = environ.get("REQUEST_METHOD", "GET")
+        status, body = "404 Not Found", {"error": "not found"}
+        if path in ("/v2/health/live", "/v2/health/ready"):
+            status, body = "200 OK", {"live": True, "ready": True}
+        elif path == f"/v2/models/{name}" and method == "GET":
+            status, body = "200 OK", {"name": name, "versions": [version], "platform": "pytorch"}
+        elif path == f"/v2/models/{name}/infer" and method == "POST":
+            try:
+                size = int(environ.get("CONTENT_LENGTH") or 0)
+                payload = json.loads(environ["wsgi.input"].read(size) or b"{}")
+                columns, n, request_id = decode_inputs(payload)
+                scores = bundle.predict(columns, n)
+                status, body = "200 OK", encode_outputs(name, version, request_id, scores)
+            except ValueError as exc:
+                status, body = "400 Bad Request", {"error": str(exc)}
+        data = json.dumps(body).encode()
+        start_response(
+            status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+        )
+        return [data]
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="serving.model_server")
+    parser.add_argument("command", choices=["sandbox", "serve"])
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--candidates", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--port", type=int, default=8801)
+    parser.add_argument("--name", default="model")
+    parser.add_argument("--version", default="1")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    from training.bundle import load_bundle
+
+    bundle = load_bundle(args.path)
+    if args.command == "sandbox":
+        print(json.dumps(sandbox(bundle, candidates=args.candidates, seconds=args.seconds)))
+        return 0
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    server = make_server(
+        "127.0.0.1", args.port, oip_app(bundle, args.name, args.version), handler_class=Quiet
+    )
+    print(json.dumps({"ready": True, "port": args.port}), flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Serving: the model registry, deployments, the routing table and the prediction log.
+
+A ``ModelVersion`` is an immutable copy of a model bundle in the platform's artifact store
+(``ARTIFACT_ROOT/<ws>/models/<name>/<version>/``), tied to the training job, dataset, metrics and
+release-gate results. A ``Deployment`` serves one production version (and keeps the previous one
+loaded for a one-second rollback); ``ExperimentRoute`` rows are the experiment layers of its
+routing table. ``PredictionLog`` is one row per acknowledged predict, joined on ``request_id`` by
+the experiments app.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from workspaces.models import Workspace
+from workspaces.scoping import WorkspaceScopedQuerySet
+
+name_validator = RegexValidator(
+    r"^[a-z][a-z0-9_-]{0,62}$",
+    "Use 1-63 lowercase letters, digits, '-' and '_', starting with a letter.",
+)
+
+
+class GateStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PASSED = "passed", "Passed"
+    FAILED = "failed", "Failed"
+
+
+class VersionSource(models.TextChoices):
+    TRAINING = "training", "Platform training job"
+    MLFLOW_IMPORT = "mlflow_import", "Imported from MLflow"
+    UPLOAD = "upload", "Bundle written by the platform"
+
+
+class RegisteredModel(models.Model):
+    event_kind = "registered_model"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[name_validator])
+    description = models.TextField(blank=True)
+    aliases = models.JSONField(
+        default=dict, blank=True, help_text='{"production": 3, "candidate": 4} (version numbers).'
+    )
+    mlflow_name = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="serving_model_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelVersion(models.Model):
+    event_kind = "model_version"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="versions")
+    version = models.PositiveIntegerField()
+    source = models.CharField(
+        max_length=20, choices=VersionSource.choices, default=VersionSource.TRAINING
+    )
+    job = models.ForeignKey(
+        "training.TrainingJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    dataset = models.ForeignKey(
+        "features.Dataset", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    artifact_path = models.CharField(
+        max_length=500, help_text="The bundle, relative to ARTIFACT_ROOT (platform-written)."
+    )
+    spec = models.JSONField(default=dict, blank=True)
+    features = models.JSONField(default=list, blank=True, help_text="Feature refs it reads.")
+    metrics = models.JSONField(default=dict, blank=True)
+    evaluation = models.JSONField(default=dict, blank=True)
+    importance = models.JSONField(default=dict, blank=True)
+    artifacts = models.JSONField(default=list, blank=True, help_text="[{name, size, sha256}]")
+    mlflow_run_id = models.CharField(max_length=64, blank=True)
+    mlflow_version = models.CharField(max_length=20, blank=True)
+    gate_status = models.CharField(
+        max_length=10, choices=GateStatus.choices, default=GateStatus.PENDING
+    )
+    gates = models.JSONField(
+        default=dict, blank=True, help_text='{"consistency": {...}, "performance": {...}}'
+    )
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["model_id", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "version"], name="serving_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} v{self.version}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name}-v{self.version}"
+
+
+class Backend(models.TextChoices):
+    EMBEDDED = "embedded", "Embedded (loaded in every gateway process)"
+    LOCAL = "local", "Local model-server processes (supervised)"
+    KUBERNETES = "kubernetes", "Kubernetes (manifests from platform/k8s/serving)"
+
+
+class DeploymentState(models.TextChoices):
+    ACTIVE = "active", "Active"
+    STOPPED = "stopped", "Stopped"
+
+
+class Deployment(models.Model):
+    event_kind = "deployment"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[name_validator])
+    model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="+")
+    backend = models.CharField(max_length=12, choices=Backend.choices, default=Backend.EMBEDDED)
+    device = models.CharField(max_length=8, default="cpu", help_text="cpu or gpu")
+    replicas = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    scaling = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='{"mode": "fixed"} | {"mode": "schedule", "windows": [{"start": "HH:MM", '
+        '"end": "HH:MM", "replicas": n}]} | {"mode": "load", "target_qps_per_replica": q, '
+        '"min": a, "max": b}',
+    )
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.PROTECT, related_name="+", help_text="Production."
+    )
+    previous_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    state = models.CharField(
+        max_length=10, choices=DeploymentState.choices, default=DeploymentState.ACTIVE
+    )
+    routing_version = models.PositiveBigIntegerField(default=1)
+    manifest = models.TextField(blank=True, help_text="Rendered Kubernetes manifest, if any.")
+    status_detail = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"], name="serving_deployment_unique_name"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DeploymentChange(models.Model):
+    """History of a deployment: who moved traffic where, and why."""
+
+    event_kind = "deployment_change"
+
+    class Kind(models.TextChoices):
+        CREATE = "create", "Created"
+        RELEASE = "release", "New version released"
+        ROLLBACK = "rollback", "Rolled back"
+        SCALE = "scale", "Scaled"
+        STOP = "stop", "Stopped"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="changes")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    from_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    to_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.CharField(max_length=500, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of deployment {self.deployment_id}"
+
+
+class ExperimentRoute(models.Model):
+    """One experiment's allocations in a layer of a deployment's routing table."""
+
+    event_kind = "experiment_route"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="routes")
+    experiment_key = models.CharField(max_length=100)
+    layer = models.CharField(max_length=100)
+    salt = models.CharField(max_length=100)
+    allocations = models.JSONField(
+        default=list, help_text='[{"arm", "version_id", "start", "end"}] bucket ranges [start, end)'
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["layer", "experiment_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "experiment_key"], name="serving_route_unique_experiment"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.experiment_key} in layer {self.layer}"
+
+
+class PredictionLog(models.Model):
+    """One acknowledged predict; ``request_id`` is unique per workspace (feedback joins on it)."""
+
+    event_kind = "prediction"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    request_id = models.CharField(max_length=100)
+    unit_id = models.CharField(max_length=200)
+    deployment = models.ForeignKey(
+        Deployment, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    deployment_name = models.CharField(max_length=63)
+    model_version = models.ForeignKey(
+        ModelVersion, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    experiment_key = models.CharField(max_length=100, blank=True)
+    arm = models.CharField(max_length=100, blank=True)
+    n_candidates = models.PositiveIntegerField(default=0)
+    latency_ms = models.FloatField(default=0)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "request_id"], name="serving_prediction_unique_request"
+            )
+        ]
+        indexes = [models.Index(fields=["workspace", "experiment_key", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.request_id

@@ -1,0 +1,425 @@
+"""The model registry (S1): registered models and versions, aliases, MLflow kept in step.
+
+A version is registered from a training job's bundle (or an import from the stock MLflow client);
+its files are hard-linked (or copied) into ``ARTIFACT_ROOT/<ws>/models/<name>/<version>/`` so the
+registry owns an immutable copy, and MLflow's registry gets the same model name
+(``<workspace-slug>.<name>``) and version so ``mlflow.MlflowClient`` lists the same versions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+
+from serving import artifacts
+from serving.models import ModelVersion, RegisteredModel, VersionSource, name_validator
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
+
+log = logging.getLogger(__name__)
+ALIASES = ("production", "candidate", "staging", "champion", "challenger")
+
+
+def mlflow_name(workspace: Workspace, name: str) -> str:
+    return f"{workspace.slug}.{name}"
+
+
+_clients: dict[str, Any] = {}
+
+
+def mlflow_client():
+    """One client per tracking URI per process (building a SQL store costs over a second)."""
+    import mlflow
+
+    uri = settings.MLFLOW_TRACKING_URI
+    client = _clients.get(uri)
+    if client is None:
+        client = _clients[uri] = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return client
+
+
+def version_dir(workspace: Workspace, name: str, version: int) -> str:
+    return f"{workspace.pk}/models/{name}/{version}"
+
+
+def load_version(version: ModelVersion):
+    """The version's bundle, read from its platform-written path (tensors only, no pickle)."""
+    from training.bundle import load_bundle
+
+    path = artifacts.resolve_artifact(version.artifact_path, attr="artifact_path")
+    artifacts.check_bundle_dir(path, attr="artifact_path")
+    try:
+        return load_bundle(path)
+    except Exception as exc:
+        raise ValidationError(
+            {"artifact_path": f"model artifact refused: {type(exc).__name__}: {str(exc)[:200]}"}
+        ) from exc
+
+
+def _model_get_or_create(*, actor, workspace: Workspace, name: str) -> RegisteredModel:
+    try:
+        name_validator(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    model = RegisteredModel.objects.for_workspace(workspace).filter(name=name).first()
+    if model is not None:
+        return model
+    model = RegisteredModel.objects.create(
+        workspace=workspace,
+        name=name,
+        mlflow_name=mlflow_name(workspace, name),
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="serving.registered_model.created",
+        refs=[Ref.to(model)],
+        payload={"name": name},
+    )
+    return model
+
+
+def _register_consumers(*, actor, version: ModelVersion) -> None:
+    from features.models import ConsumerKind, FeatureGroup
+    from features.registry import consumer_register
+
+    groups: dict[str, Any] = {}
+    for ref in version.features:
+        group_name, _, feature = ref.partition(":")
+        group_name = group_name.split("@")[0]
+        if group_name not in groups:
+            groups[group_name] = (
+                FeatureGroup.objects.for_workspace(version.workspace)
+                .filter(name=group_name)
+                .first()
+            )
+        group = groups[group_name]
+        if group is None:
+            continue
+        try:
+            consumer_register(
+                actor=actor,
+                group=group,
+                kind=ConsumerKind.MODEL,
+                object_id=version.pk,
+                label=str(version),
+                feature_name=feature,
+            )
+        except ValidationError:
+            continue  # a feature renamed since training: the gate will report it
+
+
+def _sync_mlflow(version: ModelVersion) -> None:
+    """Create the registered model and version in MLflow's registry (best effort, logged)."""
+    try:
+        client = mlflow_client()
+        name = version.model.mlflow_name or mlflow_name(version.workspace, version.model.name)
+        try:
+            client.get_registered_model(name)
+        except Exception:  # noqa: BLE001 (mlflow raises RestException/MlflowException)
+            client.create_registered_model(name, tags={"rankops.workspace": version.workspace.slug})
+        path = artifacts.resolve_artifact(version.artifact_path)
+        mv = client.create_model_version(
+            name,
+            source=path.as_uri(),
+            run_id=version.mlflow_run_id or None,
+            tags={"rankops.version_id": str(version.pk), "rankops.version": str(version.version)},
+            description=version.description[:500],
+        )
+        ModelVersion.objects.for_workspace(version.workspace).filter(pk=version.pk).update(
+            mlflow_version=str(mv.version)
+        )
+        version.mlflow_version = str(mv.version)
+    except Exception:
+        log.exception("could not register %s in MLflow", version)
+
+
+def _sync_mlflow_alias(model: RegisteredModel, alias: str, version: ModelVersion | None) -> None:
+    try:
+        client = mlflow_client()
+        if version is None:
+            client.delete_registered_model_alias(model.mlflow_name, alias)
+        elif version.mlflow_version:
+            client.set_registered_model_alias(model.mlflow_name, alias, version.mlflow_version)
+    except Exception:
+        log.exception("could not set MLflow alias %s of %s", alias, model)
+
+
+def model_version_register(
+    *,
+    actor,
+    workspace: Workspace,
+    name: str,
+    job=None,
+    bundle_path: str | Path | None = None,
+    source: str = VersionSource.TRAINING,
+    metrics: dict | None = None,
+    evaluation: dict | None = None,
+    importance: dict | None = None,
+    description: str = "",
+    mlflow_run_id: str = "",
+    dataset=None,
+) -> ModelVersion:
+    """Register the next version of model ``name`` from a job's bundle (or a platform path)."""
+    from training.bundle import BundleSpec
+
+    if job is not None:
+        if job.workspace_id != workspace.pk:
+            raise ValidationError({"job": "no such training job in this workspace"})
+        if not job.model_path:
+            raise ConflictError(f"training job '{job.name}' has no model yet", attr="job")
+        source_dir = artifacts.platform_path(job.model_path)
+        dataset = dataset or job.dataset
+        metrics = metrics if metrics is not None else dict(job.metrics or {})
+        mlflow_run_id = mlflow_run_id or job.mlflow_run_id
+    elif bundle_path is not None:
+        source_dir = (
+            Path(bundle_path)
+            if isinstance(bundle_path, Path)
+            else artifacts.resolve_artifact(str(bundle_path), attr="bundle_path")
+        )
+        source_dir = artifacts.platform_path(str(source_dir))
+    else:
+        raise ValidationError({"job": "give a training job or a bundle"})
+    artifacts.check_bundle_dir(source_dir, attr="bundle_path")
+    try:
+        spec = BundleSpec.from_json(json.loads((source_dir / "spec.json").read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValidationError({"bundle_path": f"bad bundle spec: {exc}"}) from exc
+    metrics = dict(metrics or {})
+    evaluation = dict(evaluation or metrics.get("evaluation") or {})
+    importance = dict(importance or metrics.get("importance") or {})
+
+    with transaction.atomic():
+        model = _model_get_or_create(actor=actor, workspace=workspace, name=name)
+        RegisteredModel.objects.for_workspace(workspace).select_for_update().filter(pk=model.pk)
+        latest = (
+            ModelVersion.objects.for_workspace(workspace)
+            .filter(model=model)
+            .aggregate(latest=Max("version"))["latest"]
+        )
+        number = (latest or 0) + 1
+        relative = version_dir(workspace, name, number)
+        target = artifacts.resolve_artifact(relative)
+        if target.exists():
+            shutil.rmtree(target)
+        files = artifacts.copy_bundle(source_dir, target)
+        try:
+            with transaction.atomic():
+                version = ModelVersion.objects.create(
+                    workspace=workspace,
+                    model=model,
+                    version=number,
+                    source=source,
+                    job=job,
+                    dataset=dataset,
+                    artifact_path=relative,
+                    spec=spec.to_json(),
+                    features=[f.ref for f in spec.features],
+                    metrics=metrics,
+                    evaluation=evaluation,
+                    importance=importance,
+                    artifacts=files,
+                    mlflow_run_id=mlflow_run_id or "",
+                    description=description[:2000],
+                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"model '{name}' v{number} was registered at the same moment"
+            ) from exc
+        load_version(version)  # refuses anything that is not a loadable tensors-only bundle
+        refs = [Ref.to(version, role="output"), Ref.to(model, role="related")]
+        if job is not None:
+            refs.append(Ref.to(job, role="input"))
+        if dataset is not None:
+            refs.append(Ref(kind="dataset", object_id=dataset.pk, label=str(dataset), role="input"))
+        storage_gb = sum(f["size"] for f in files) / 1e9
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="serving.model_version.registered",
+            refs=refs,
+            resources={"storage_gb": storage_gb},
+            payload={
+                "model": name,
+                "version": number,
+                "source": source,
+                "features": version.features,
+                "metrics": metrics,
+                "artifact_path": relative,
+            },
+        )
+        _register_consumers(actor=actor, version=version)
+        _alias_set(actor=actor, model=model, alias="candidate", version=version, sync=False)
+    _sync_mlflow(version)
+    _sync_mlflow_alias(model, "candidate", version)
+    return version
+
+
+def _alias_set(*, actor, model: RegisteredModel, alias: str, version, sync: bool = True) -> None:
+    aliases = dict(model.aliases or {})
+    if version is None:
+        aliases.pop(alias, None)
+    else:
+        aliases[alias] = version.version
+    RegisteredModel.objects.for_workspace(model.workspace_id).filter(pk=model.pk).update(
+        aliases=aliases
+    )
+    model.aliases = aliases
+    event_record(
+        actor=actor,
+        workspace=model.workspace,
+        verb="serving.registered_model.alias_set",
+        refs=[Ref.to(model), *([Ref.to(version, role="related")] if version else [])],
+        payload={"alias": alias, "version": version.version if version else None},
+    )
+    if sync:
+        transaction.on_commit(lambda: _sync_mlflow_alias_later(model, alias, version))
+
+
+def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> None:
+    """Off the request path: a release or rollback must not wait for MLflow (its first client
+    in a process costs seconds)."""
+    if not getattr(settings, "SERVING_MLFLOW_ASYNC", not settings.TESTING):
+        _sync_mlflow_alias(model, alias, version)
+        return
+    import threading
+
+    threading.Thread(
+        target=_sync_mlflow_alias, args=(model, alias, version), name="mlflow-alias", daemon=True
+    ).start()
+
+
+@transaction.atomic
+def model_alias_set(*, actor, workspace: Workspace, model: RegisteredModel, alias: str, version):
+    if alias not in ALIASES:
+        raise ValidationError({"alias": f"use one of {', '.join(ALIASES)}"})
+    if version is not None and version.model_id != model.pk:
+        raise ValidationError({"version": "not a version of this model"})
+    _alias_set(actor=actor, model=model, alias=alias, version=version)
+
+
+# ---------------------------------------------------------------------------------------------
+# Import from the stock MLflow client
+
+
+def _download(source: str, dst: Path) -> Path:
+    import mlflow
+
+    scheme, rest = artifacts.check_source_uri(source)
+    mlflow.set_tracking_uri(settings.MLFLOW_TRACKING_URI)
+    if scheme == "file":
+        local = Path(rest)
+        if not local.is_dir():
+            raise ValidationError({"source": "no such artifact directory"})
+        return local
+    try:
+        out = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{scheme}:/{rest}",
+            dst_path=str(dst),
+            tracking_uri=settings.MLFLOW_TRACKING_URI,
+        )
+    except Exception as exc:
+        raise ValidationError(
+            {"source": f"could not read the MLflow artifacts: {str(exc)[:200]}"}
+        ) from exc
+    return Path(out)
+
+
+def _find(root: Path, names: tuple[str, ...]) -> Path | None:
+    for name in names:
+        for found in sorted(root.rglob(name)):
+            if found.is_symlink():
+                raise ValidationError({"source": f"{found.name} is a symlink; refused"})
+            if found.is_file():
+                return found
+    return None
+
+
+def model_version_import_mlflow(
+    *, actor, workspace: Workspace, name: str, source: str, description: str = ""
+) -> ModelVersion:
+    """Import a model logged with the stock MLflow client.
+
+    Accepted: a RankOps bundle spec (``spec.json``, e.g.
+    ``mlflow.log_dict(spec, "model/spec.json")``)
+    plus a state dict (``mlflow.pytorch.log_state_dict`` -> ``state_dict.pth``, or ``weights.pt``),
+    loaded with ``weights_only=True``. A pickled model (the pytorch flavour's ``model.pth``, a
+    cloudpickle pyfunc) cannot be loaded safely and is refused with 400; it is never unpickled.
+    """
+    import torch
+
+    from training.bundle import BundleSpec, build_model, save_bundle
+
+    scheme, rest = artifacts.check_source_uri(source)
+    run_id = rest.split("/")[0] if scheme == "runs" else ""
+    with tempfile.TemporaryDirectory(prefix="mlflow-import-") as tmp:
+        local = _download(source, Path(tmp) / "download")
+        spec_file = _find(local, ("spec.json",))
+        if spec_file is None:
+            raise ValidationError(
+                {
+                    "source": "no spec.json: log the bundle spec with mlflow.log_dict; pickled "
+                    "models without a spec are not loaded"
+                }
+            )
+        weights = _find(local, ("state_dict.pth", "weights.pt"))
+        if weights is None:
+            raise ValidationError(
+                {
+                    "source": "no state dict (state_dict.pth / weights.pt); pickled full models "
+                    "(model.pth, python_model.pkl) are refused"
+                }
+            )
+        try:
+            spec = BundleSpec.from_json(json.loads(spec_file.read_text()))
+            model = build_model(spec)
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            model.load_state_dict(state)
+        except ValidationError:
+            raise
+        except Exception as exc:
+            raise ValidationError(
+                {
+                    "source": f"model refused (only tensors-only state dicts are loaded): "
+                    f"{type(exc).__name__}: {str(exc)[:200]}"
+                }
+            ) from exc
+        staging = (
+            artifacts.artifact_root()
+            / str(workspace.pk)
+            / "imports"
+            / next(tempfile._get_candidate_names())
+        )
+        save_bundle(staging, model, spec)
+    metrics: dict[str, Any] = {}
+    if run_id:
+        try:
+            metrics = dict(mlflow_client().get_run(run_id).data.metrics)
+        except Exception:  # noqa: BLE001
+            metrics = {}
+    try:
+        return model_version_register(
+            actor=actor,
+            workspace=workspace,
+            name=name,
+            bundle_path=staging,
+            source=VersionSource.MLFLOW_IMPORT,
+            metrics=metrics,
+            description=description or f"Imported from {source}",
+            mlflow_run_id=run_id,
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

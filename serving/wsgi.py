@@ -1,0 +1,66 @@
+"""The gateway's WSGI entry point: ``gunicorn serving.wsgi`` (instead of ``config.wsgi``).
+
+The same Django application, except that token-authenticated ``POST`` requests to the two hot
+routes (``/api/v1/workspaces/{ws}/predict/`` and ``/v2/models/{name}/infer``) go straight to their
+views, skipping the middleware chain (sessions, CSRF, messages, ...) that only browser pages need.
+The views do their own token authentication, workspace access check, body limit (1 MiB) and
+error envelopes, so the answers are the same either way; everything else goes to Django as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+django_application = get_wsgi_application()
+
+from django.core import signals  # noqa: E402
+from django.core.handlers.wsgi import WSGIRequest  # noqa: E402
+
+from serving import gateway  # noqa: E402
+from workspaces import access_cache  # noqa: E402
+
+PREDICT = re.compile(r"^/api/v1/workspaces/(?P<ws>[a-z0-9-]+)/predict/$")
+INFER = re.compile(r"^/v2/models/(?P<name>[^/]+)/infer$")
+
+
+def _route(environ) -> tuple | None:
+    if environ.get("REQUEST_METHOD") != "POST" or not environ.get("HTTP_AUTHORIZATION"):
+        return None
+    path = environ.get("PATH_INFO", "")
+    match = PREDICT.match(path)
+    if match:
+        return gateway.predict, {"ws": match["ws"]}
+    match = INFER.match(path)
+    if match:
+        return gateway.oip_infer, {"name": match["name"]}
+    return None
+
+
+def application(environ, start_response):
+    target = _route(environ)
+    if target is None:
+        return django_application(environ, start_response)
+    view, kwargs = target
+    signals.request_started.send(sender=__name__, environ=environ)
+    try:
+        access_cache._request.generation = None
+        access_cache._request.generation = access_cache.current_generation()
+        response = view(WSGIRequest(environ), **kwargs)
+    except Exception:
+        import logging
+
+        logging.getLogger("serving.gateway").exception("gateway error on %s", environ["PATH_INFO"])
+        response = gateway._error(500, "error", "Internal error.")
+    finally:
+        access_cache._request.generation = None
+        signals.request_finished.send(sender=__name__)
+    start_response(
+        f"{response.status_code} {response.reason_phrase}",
+        [*response.items(), ("Content-Length", str(len(response.content)))],
+    )
+    return [response.content]
