@@ -1,3 +1,16 @@
-"""Browser UI routes of the experiments app."""
+"""Browser UI routes of the experiments app, under /w/<ws>/experiments/."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from experiments import views
+
+urlpatterns = [
+    path("w/<slug:ws>/experiments/", views.experiment_list, name="experiments-list"),
+    path("w/<slug:ws>/experiments/layers/", views.layer_list, name="experiments-layers"),
+    path("w/<slug:ws>/experiments/<str:key>/", views.experiment_page, name="experiments-detail"),
+    path(
+        "w/<slug:ws>/experiments/<str:key>/<str:action>/",
+        views.experiment_action,
+        name="experiments-action",
+    ),
+]

@@ -1,3 +1,14 @@
 """REST routes of the experiments app, included under /api/v1/."""
 
-urlpatterns: list = []
+from rest_framework.routers import SimpleRouter
+
+from experiments.api.views import ExperimentViewSet, FeedbackViewSet, LayerViewSet
+
+WS = r"workspaces/(?P<ws>[a-z0-9-]+)"
+
+router = SimpleRouter()
+router.register(rf"{WS}/experiments", ExperimentViewSet, basename="experiment")
+router.register(rf"{WS}/experiment-layers", LayerViewSet, basename="experiment-layer")
+router.register(rf"{WS}/feedback", FeedbackViewSet, basename="feedback")
+
+urlpatterns = router.urls

@@ -1,0 +1,32 @@
+"""Admin console views of experiments (platform-wide, deliberately unscoped)."""
+
+from django.contrib import admin
+
+from experiments.models import Experiment, FeedbackEvent, Layer, Snapshot
+
+
+class _Unscoped(admin.ModelAdmin):
+    def get_queryset(self, request):
+        return self.model.objects.unscoped()
+
+
+@admin.register(Layer)
+class LayerAdmin(_Unscoped):
+    list_display = ["name", "workspace", "salt", "created_at"]
+
+
+@admin.register(Experiment)
+class ExperimentAdmin(_Unscoped):
+    list_display = ["key", "workspace", "state", "ramp_step", "created_at"]
+    list_filter = ["state"]
+    readonly_fields = ["review", "decision", "ramp_history"]
+
+
+@admin.register(FeedbackEvent)
+class FeedbackEventAdmin(_Unscoped):
+    list_display = ["event_id", "workspace", "experiment", "arm", "impressions", "clicks"]
+
+
+@admin.register(Snapshot)
+class SnapshotAdmin(_Unscoped):
+    list_display = ["experiment", "workspace", "created_at", "traffic_percent", "srm_mismatch"]

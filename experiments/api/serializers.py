@@ -1,0 +1,138 @@
+"""Serializers of the experiments API (output shapes, and input shapes for the schema)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from experiments.models import Experiment, Layer, Metric, Snapshot, Unit
+
+
+class LayerSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Layer
+        fields = ["name", "salt", "description", "created_at"]
+        read_only_fields = ["salt", "created_at"]
+
+
+class LayerCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+class ExperimentSerializer(serializers.ModelSerializer):
+    deployment = serializers.CharField(source="deployment.name", read_only=True)
+    layer = serializers.CharField(source="layer.name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    traffic_percent = serializers.FloatField(read_only=True)
+    allocations = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Experiment
+        fields = [
+            "key",
+            "hypothesis",
+            "deployment",
+            "control_version",
+            "arms",
+            "layer",
+            "unit",
+            "primary_metric",
+            "guardrails",
+            "ramp_plan",
+            "ramp_interval_s",
+            "ramp_step",
+            "traffic_percent",
+            "next_ramp_at",
+            "ramp_history",
+            "block_start",
+            "block_size",
+            "allocations",
+            "min_units",
+            "alpha",
+            "state",
+            "review",
+            "stop_reason",
+            "decision",
+            "owner",
+            "created_at",
+            "started_at",
+            "ended_at",
+        ]
+        read_only_fields = fields
+
+    def get_allocations(self, obj: Experiment) -> list[dict]:
+        from experiments.services import current_allocations
+
+        return current_allocations(obj) if obj.state == "running" else []
+
+
+class GuardrailSerializer(serializers.Serializer):
+    metric = serializers.ChoiceField(choices=Metric.choices)
+    max_drop = serializers.FloatField(min_value=0, max_value=0.99)
+
+
+class ExperimentCreateSerializer(serializers.Serializer):
+    key = serializers.CharField(max_length=63)
+    hypothesis = serializers.CharField(max_length=5000)
+    deployment = serializers.CharField(max_length=63, help_text="Deployment name.")
+    treatment_versions = serializers.ListField(
+        child=serializers.IntegerField(), min_length=1, max_length=4, help_text="ModelVersion ids"
+    )
+    layer = serializers.CharField(max_length=63, required=False, default="default")
+    unit = serializers.ChoiceField(choices=Unit.choices, default=Unit.USER)
+    primary_metric = serializers.ChoiceField(choices=Metric.choices, default=Metric.CTR)
+    guardrails = GuardrailSerializer(many=True, required=False, default=list)
+    ramp_plan = serializers.ListField(
+        child=serializers.FloatField(), min_length=1, max_length=10, default=[1, 5, 20, 50]
+    )
+    ramp_interval_s = serializers.IntegerField(min_value=1, default=86400)
+    min_units = serializers.IntegerField(min_value=2, default=100)
+    alpha = serializers.FloatField(min_value=0.001, max_value=0.2, default=0.05)
+
+
+class NoteSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+class StopSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500)
+
+
+class ConcludeSerializer(serializers.Serializer):
+    action = serializers.ChoiceField(choices=[("promote", "promote"), ("discard", "discard")])
+    arm = serializers.CharField(required=False, allow_null=True, max_length=100)
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+class SnapshotSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Snapshot
+        fields = [
+            "id",
+            "created_at",
+            "traffic_percent",
+            "srm_mismatch",
+            "guardrail_breaches",
+            "result",
+        ]
+        read_only_fields = fields
+
+
+class FeedbackEventSerializer(serializers.Serializer):
+    request_id = serializers.CharField(max_length=100)
+    event_id = serializers.CharField(max_length=200, required=False)
+    impressions = serializers.IntegerField(min_value=0, default=0)
+    clicks = serializers.IntegerField(min_value=0, default=0)
+    conversions = serializers.IntegerField(min_value=0, default=0)
+    revenue = serializers.FloatField(min_value=0, default=0)
+
+
+class FeedbackBatchSerializer(serializers.Serializer):
+    events = FeedbackEventSerializer(many=True)
+
+
+class FeedbackResultSerializer(serializers.Serializer):
+    received = serializers.IntegerField()
+    accepted = serializers.IntegerField()
+    duplicates = serializers.IntegerField()
+    unmatched = serializers.IntegerField()

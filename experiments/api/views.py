@@ -1,0 +1,224 @@
+"""REST views of experiments, layers and feedback under /api/v1/workspaces/{ws}/."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from experiments import services
+from experiments.api.serializers import (
+    ConcludeSerializer,
+    ExperimentCreateSerializer,
+    ExperimentSerializer,
+    FeedbackBatchSerializer,
+    FeedbackResultSerializer,
+    LayerCreateSerializer,
+    LayerSerializer,
+    NoteSerializer,
+    SnapshotSerializer,
+    StopSerializer,
+)
+from experiments.models import Experiment, ExperimentState, Layer, Snapshot
+from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.models import Role
+
+KEY_REGEX = "[a-z][a-z0-9_-]*"
+
+
+def _body(request: Request) -> dict:
+    if not isinstance(request.data, dict):
+        raise ValidationError({"detail": "send a JSON object"})
+    return request.data
+
+
+class ExperimentViewSet(WorkspaceScopedViewSet):
+    """Experiments: request, review, ramp, read and conclude."""
+
+    lookup_field = "key"
+    lookup_url_kwarg = "key"
+    lookup_value_regex = KEY_REGEX
+    serializer_class = ExperimentSerializer
+    action_roles = {
+        "create": Role.DEVELOPER,
+        "submit": Role.DEVELOPER,
+        "stop": Role.DEVELOPER,
+        "approve": Role.MAINTAINER,
+        "ramp": Role.MAINTAINER,
+        "conclude": Role.MAINTAINER,
+    }
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return (
+            Experiment.objects.for_workspace(self.workspace)
+            .select_related("deployment", "layer", "owner", "workspace")
+            .order_by("-created_at", "-id")
+        )
+
+    def _get(self, key: str) -> Experiment:
+        exp = self.get_queryset().filter(key=key).first()
+        if exp is None:
+            raise Http404
+        return exp
+
+    def list(self, request: Request, ws: str) -> Response:
+        experiments = self.get_queryset()
+        wanted = request.query_params.get("state")
+        if wanted:
+            if wanted not in ExperimentState.values:
+                raise ValidationError({"state": f"one of {', '.join(ExperimentState.values)}"})
+            experiments = experiments.filter(state=wanted)
+        page = self.paginate_queryset(experiments)
+        return self.get_paginated_response(ExperimentSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, ws: str, key: str) -> Response:
+        return Response(ExperimentSerializer(self._get(key)).data)
+
+    @extend_schema(request=ExperimentCreateSerializer, responses={201: ExperimentSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = ExperimentCreateSerializer(data=_body(request))
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        data["guardrails"] = [dict(g) for g in data["guardrails"]]
+        exp = services.experiment_create(actor=request.user, workspace=self.workspace, **data)
+        return Response(ExperimentSerializer(exp).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: ExperimentSerializer})
+    @action(detail=True, methods=["post"])
+    def submit(self, request: Request, ws: str, key: str) -> Response:
+        exp = services.experiment_submit(actor=request.user, experiment=self._get(key))
+        return Response(ExperimentSerializer(exp).data)
+
+    @extend_schema(request=NoteSerializer, responses={200: ExperimentSerializer})
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, ws: str, key: str) -> Response:
+        serializer = NoteSerializer(data=_body(request))
+        serializer.is_valid(raise_exception=True)
+        exp = services.experiment_approve(
+            actor=request.user,
+            experiment=self._get(key),
+            note=serializer.validated_data.get("note", ""),
+        )
+        return Response(ExperimentSerializer(exp).data)
+
+    @extend_schema(request=None, responses={200: ExperimentSerializer})
+    @action(detail=True, methods=["post"])
+    def ramp(self, request: Request, ws: str, key: str) -> Response:
+        exp = services.experiment_ramp(actor=request.user, experiment=self._get(key))
+        return Response(ExperimentSerializer(exp).data)
+
+    @extend_schema(request=StopSerializer, responses={200: ExperimentSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, ws: str, key: str) -> Response:
+        serializer = StopSerializer(data=_body(request))
+        serializer.is_valid(raise_exception=True)
+        exp = services.experiment_stop(
+            actor=request.user,
+            experiment=self._get(key),
+            reason=f"stopped by {request.user.username}: {serializer.validated_data['reason']}",
+        )
+        return Response(ExperimentSerializer(exp).data)
+
+    @extend_schema(request=ConcludeSerializer, responses={200: ExperimentSerializer})
+    @action(detail=True, methods=["post"])
+    def conclude(self, request: Request, ws: str, key: str) -> Response:
+        serializer = ConcludeSerializer(data=_body(request))
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        exp = services.experiment_conclude(
+            actor=request.user,
+            experiment=self._get(key),
+            action=data["action"],
+            arm=data.get("arm"),
+            note=data.get("note", ""),
+        )
+        return Response(ExperimentSerializer(exp).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "cuped", bool, description="Add clicks per unit adjusted with pre-period clicks."
+            )
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    @action(detail=True, methods=["get"])
+    def analysis(self, request: Request, ws: str, key: str) -> Response:
+        """The live read-out: per-arm metrics, effects (fixed and sequential), SRM, guardrails."""
+        exp = self._get(key)
+        cuped = request.query_params.get("cuped", "").lower() in ("1", "true", "yes")
+        return Response(
+            {
+                "experiment": exp.key,
+                "state": exp.state,
+                **services.experiment_analyze(exp, cuped=cuped),
+            }
+        )
+
+    @extend_schema(responses={200: SnapshotSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def snapshots(self, request: Request, ws: str, key: str) -> Response:
+        exp = self._get(key)
+        rows = Snapshot.objects.for_workspace(self.workspace).filter(experiment=exp)
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(SnapshotSerializer(page, many=True).data)
+
+
+class LayerViewSet(WorkspaceScopedViewSet):
+    """Layers: hashing namespaces, and the bucket blocks their experiments hold."""
+
+    lookup_field = "name"
+    lookup_url_kwarg = "name"
+    lookup_value_regex = KEY_REGEX
+    serializer_class = LayerSerializer
+    action_roles = {"create": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return Layer.objects.for_workspace(self.workspace).order_by("name")
+
+    def list(self, request: Request, ws: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(LayerSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def retrieve(self, request: Request, ws: str, name: str) -> Response:
+        layer = self.get_queryset().filter(name=name).first()
+        if layer is None:
+            raise Http404
+        return Response({**LayerSerializer(layer).data, **services.layer_traffic(layer)})
+
+    @extend_schema(request=LayerCreateSerializer, responses={201: LayerSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = LayerCreateSerializer(data=_body(request))
+        serializer.is_valid(raise_exception=True)
+        layer = services.layer_create(
+            actor=request.user, workspace=self.workspace, **serializer.validated_data
+        )
+        return Response(LayerSerializer(layer).data, status=status.HTTP_201_CREATED)
+
+
+class FeedbackViewSet(WorkspaceScopedViewSet):
+    """What happened after served requests, keyed by request id; batched and idempotent."""
+
+    action_roles = {"create": Role.DEVELOPER}
+    serializer_class = FeedbackBatchSerializer
+
+    def get_workspace_queryset(self) -> QuerySet:  # write-only
+        raise Http404
+
+    @extend_schema(request=FeedbackBatchSerializer, responses={200: FeedbackResultSerializer})
+    def create(self, request: Request, ws: str) -> Response:
+        body = _body(request)
+        result = services.feedback_record(
+            actor=request.user,
+            workspace=self.workspace,
+            events=body.get("events"),
+            idempotency_key=request.headers.get("Idempotency-Key", ""),
+        )
+        return Response(result)

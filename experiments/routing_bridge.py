@@ -1,0 +1,111 @@
+"""The thin layer between experiments and serving: everything experiments needs from serving
+goes through here (serving's routing services, its registry and prediction log), so serving
+never imports experiments and a change of serving's API is fixed in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from serving import routing
+from serving.models import Deployment, GateStatus, ModelVersion, PredictionLog
+from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
+
+
+def deployment_of(workspace: Workspace, deployment: Any) -> Deployment:
+    if isinstance(deployment, int) and not isinstance(deployment, bool):
+        found = Deployment.objects.for_workspace(workspace).filter(pk=deployment).first()
+        if found is None:
+            raise ValidationError({"deployment": "no such deployment"})
+        return found
+    return routing._deployment(workspace, deployment)
+
+
+def version_of(workspace: Workspace, version_id: Any) -> ModelVersion:
+    if isinstance(version_id, ModelVersion):
+        version_id = version_id.pk
+    if not isinstance(version_id, int) or isinstance(version_id, bool):
+        raise ValidationError({"treatment_versions": "give model version ids"})
+    found = ModelVersion.objects.for_workspace(workspace).filter(pk=version_id).first()
+    if found is None:
+        raise ValidationError({"treatment_versions": f"no model version {version_id}"})
+    return found
+
+
+def version_gated(version: ModelVersion) -> bool:
+    """Whether the version passed its release gates (only those may take traffic)."""
+    from serving.gates import require_deployable
+
+    if version.gate_status != GateStatus.PASSED:
+        return False
+    try:
+        require_deployable(version)
+    except ConflictError:
+        return False
+    return True
+
+
+def set_allocations(
+    *, actor, workspace, deployment, experiment_key, layer, salt, allocations
+) -> None:
+    routing.routing_experiment_set(
+        actor=actor,
+        workspace=workspace,
+        deployment=deployment,
+        experiment_key=experiment_key,
+        layer=layer,
+        salt=salt,
+        allocations=allocations,
+    )
+
+
+def clear(*, actor, workspace, deployment, experiment_key, reason: str) -> bool:
+    return routing.routing_experiment_clear(
+        actor=actor,
+        workspace=workspace,
+        deployment=deployment,
+        experiment_key=experiment_key,
+        reason=reason,
+    )
+
+
+def table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
+    return routing.routing_table(workspace, deployment)
+
+
+def route(table_: dict[str, Any], unit_id: str):
+    return routing.route(table_, unit_id)
+
+
+def promote(*, actor, workspace, deployment, version_id: int, reason: str) -> None:
+    """Make ``version_id`` the deployment's production version (serving's release service:
+    the gateway loads it before traffic moves, so no request is dropped)."""
+    from serving import deployments as serving_deployments
+
+    dep = deployment_of(workspace, deployment.pk if hasattr(deployment, "pk") else deployment)
+    version = version_of(workspace, version_id)
+    serving_deployments.deployment_release(
+        actor=actor, workspace=workspace, deployment=dep, version=version, reason=reason
+    )
+
+
+def predictions_by_request(workspace: Workspace, request_ids: Iterable[str]) -> dict[str, dict]:
+    rows = (
+        PredictionLog.objects.for_workspace(workspace)
+        .filter(request_id__in=list(request_ids))
+        .values("request_id", "unit_id", "experiment_key", "arm")
+    )
+    return {row["request_id"]: row for row in rows}
+
+
+def exposed_units(workspace: Workspace, experiment_key: str) -> Iterable[tuple[str, str]]:
+    """Distinct (arm, unit) pairs the gateway served for an experiment."""
+    return (
+        PredictionLog.objects.for_workspace(workspace)
+        .filter(experiment_key=experiment_key)
+        .values_list("arm", "unit_id")
+        .distinct()
+    )

@@ -1,0 +1,897 @@
+"""Use cases of the experiments app: layers, the request -> review -> ramp -> read -> conclude
+flow, feedback, analysis snapshots and the guardrail/ramp check.
+
+Every state change goes through ``_move`` (the only writer of ``Experiment.state``) inside a
+transaction that also records its event; traffic changes go through ``routing_bridge`` (serving's
+routing services), so the routing table and the experiment's state commit together.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.urls import reverse
+from django.utils import timezone
+
+from experiments import assignment, routing_bridge, stats
+from experiments.models import (
+    EXPERIMENT_MOVES,
+    Experiment,
+    ExperimentState,
+    FeedbackEvent,
+    Layer,
+    Metric,
+    Snapshot,
+    Unit,
+    key_validator,
+)
+from workspaces.events import Ref, event_record
+from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
+from workspaces.notifications import notify
+
+# Workspace policy, overridable per workspace in ``workspace.template["experiments"]``.
+DEFAULT_POLICY = {"max_percent": 50, "max_auto_percent": 20, "max_running": 20}
+MAX_FEEDBACK_EVENTS = 5000
+MAX_TREATMENTS = 4
+
+
+def policy_of(workspace: Workspace) -> dict[str, Any]:
+    custom = (workspace.template or {}).get("experiments") or {}
+    policy = dict(DEFAULT_POLICY)
+    for key in policy:
+        value = custom.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            policy[key] = value
+    return policy
+
+
+# --- layers ----------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def layer_create(
+    *, actor, workspace: Workspace, name: str, description: str = "", salt: str = ""
+) -> Layer:
+    """A layer with a fresh salt (or a given one, to reproduce an assignment): its units are
+    split independently of every other layer's."""
+    key_validator(name)
+    if salt and (not isinstance(salt, str) or len(salt) > 100):
+        raise ValidationError({"salt": "at most 100 characters"})
+    if Layer.objects.for_workspace(workspace).filter(name=name).exists():
+        raise ConflictError(f"layer '{name}' exists", attr="name")
+    layer = Layer.objects.create(
+        workspace=workspace,
+        name=name,
+        salt=salt or f"{workspace.slug}.{name}.{secrets.token_hex(6)}",
+        description=str(description)[:2000],
+    )
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="experiments.layer.created",
+        refs=[Ref.to(layer)],
+        payload={"name": name, "salt": layer.salt},
+    )
+    return layer
+
+
+def _layer(workspace: Workspace, layer: Layer | str | None, actor) -> Layer:
+    if isinstance(layer, Layer):
+        if layer.workspace_id != workspace.pk:
+            raise ValidationError({"layer": "not a layer of this workspace"})
+        return layer
+    name = layer or "default"
+    found = Layer.objects.for_workspace(workspace).filter(name=name).first()
+    return found or layer_create(actor=actor, workspace=workspace, name=name)
+
+
+# --- creating and reviewing ------------------------------------------------------------------
+
+
+def _clean_guardrails(guardrails: Any) -> list[dict[str, Any]]:
+    if guardrails in (None, ""):
+        return []
+    if not isinstance(guardrails, list) or len(guardrails) > 10:
+        raise ValidationError({"guardrails": "give a list of {metric, max_drop} (at most 10)"})
+    clean = []
+    for i, rule in enumerate(guardrails):
+        if not isinstance(rule, dict) or rule.get("metric") not in Metric.values:
+            raise ValidationError({f"guardrails.{i}.metric": f"one of {Metric.values}"})
+        drop = rule.get("max_drop", 0.05)
+        if not isinstance(drop, int | float) or isinstance(drop, bool) or not 0 <= drop < 1:
+            raise ValidationError({f"guardrails.{i}.max_drop": "a relative drop in [0, 1)"})
+        clean.append({"metric": rule["metric"], "max_drop": float(drop)})
+    return clean
+
+
+def _clean_ramp(ramp_plan: Any, n_arms: int, workspace: Workspace) -> list[float]:
+    policy = policy_of(workspace)
+    if not isinstance(ramp_plan, list) or not 1 <= len(ramp_plan) <= 10:
+        raise ValidationError({"ramp_plan": "give 1-10 per-arm percents, e.g. [1, 5, 20, 50]"})
+    plan = []
+    for value in ramp_plan:
+        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 100:
+            raise ValidationError({"ramp_plan": "percents must be numbers in (0, 100]"})
+        if plan and value <= plan[-1]:
+            raise ValidationError({"ramp_plan": "percents must increase"})
+        if abs(value * 100 - round(value * 100)) > 1e-9:
+            raise ValidationError({"ramp_plan": "use at most two decimals (1 bucket = 0.01%)"})
+        plan.append(float(value))
+    if plan[-1] > policy["max_percent"]:
+        raise ValidationError(
+            {"ramp_plan": f"the workspace allows at most {policy['max_percent']}% per arm"}
+        )
+    if plan[-1] * n_arms > 100:
+        raise ValidationError({"ramp_plan": f"{n_arms} arms x {plan[-1]}% exceed 100%"})
+    return plan
+
+
+@transaction.atomic
+def experiment_create(
+    *,
+    actor,
+    workspace: Workspace,
+    key: str,
+    hypothesis: str,
+    deployment: Any,
+    treatment_versions: list[int],
+    layer: Layer | str | None = None,
+    unit: str = Unit.USER,
+    primary_metric: str = Metric.CTR,
+    guardrails: Any = None,
+    ramp_plan: Any = None,
+    ramp_interval_s: int = 86400,
+    min_units: int = 100,
+    alpha: float = 0.05,
+) -> Experiment:
+    """A draft experiment: control is the deployment's production version."""
+    key_validator(key)
+    if not str(hypothesis or "").strip():
+        raise ValidationError({"hypothesis": "say what you expect and why"})
+    if Experiment.objects.for_workspace(workspace).filter(key=key).exists():
+        raise ConflictError(f"experiment '{key}' exists", attr="key")
+    dep = routing_bridge.deployment_of(workspace, deployment)
+    if unit not in Unit.values:
+        raise ValidationError({"unit": f"one of {Unit.values}"})
+    if primary_metric not in Metric.values:
+        raise ValidationError({"primary_metric": f"one of {Metric.values}"})
+    if not isinstance(treatment_versions, list) or not 1 <= len(treatment_versions) <= (
+        MAX_TREATMENTS
+    ):
+        raise ValidationError({"treatment_versions": f"give 1-{MAX_TREATMENTS} version ids"})
+    versions = []
+    for vid in treatment_versions:
+        version = routing_bridge.version_of(workspace, vid)
+        if version.pk == dep.version_id:
+            raise ValidationError({"treatment_versions": "the production version is the control"})
+        if version in versions:
+            raise ValidationError({"treatment_versions": "versions must differ"})
+        versions.append(version)
+    arms = [{"name": "control", "version_id": dep.version_id}] + [
+        {"name": "treatment" if len(versions) == 1 else f"treatment-{i + 1}", "version_id": v.pk}
+        for i, v in enumerate(versions)
+    ]
+    if not isinstance(ramp_interval_s, int) or not 1 <= ramp_interval_s <= 90 * 86400:
+        raise ValidationError({"ramp_interval_s": "seconds between ramp steps, 1 .. 90 days"})
+    if not isinstance(min_units, int) or not 2 <= min_units <= 10_000_000:
+        raise ValidationError({"min_units": "2 .. 10,000,000"})
+    if not isinstance(alpha, float | int) or not 0.001 <= alpha <= 0.2:
+        raise ValidationError({"alpha": "0.001 .. 0.2"})
+    plan = _clean_ramp(ramp_plan if ramp_plan is not None else [1, 5, 20, 50], len(arms), workspace)
+    exp = Experiment.objects.create(
+        workspace=workspace,
+        key=key,
+        hypothesis=str(hypothesis)[:5000],
+        deployment=dep,
+        control_version_id=dep.version_id,
+        arms=arms,
+        layer=_layer(workspace, layer, actor),
+        unit=unit,
+        primary_metric=primary_metric,
+        guardrails=_clean_guardrails(guardrails),
+        ramp_plan=plan,
+        ramp_interval_s=ramp_interval_s,
+        min_units=min_units,
+        alpha=float(alpha),
+        owner=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="experiments.experiment.created",
+        refs=[
+            Ref.to(exp),
+            Ref.to(dep, role="related"),
+            *(Ref.to(v, role="related") for v in versions),
+        ],
+        payload={"arms": arms, "ramp_plan": plan, "guardrails": exp.guardrails},
+    )
+    return exp
+
+
+def _lock(exp: Experiment) -> Experiment:
+    return Experiment.objects.for_workspace(exp.workspace_id).select_for_update().get(pk=exp.pk)
+
+
+def _move(exp: Experiment, to: str) -> None:
+    if to not in EXPERIMENT_MOVES[ExperimentState(exp.state)]:
+        raise ConflictError(f"experiment is {exp.state}; cannot move to {to}", attr="state")
+    exp.state = to
+
+
+def policy_problems(exp: Experiment) -> list[str]:
+    """Why an experiment needs a maintainer's review (empty: within policy)."""
+    policy = policy_of(exp.workspace)
+    problems = []
+    for arm in exp.arms[1:]:
+        version = routing_bridge.version_of(exp.workspace, arm["version_id"])
+        if not routing_bridge.version_gated(version):
+            problems.append(f"version {version} has not passed its release gates")
+    if max(exp.ramp_plan) > policy["max_auto_percent"]:
+        problems.append(
+            f"ramp reaches {max(exp.ramp_plan)}% per arm, above the "
+            f"{policy['max_auto_percent']}% allowed without review"
+        )
+    if not exp.guardrails:
+        problems.append("no guardrail metrics set")
+    running = Experiment.objects.for_workspace(exp.workspace_id).filter(
+        state=ExperimentState.RUNNING
+    )
+    if running.count() >= policy["max_running"]:
+        problems.append(f"the workspace already runs {policy['max_running']} experiments")
+    return problems
+
+
+@transaction.atomic
+def experiment_submit(*, actor, experiment: Experiment, now: datetime | None = None) -> Experiment:
+    """Ask to start: automatic approval (and start) within policy, else wait for a maintainer."""
+    exp = _lock(experiment)
+    problems = policy_problems(exp)
+    auto = not problems
+    _move(exp, ExperimentState.RUNNING if auto else ExperimentState.PENDING_REVIEW)
+    exp.review = {
+        "automatic": auto,
+        "problems": problems,
+        "submitted_by": getattr(actor, "username", ""),
+        "submitted_at": timezone.now().isoformat(),
+    }
+    if auto:
+        exp.review.update({"approved": True, "reviewer": "policy"})
+        exp.state = ExperimentState.DRAFT  # _start moves it
+        _start(actor, exp, now=now)
+    else:
+        exp.save(update_fields=["state", "review"])
+    event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.reviewed" if auto else "experiments.experiment.submitted",
+        refs=[Ref.to(exp)],
+        payload={"automatic": auto, "problems": problems, "state": exp.state},
+    )
+    return exp
+
+
+@transaction.atomic
+def experiment_approve(
+    *, actor, experiment: Experiment, note: str = "", now: datetime | None = None
+) -> Experiment:
+    """A maintainer approves a request outside policy; it starts at once."""
+    exp = _lock(experiment)
+    if exp.state != ExperimentState.PENDING_REVIEW:
+        raise ConflictError(f"experiment is {exp.state}, not waiting for review", attr="state")
+    for arm in exp.arms[1:]:
+        version = routing_bridge.version_of(exp.workspace, arm["version_id"])
+        if not routing_bridge.version_gated(version):
+            raise ConflictError(
+                f"version {version} has not passed its release gates; it cannot take traffic",
+                attr="treatment_versions",
+            )
+    exp.review.update(
+        {
+            "approved": True,
+            "reviewer": getattr(actor, "username", ""),
+            "note": str(note)[:2000],
+            "approved_at": timezone.now().isoformat(),
+        }
+    )
+    exp.state = ExperimentState.DRAFT
+    _start(actor, exp, now=now)
+    event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.approved",
+        refs=[Ref.to(exp)],
+        payload={"note": str(note)[:2000]},
+    )
+    return exp
+
+
+def _start(actor, exp: Experiment, *, now: datetime | None) -> None:
+    """Reserve a bucket block in the layer, publish the first ramp step, record the start."""
+    now = now or timezone.now()
+    Layer.objects.for_workspace(exp.workspace_id).select_for_update().get(pk=exp.layer_id)
+    size = assignment.block_size(len(exp.arms), max(exp.ramp_plan))
+    taken = (
+        Experiment.objects.for_workspace(exp.workspace_id)
+        .filter(layer=exp.layer, state=ExperimentState.RUNNING, block_start__isnull=False)
+        .exclude(pk=exp.pk)
+        .values_list("block_start", "block_size")
+    )
+    start = assignment.find_block(list(taken), size)
+    if start is None:
+        raise ConflictError(
+            f"layer '{exp.layer.name}' has no room for {size} buckets; use another layer",
+            attr="layer",
+        )
+    _move(exp, ExperimentState.RUNNING)
+    exp.block_start, exp.block_size = start, size
+    exp.ramp_step = 0
+    exp.started_at = now
+    exp.next_ramp_at = now + timedelta(seconds=exp.ramp_interval_s)
+    exp.ramp_history = [{"percent": exp.ramp_plan[0], "at": now.isoformat(), "reason": "start"}]
+    exp.save()
+    _publish(actor, exp)
+    event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.started",
+        refs=[
+            Ref.to(exp.deployment, role="input"),
+            *(
+                Ref("model_version", arm["version_id"], arm["name"], role="input")
+                for arm in exp.arms
+            ),
+            Ref.to(exp, role="output"),
+        ],
+        payload={
+            "layer": exp.layer.name,
+            "block": [start, start + size],
+            "percent": exp.traffic_percent,
+            "allocations": current_allocations(exp),
+        },
+    )
+
+
+def current_allocations(exp: Experiment) -> list[dict[str, Any]]:
+    if exp.block_start is None or exp.ramp_step < 0:
+        return []
+    return assignment.allocations(
+        block_start=exp.block_start,
+        arms=exp.arms,
+        max_percent=max(exp.ramp_plan),
+        percent=exp.traffic_percent,
+    )
+
+
+def _publish(actor, exp: Experiment) -> None:
+    routing_bridge.set_allocations(
+        actor=actor,
+        workspace=exp.workspace,
+        deployment=exp.deployment,
+        experiment_key=exp.key,
+        layer=exp.layer.name,
+        salt=exp.layer.salt,
+        allocations=current_allocations(exp),
+    )
+
+
+@transaction.atomic
+def experiment_ramp(
+    *, actor, experiment: Experiment, now: datetime | None = None, reason: str = "manual"
+) -> Experiment:
+    """Advance to the next step of the ramp plan (ranges only grow)."""
+    now = now or timezone.now()
+    exp = _lock(experiment)
+    if exp.state != ExperimentState.RUNNING:
+        raise ConflictError(f"experiment is {exp.state}, not running", attr="state")
+    if exp.ramp_step >= len(exp.ramp_plan) - 1:
+        raise ConflictError("the ramp plan is complete", attr="ramp_plan")
+    before = exp.traffic_percent
+    exp.ramp_step += 1
+    exp.next_ramp_at = now + timedelta(seconds=exp.ramp_interval_s)
+    exp.ramp_history = [
+        *exp.ramp_history,
+        {"percent": exp.traffic_percent, "at": now.isoformat(), "reason": reason},
+    ]
+    exp.save(update_fields=["ramp_step", "next_ramp_at", "ramp_history"])
+    _publish(actor, exp)
+    event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.ramped",
+        refs=[Ref.to(exp)],
+        payload={"from_percent": before, "to_percent": exp.traffic_percent, "reason": reason},
+    )
+    return exp
+
+
+@transaction.atomic
+def experiment_stop(
+    *,
+    actor,
+    experiment: Experiment,
+    reason: str,
+    evidence: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> Experiment:
+    """Stop: every unit goes back to control (production) and the owner is told."""
+    exp = _lock(experiment)
+    _move(exp, ExperimentState.STOPPED)
+    exp.stop_reason = str(reason)[:500]
+    exp.ended_at = now or timezone.now()
+    exp.next_ramp_at = None
+    exp.save(update_fields=["state", "stop_reason", "ended_at", "next_ramp_at"])
+    routing_bridge.clear(
+        actor=actor,
+        workspace=exp.workspace,
+        deployment=exp.deployment,
+        experiment_key=exp.key,
+        reason=reason,
+    )
+    event = event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.stopped",
+        refs=[Ref.to(exp)],
+        payload={"reason": exp.stop_reason, "evidence": evidence or {}},
+    )
+    notify(
+        workspace=exp.workspace,
+        recipients=[exp.owner],
+        verb="experiment.stopped",
+        title=f"Experiment {exp.key} stopped: traffic is back on control",
+        body=exp.stop_reason,
+        link=_link(exp),
+        event=event,
+    )
+    return exp
+
+
+def _link(exp: Experiment) -> str:
+    try:
+        return reverse("experiments-detail", args=[exp.workspace.slug, exp.key])
+    except Exception:  # noqa: BLE001 - the link is a convenience
+        return ""
+
+
+@transaction.atomic
+def experiment_conclude(
+    *,
+    actor,
+    experiment: Experiment,
+    action: str,
+    arm: str | None = None,
+    note: str = "",
+) -> Experiment:
+    """Promote an arm's version to production (a serving release) or discard; keep the evidence.
+
+    Routing is cleared first so the experiment's units go to production, then production itself
+    switches (the gateway loads the new version before it takes traffic)."""
+    exp = _lock(experiment)
+    if action not in ("promote", "discard"):
+        raise ValidationError({"action": "promote or discard"})
+    _move(exp, ExperimentState.CONCLUDED)
+    latest = Snapshot.objects.for_workspace(exp.workspace_id).filter(experiment=exp).first()
+    evidence = {
+        "snapshot_id": latest.pk if latest else None,
+        "snapshot_at": latest.created_at.isoformat() if latest else None,
+        "summary": summary_of(latest.result, exp) if latest else {},
+    }
+    version_id = None
+    if action == "promote":
+        choices = {a["name"]: a["version_id"] for a in exp.arms[1:]}
+        if arm is None and len(choices) == 1:
+            arm = next(iter(choices))
+        if arm not in choices:
+            raise ValidationError({"arm": f"one of {sorted(choices)}"})
+        version_id = choices[arm]
+    if exp.block_start is not None:
+        routing_bridge.clear(
+            actor=actor,
+            workspace=exp.workspace,
+            deployment=exp.deployment,
+            experiment_key=exp.key,
+            reason=f"concluded: {action}",
+        )
+    if version_id is not None:
+        routing_bridge.promote(
+            actor=actor,
+            workspace=exp.workspace,
+            deployment=exp.deployment,
+            version_id=version_id,
+            reason=f"experiment {exp.key}: {arm} won",
+        )
+    exp.decision = {
+        "action": action,
+        "arm": arm,
+        "version_id": version_id,
+        "note": str(note)[:2000],
+        "by": getattr(actor, "username", ""),
+        "at": timezone.now().isoformat(),
+        "evidence": evidence,
+    }
+    exp.ended_at = exp.ended_at or timezone.now()
+    exp.next_ramp_at = None
+    exp.save(update_fields=["state", "decision", "ended_at", "next_ramp_at"])
+    refs = [Ref.to(exp, role="input" if version_id else "subject")]
+    if version_id:
+        refs.append(Ref("model_version", version_id, arm or "", role="output"))
+    event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.concluded",
+        refs=refs,
+        payload=exp.decision,
+    )
+    return exp
+
+
+# --- feedback --------------------------------------------------------------------------------
+
+FEEDBACK_FIELDS = ("impressions", "clicks", "conversions")
+
+
+def _clean_event(i: int, raw: Any, idempotency_key: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ValidationError({f"events.{i}": "give an object"})
+    request_id = raw.get("request_id")
+    if not isinstance(request_id, str) or not request_id or len(request_id) > 100:
+        raise ValidationError({f"events.{i}.request_id": "the request id the gateway returned"})
+    event_id = raw.get("event_id")
+    if event_id is None:
+        if not idempotency_key:
+            raise ValidationError(
+                {f"events.{i}.event_id": "give event ids or an Idempotency-Key header"}
+            )
+        event_id = f"{idempotency_key}:{i}"
+    if not isinstance(event_id, str) or not event_id or len(event_id) > 200:
+        raise ValidationError({f"events.{i}.event_id": "a string of at most 200 characters"})
+    clean: dict[str, Any] = {"request_id": request_id, "event_id": event_id}
+    for field in FEEDBACK_FIELDS:
+        value = raw.get(field, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1_000_000:
+            raise ValidationError({f"events.{i}.{field}": "an integer in 0 .. 1,000,000"})
+        clean[field] = value
+    revenue = raw.get("revenue", 0)
+    if (
+        not isinstance(revenue, int | float)
+        or isinstance(revenue, bool)
+        or not math.isfinite(revenue)
+        or not 0 <= revenue <= 1e9
+    ):
+        raise ValidationError({f"events.{i}.revenue": "a finite amount in 0 .. 1e9"})
+    clean["revenue"] = float(revenue)
+    if clean["clicks"] > clean["impressions"] and clean["impressions"]:
+        raise ValidationError({f"events.{i}.clicks": "more clicks than impressions"})
+    return clean
+
+
+def feedback_record(
+    *, actor, workspace: Workspace, events: Any, idempotency_key: str = ""
+) -> dict[str, int]:
+    """Store a batch of feedback, joined with the prediction log; replays are no-ops."""
+    if not isinstance(events, list) or not 1 <= len(events) <= MAX_FEEDBACK_EVENTS:
+        raise ValidationError({"events": f"give 1-{MAX_FEEDBACK_EVENTS} events"})
+    idempotency_key = str(idempotency_key or "")[:150]
+    clean = [_clean_event(i, raw, idempotency_key) for i, raw in enumerate(events)]
+    ids = [c["event_id"] for c in clean]
+    if len(set(ids)) != len(ids):
+        raise ValidationError({"events": "event ids repeat inside the batch"})
+    logs = routing_bridge.predictions_by_request(workspace, {c["request_id"] for c in clean})
+    keys = {log["experiment_key"] for log in logs.values() if log["experiment_key"]}
+    experiments = {
+        e.key: e for e in Experiment.objects.for_workspace(workspace).filter(key__in=keys)
+    }
+    with transaction.atomic():
+        existing = set(
+            FeedbackEvent.objects.for_workspace(workspace)
+            .filter(event_id__in=ids)
+            .values_list("event_id", flat=True)
+        )
+        rows = []
+        unmatched = 0
+        for c in clean:
+            if c["event_id"] in existing:
+                continue
+            log = logs.get(c["request_id"])
+            if log is None:
+                unmatched += 1
+            exp = experiments.get(log["experiment_key"]) if log else None
+            rows.append(
+                FeedbackEvent(
+                    workspace=workspace,
+                    unit_id=log["unit_id"] if log else "",
+                    experiment=exp,
+                    arm=(log["arm"] if exp else ""),
+                    **c,
+                )
+            )
+        try:
+            FeedbackEvent.objects.bulk_create(rows)
+        except IntegrityError as exc:  # a concurrent replay of the same batch
+            raise ConflictError(
+                "some events were recorded concurrently; retry", attr="events"
+            ) from exc
+        if rows:
+            event_record(
+                actor=actor,
+                workspace=workspace,
+                verb="experiments.feedback.recorded",
+                refs=[
+                    Ref.to(e, role="related") for e in {r.experiment for r in rows if r.experiment}
+                ],
+                payload={"accepted": len(rows), "unmatched": unmatched},
+            )
+    return {
+        "received": len(clean),
+        "accepted": len(rows),
+        "duplicates": len(clean) - len(rows),
+        "unmatched": unmatched,
+    }
+
+
+# --- analysis --------------------------------------------------------------------------------
+
+
+CUPED_PRE_DAYS = 14
+
+
+def _pre_period_clicks(exp: Experiment, units: set[str]) -> dict[str, float]:
+    """Clicks of each unit in the two weeks before the experiment started (CUPED covariate)."""
+    if exp.started_at is None or not units:
+        return {}
+    out: dict[str, float] = {}
+    ordered = sorted(units)
+    for start in range(0, len(ordered), 5000):
+        rows = (
+            FeedbackEvent.objects.for_workspace(exp.workspace_id)
+            .filter(
+                unit_id__in=ordered[start : start + 5000],
+                created_at__lt=exp.started_at,
+                created_at__gte=exp.started_at - timedelta(days=CUPED_PRE_DAYS),
+            )
+            .values("unit_id")
+            .annotate(c=Sum("clicks"))
+        )
+        out.update({row["unit_id"]: float(row["c"] or 0) for row in rows})
+    return out
+
+
+def arm_data(exp: Experiment, *, cuped: bool = False) -> dict[str, stats.ArmData]:
+    """Per-unit totals per arm: exposed units (prediction log) joined with their feedback, and
+    with ``cuped`` each unit's pre-period clicks."""
+    per_arm: dict[str, dict[str, list[float]]] = {
+        name: defaultdict(lambda: [0.0, 0.0, 0.0, 0.0]) for name in exp.arm_names
+    }
+    for arm, unit in routing_bridge.exposed_units(exp.workspace, exp.key):
+        if arm in per_arm:
+            _ = per_arm[arm][unit]  # touching the defaultdict creates the zero row
+    rows = (
+        FeedbackEvent.objects.for_workspace(exp.workspace_id)
+        .filter(experiment=exp)
+        .values("arm", "unit_id")
+        .annotate(i=Sum("impressions"), c=Sum("clicks"), v=Sum("conversions"), r=Sum("revenue"))
+    )
+    for row in rows:
+        if row["arm"] in per_arm:
+            per_arm[row["arm"]][row["unit_id"]] = [
+                float(row["i"] or 0),
+                float(row["c"] or 0),
+                float(row["v"] or 0),
+                float(row["r"] or 0),
+            ]
+    pre = _pre_period_clicks(exp, {u for units in per_arm.values() for u in units}) if cuped else {}
+    out = {}
+    for name, units in per_arm.items():
+        values = np.array(list(units.values()), dtype=float).reshape(-1, 4)
+        out[name] = stats.ArmData(
+            impressions=values[:, 0],
+            clicks=values[:, 1],
+            conversions=values[:, 2],
+            revenue=values[:, 3],
+            pre_clicks=np.array([pre.get(u, 0.0) for u in units], dtype=float) if cuped else None,
+        )
+    return out
+
+
+# Planned looks of the group-sequential read-out: one a day over the ramp plan's duration.
+LOOK_INTERVAL_S = 86400
+
+
+def look_plan(exp: Experiment, *, now: datetime, units: float) -> stats.LookPlan | None:
+    """Where ``now`` stands among the experiment's planned looks, for the group-sequential
+    read-out; None before it starts or without a ramp plan (then only always-valid).
+
+    The planned duration is the ramp plan (one interval per step); its looks are daily (at
+    least one). Alpha is spent on calendar time (the fraction of the duration elapsed, capped
+    at 1) and the looks' correlation comes from the units seen at each: the latest snapshot at
+    or before a past look's time, ``units`` now. Past looks without data are not looks.
+    """
+    if exp.started_at is None or not exp.ramp_plan or units <= 0:
+        return None
+    duration = len(exp.ramp_plan) * exp.ramp_interval_s
+    planned = max(1, round(duration / LOOK_INTERVAL_S))
+    if exp.ended_at is not None:
+        now = min(now, exp.ended_at)
+    elapsed = max((now - exp.started_at).total_seconds(), 1.0)
+    current = min(1.0, elapsed / duration)
+    fractions: list[float] = []
+    information: list[float] = []
+    for k in range(1, planned + 1):
+        fraction = k / planned
+        if fraction >= current:
+            break
+        snap = (
+            Snapshot.objects.for_workspace(exp.workspace_id)
+            .filter(
+                experiment=exp,
+                created_at__lte=exp.started_at + timedelta(seconds=fraction * duration),
+            )
+            .order_by("-created_at", "-id")
+            .only("result")
+            .first()
+        )
+        arms = snap.result.get("arms", {}) if snap else {}
+        seen = sum(a.get("units", 0) for a in arms.values())
+        if seen > (information[-1] if information else 0) and seen < units:
+            fractions.append(fraction)
+            information.append(float(seen))
+    return stats.LookPlan(fractions=(*fractions, current), information=(*information, float(units)))
+
+
+def experiment_analyze(
+    exp: Experiment, *, cuped: bool = False, now: datetime | None = None
+) -> dict[str, Any]:
+    """The read-out of an experiment now; ``cuped`` adds clicks per unit adjusted with each
+    unit's pre-period clicks; a started experiment adds the group-sequential read-out at its
+    current look (``look_plan``)."""
+    arms = arm_data(exp, cuped=cuped)
+    looks = look_plan(
+        exp, now=now or timezone.now(), units=float(sum(a.units for a in arms.values()))
+    )
+    result = stats.analyze(
+        arms,
+        control="control",
+        planned_weights=dict.fromkeys(exp.arm_names, 1.0),
+        alpha=exp.alpha,
+        tuning=exp.sequential_tuning,
+        cuped=cuped,
+        looks=looks,
+    )
+    result["guardrails"] = guardrail_breaches(exp, result)
+    result["primary_metric"] = exp.primary_metric
+    result["enough_units"] = all(a["units"] >= exp.min_units for a in result["arms"].values())
+    return result
+
+
+def guardrail_breaches(exp: Experiment, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Guardrails that fail: a treatment's metric is significantly worse (the always-valid
+    interval lies below zero) and its estimated drop exceeds the rule's ``max_drop``."""
+    breaches = []
+    for arm, effects in result["effects"].items():
+        for rule in exp.guardrails:
+            seq = effects[rule["metric"]]["sequential"]
+            if seq["error"] or seq["ci_high"] is None:
+                continue
+            if seq["ci_high"] < 0 and seq["estimate"] < -rule["max_drop"]:
+                breaches.append(
+                    {
+                        "arm": arm,
+                        "metric": rule["metric"],
+                        "max_drop": rule["max_drop"],
+                        "estimate": seq["estimate"],
+                        "ci": [seq["ci_low"], seq["ci_high"]],
+                    }
+                )
+    return breaches
+
+
+def summary_of(result: dict[str, Any], exp: Experiment) -> dict[str, Any]:
+    metric = exp.primary_metric
+    return {
+        "primary_metric": metric,
+        "arms": {
+            name: {"units": a["units"], metric: a[metric]} for name, a in result["arms"].items()
+        },
+        "effects": {
+            arm: {
+                "relative": e[metric]["relative"],
+                "sequential": e[metric]["sequential"],
+            }
+            for arm, e in result["effects"].items()
+        },
+        "srm": result["srm"],
+        "guardrails": result.get("guardrails", []),
+    }
+
+
+@transaction.atomic
+def snapshot_take(*, experiment: Experiment, now: datetime | None = None) -> Snapshot:
+    exp = experiment
+    result = experiment_analyze(exp, now=now)
+    enough = result["enough_units"]
+    return Snapshot.objects.create(
+        workspace_id=exp.workspace_id,
+        experiment=exp,
+        created_at=now or timezone.now(),
+        traffic_percent=exp.traffic_percent,
+        result=result,
+        srm_mismatch=bool(enough and result["srm"]["mismatch"]),
+        guardrail_breaches=result["guardrails"] if enough else [],
+    )
+
+
+def experiment_check(*, experiment: Experiment, now: datetime | None = None) -> str:
+    """The scheduled check: snapshot, then stop on SRM or a guardrail breach, else ramp when
+    due. Returns what it did: 'stopped', 'ramped' or 'held'."""
+    now = now or timezone.now()
+    exp = experiment
+    if exp.state != ExperimentState.RUNNING:
+        return "held"
+    snap = snapshot_take(experiment=exp, now=now)
+    if snap.srm_mismatch or snap.guardrail_breaches:
+        if snap.srm_mismatch:
+            reason = f"sample ratio mismatch (p = {snap.result['srm']['p_value']:.2g})"
+        else:
+            first = snap.guardrail_breaches[0]
+            reason = (
+                f"guardrail {first['metric']} breached by {first['arm']}: "
+                f"{first['estimate']:+.1%} (allowed -{first['max_drop']:.0%})"
+            )
+        try:
+            experiment_stop(
+                actor=None,
+                experiment=exp,
+                reason=reason,
+                evidence={"snapshot_id": snap.pk, "breaches": snap.guardrail_breaches},
+                now=now,
+            )
+        except ConflictError:  # concluded or stopped by someone meanwhile
+            return "held"
+        return "stopped"
+    if (
+        exp.next_ramp_at is not None
+        and now >= exp.next_ramp_at
+        and exp.ramp_step < len(exp.ramp_plan) - 1
+        and snap.result["enough_units"]
+    ):
+        try:
+            experiment_ramp(actor=None, experiment=exp, now=now, reason="schedule")
+        except ConflictError:
+            return "held"
+        return "ramped"
+    return "held"
+
+
+def layer_traffic(layer: Layer) -> dict[str, Any]:
+    """The layer's bucket map: each running experiment's block and current arm ranges."""
+    rows = []
+    for exp in (
+        Experiment.objects.for_workspace(layer.workspace_id)
+        .filter(layer=layer, state=ExperimentState.RUNNING)
+        .order_by("block_start")
+    ):
+        rows.append(
+            {
+                "experiment": exp.key,
+                "deployment": exp.deployment.name,
+                "block": [exp.block_start, exp.block_start + exp.block_size],
+                "traffic_percent": exp.traffic_percent,
+                "allocations": current_allocations(exp),
+            }
+        )
+    used = sum(r["block"][1] - r["block"][0] for r in rows)
+    return {
+        "buckets": assignment.BUCKETS,
+        "reserved_share": used / assignment.BUCKETS,
+        "experiments": rows,
+    }

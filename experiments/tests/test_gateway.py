@@ -1,0 +1,174 @@
+"""Acceptance with serving's real gateway under load: a planted guardrail breach moves all
+traffic to control within a second, and promoting the winner switches production, both without
+a failed predict request."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import numpy as np
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from experiments import services
+from serving.deployments import deployment_create
+from serving.models import PredictionLog
+from serving.predlog import list_key, predlog_flush, redis_client
+from serving.tests.factories import make_scene
+from serving.tests.helpers import passing_version, predict_body
+from workspaces.models import Role
+from workspaces.testing.factories import token_for
+
+USERS = 120
+
+
+def _setup(workspace, actor):
+    scene = make_scene(workspace, actor, users=USERS)
+    v1 = passing_version(scene, actor, seed=0)
+    v2 = passing_version(scene, actor, seed=1)
+    dep = deployment_create(actor=actor, workspace=workspace, name="main", version=v1)
+    exp = services.experiment_create(
+        actor=actor,
+        workspace=workspace,
+        key="gw-ab",
+        hypothesis="v2 ranks better",
+        deployment=dep.name,
+        treatment_versions=[v2.pk],
+        guardrails=[{"metric": "ctr", "max_drop": 0.05}],
+        ramp_plan=[50],
+        min_units=20,
+    )
+    exp = services.experiment_submit(actor=actor, experiment=exp)
+    exp = services.experiment_approve(actor=actor, experiment=exp, note="load test")
+    return scene, v1, v2, dep, exp
+
+
+# SQLite's in-memory test database locks whole tables across threads: there the load is one
+# client and the test's own writes wait between its requests (``load.quiet()``). PostgreSQL
+# gets three concurrent clients and no pauses.
+SQLITE = connection.vendor == "sqlite"
+
+
+class Load:
+    """Clients sending predicts for the scene's users until stopped."""
+
+    def __init__(self, workspace, scene, key):
+        self.gate = threading.Lock()
+        self.url = f"/api/v1/workspaces/{workspace.slug}/predict/"
+        self.scene, self.key = scene, key
+        self.results: list[tuple[float, float, int, str | None, int | None]] = []
+        self.stop = threading.Event()
+        self.counter = iter(range(10**9))
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run) for _ in range(1 if SQLITE else 3)]
+
+    def quiet(self):
+        return self.gate if SQLITE else contextlib.nullcontext()
+
+    def _run(self):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {self.key}")
+        try:
+            while not self.stop.is_set():
+                with self.lock:
+                    n = next(self.counter)
+                sent = time.monotonic()
+                body = predict_body(self.scene, request_id=f"r-{n}", user=f"u{n % USERS}", n=5)
+                with self.quiet():
+                    response = client.post(self.url, body, format="json")
+                data = response.json() if response.status_code == 200 else {}
+                self.results.append(
+                    (
+                        sent,
+                        time.monotonic(),
+                        response.status_code,
+                        data.get("arm"),
+                        data.get("version"),
+                    )
+                )
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        _drop_stale_log_records()
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+        predlog_flush()  # leave nothing queued for a later test's (flushed) database
+
+
+def _drop_stale_log_records():
+    """Records queued by an earlier test point at rows its database flush removed."""
+    client = redis_client()
+    if client is not None:
+        client.delete(list_key())
+
+
+def _feedback(workspace, ctr):
+    predlog_flush()
+    rng = np.random.default_rng(9)
+    logs = PredictionLog.objects.for_workspace(workspace).exclude(arm="")
+    events = [
+        {
+            "request_id": log.request_id,
+            "event_id": log.request_id,
+            "impressions": 10,
+            "clicks": int(rng.binomial(10, ctr[log.arm])),
+        }
+        for log in logs
+    ]
+    services.feedback_record(actor=None, workspace=workspace, events=events)
+    return len(events)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_planted_guardrail_breach_rolls_back_within_a_second_without_failures(workspace, members):
+    actor = members[Role.MAINTAINER]
+    scene, v1, _v2, _dep, exp = _setup(workspace, actor)
+    with Load(workspace, scene, token_for(actor)) as load:
+        time.sleep(1.0)
+        with load.quiet():
+            assert _feedback(workspace, {"control": 0.3, "treatment": 0.05}) > 40
+            assert services.experiment_check(experiment=exp) == "stopped"
+        rolled_at = time.monotonic()
+        time.sleep(1.6)
+    results = load.results
+    assert results and all(status == 200 for _, _, status, _, _ in results)
+    before = [arm for sent, _, _, arm, _ in results if sent < rolled_at - 1.0]
+    after = [(arm, v) for sent, _, _, arm, v in results if sent >= rolled_at + 1.0]
+    assert before and None not in before  # 50% per arm: every unit was in the experiment
+    assert after and set(after) == {(None, v1.version)}
+    exp.refresh_from_db()
+    assert exp.state == "stopped" and "guardrail" in exp.stop_reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_promoting_the_winner_switches_production_without_failures(workspace, members):
+    actor = members[Role.MAINTAINER]
+    scene, _v1, v2, dep, exp = _setup(workspace, actor)
+    with Load(workspace, scene, token_for(actor)) as load:
+        time.sleep(0.8)
+        with load.quiet():
+            _feedback(workspace, {"control": 0.1, "treatment": 0.2})
+            services.snapshot_take(experiment=exp)
+            exp = services.experiment_conclude(
+                actor=actor, experiment=exp, action="promote", note="clear win"
+            )
+        promoted_at = time.monotonic()
+        time.sleep(1.6)
+    results = load.results
+    assert results and all(status == 200 for _, _, status, _, _ in results)
+    after = {(arm, v) for sent, _, _, arm, v in results if sent >= promoted_at + 1.0}
+    assert after == {(None, v2.version)}
+    dep.refresh_from_db()
+    assert dep.version_id == v2.pk and dep.model.aliases.get("production") == v2.version
+    assert exp.decision["action"] == "promote" and exp.decision["version_id"] == v2.pk
+    assert exp.decision["evidence"]["summary"]["effects"]["treatment"]["relative"]["estimate"] > 0

@@ -1,0 +1,79 @@
+"""The beat task on a real Celery worker: a running experiment with a guardrail breach is
+stopped and its traffic cleared; the schedule names the task."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+
+from config.celery import app
+from experiments import services, tasks
+from experiments.models import Experiment
+from experiments.tests.factories import log_predictions, make_deployment
+from serving.routing import route, routing_table
+from workspaces.models import Role
+
+
+def test_beat_schedules_the_check():
+    entry = settings.CELERY_BEAT_SCHEDULE["experiments-check-running"]
+    assert entry["task"] == tasks.check_running.name and entry["task"] in app.tasks
+    assert entry["schedule"] <= 60
+
+
+@pytest.mark.celery_worker
+@pytest.mark.django_db(transaction=True)
+def test_check_running_on_a_real_worker_stops_a_breaching_experiment(workspace, members):
+    dev = members[Role.DEVELOPER]
+    dep, (treatment,) = make_deployment(workspace)
+    exp = services.experiment_create(
+        actor=dev,
+        workspace=workspace,
+        key="beat-ab",
+        hypothesis="worse on purpose",
+        deployment=dep.name,
+        treatment_versions=[treatment.pk],
+        guardrails=[{"metric": "ctr", "max_drop": 0.05}],
+        ramp_plan=[20],
+        min_units=50,
+    )
+    exp = services.experiment_submit(actor=dev, experiment=exp)
+    table = routing_table(workspace, dep.name)
+    served = [
+        s
+        for s in log_predictions(
+            workspace, dep, lambda u: route(table, u), [f"u{i}" for i in range(3000)]
+        )
+        if s[2]
+    ]
+    rng = np.random.default_rng(4)
+    ctr = {"control": 0.2, "treatment": 0.08}
+    services.feedback_record(
+        actor=None,
+        workspace=workspace,
+        events=[
+            {
+                "request_id": rid,
+                "event_id": rid,
+                "impressions": 10,
+                "clicks": int(rng.binomial(10, ctr[arm])),
+            }
+            for rid, _, arm in served
+        ],
+    )
+    queue = f"test-{uuid.uuid4().hex[:12]}"
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+        tasks.check_running.apply_async(queue=queue)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if Experiment.objects.for_workspace(workspace).get(pk=exp.pk).state == "stopped":
+                break
+            time.sleep(0.2)
+    exp.refresh_from_db()
+    assert exp.state == "stopped", "the worker never stopped the experiment"
+    assert routing_table(workspace, dep.name)["layers"] == []
+    assert exp.snapshots.count() == 1
