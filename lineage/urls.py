@@ -1,3 +1,9 @@
 """Browser UI routes of the lineage app."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from lineage import views
+
+urlpatterns = [
+    path("w/<slug:ws>/lineage/", views.graph_page, name="lineage-graph"),
+]

@@ -1,0 +1,211 @@
+"""OpenLineage out (RunEvents for the platform's training jobs) and in (events from Spark,
+Airflow, dbt ... posted to ``POST /api/v1/lineage``).
+
+Out: when ``OPENLINEAGE_URL`` is set, the projection sends one RunEvent per training-job state
+that OpenLineage knows (running -> START, succeeded -> COMPLETE, failed -> FAIL, cancelled ->
+ABORT) after its batch commits, with the job's input datasets and the model versions it produced.
+Our namespace is ``<OPENLINEAGE_NAMESPACE_PREFIX>/<workspace slug>`` (so our own events posted
+back to us never map to a workspace). Unset: nothing is sent.
+
+In: the namespace of an event's job (or else of its first output dataset) is a workspace slug.
+The caller's token needs the developer role there. The event becomes a platform event
+``lineage.openlineage.<event type>`` whose refs are the external job (subject), its input
+datasets (input) and output datasets (output); the projection turns them into nodes and edges,
+and an output dataset named ``<workspace slug>`` / ``<feature group name>`` becomes an upstream
+node of that feature group.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from lineage.conf import setting
+from workspaces.events import Ref, event_record
+from workspaces.models import Event, Workspace
+
+logger = logging.getLogger(__name__)
+
+PRODUCER = "https://github.com/rankops/rankops/lineage"
+STATE_TO_EVENT = {
+    "running": "START",
+    "succeeded": "COMPLETE",
+    "failed": "FAIL",
+    "cancelled": "ABORT",
+}
+EVENT_TYPES = {"START", "RUNNING", "COMPLETE", "ABORT", "FAIL", "OTHER"}
+
+
+# --- out -------------------------------------------------------------------------------------
+
+
+def namespace_of(workspace: Workspace) -> str:
+    return f"{setting('OPENLINEAGE_NAMESPACE_PREFIX')}/{workspace.slug}"
+
+
+def run_event_for(event: Event, refs: list) -> Any | None:
+    """The OpenLineage RunEvent of one ``training.job.<state>`` event (None for other states)."""
+    from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent
+
+    from lineage.models import Node
+
+    state = event.verb.rsplit(".", 1)[-1]
+    event_type = STATE_TO_EVENT.get(state)
+    job = next((r for r in refs if r.role == "subject" and r.kind == "training_job"), None)
+    if event_type is None or job is None:
+        return None
+    namespace = namespace_of(event.workspace)
+    inputs = [
+        InputDataset(namespace=namespace, name=f"{r.kind}/{r.object_id}")
+        for r in refs
+        if r.role == "input"
+    ]
+    node = (
+        Node.objects.for_workspace(event.workspace_id)
+        .filter(kind="training_job", object_id=job.object_id)
+        .first()
+    )
+    outputs = []
+    if node is not None:
+        for produced in Node.objects.for_workspace(event.workspace_id).filter(
+            in_edges__src=node, kind="model_version"
+        ):
+            outputs.append(
+                OutputDataset(namespace=namespace, name=f"model_version/{produced.object_id}")
+            )
+    run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/training_job/{job.object_id}"))
+    return RunEvent(
+        eventType=event_type,
+        eventTime=event.created_at.isoformat(),
+        run=Run(runId=run_id),
+        job=Job(namespace=namespace, name=f"training_job/{job.object_id}"),
+        producer=PRODUCER,
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def emit_run_events(pending: list) -> int:
+    """Send the RunEvents of projected training-job events; failures are logged, not raised."""
+    url = setting("OPENLINEAGE_URL")
+    if not url or not pending:
+        return 0
+    from openlineage.client import OpenLineageClient
+    from openlineage.client.transport.http import ApiKeyTokenProvider, HttpConfig, HttpTransport
+
+    api_key = setting("OPENLINEAGE_API_KEY")
+    config = HttpConfig(
+        url=url,
+        timeout=5.0,
+        retry={"total": 1},
+        **({"auth": ApiKeyTokenProvider({"apiKey": api_key})} if api_key else {}),
+    )
+    client = OpenLineageClient(transport=HttpTransport(config))
+    sent = 0
+    for event, refs in pending:
+        try:
+            run_event = run_event_for(event, refs)
+            if run_event is not None:
+                client.emit(run_event)
+                sent += 1
+        except Exception:  # an unreachable lineage server must not stop the projection
+            logger.exception("could not send OpenLineage event for %s", event.verb)
+    return sent
+
+
+# --- in --------------------------------------------------------------------------------------
+
+
+def _datasets(body: dict[str, Any], key: str) -> list[tuple[str, str]]:
+    found = []
+    for item in body.get(key) or []:
+        if not isinstance(item, dict):
+            raise ValidationError({key: "Each dataset is an object with namespace and name."})
+        namespace, name = item.get("namespace"), item.get("name")
+        if not isinstance(namespace, str) or not isinstance(name, str) or not namespace or not name:
+            raise ValidationError({key: "Each dataset needs a namespace and a name."})
+        found.append((namespace[:100], name[:200]))
+    return found
+
+
+def parse_event(body: Any) -> dict[str, Any]:
+    """The parts of a RunEvent, JobEvent or DatasetEvent the platform keeps."""
+    if not isinstance(body, dict):
+        raise ValidationError({"body": "An OpenLineage event is a JSON object."})
+    job = body.get("job")
+    dataset = body.get("dataset")
+    if job is not None and not (
+        isinstance(job, dict) and isinstance(job.get("namespace"), str) and job.get("name")
+    ):
+        raise ValidationError({"job": "The job needs a namespace and a name."})
+    if job is None and not isinstance(dataset, dict):
+        raise ValidationError({"job": "Give a job (RunEvent/JobEvent) or a dataset."})
+    event_type = body.get("eventType") or "OTHER"
+    if event_type not in EVENT_TYPES:
+        raise ValidationError({"eventType": f"Use one of {', '.join(sorted(EVENT_TYPES))}."})
+    run = body.get("run") if isinstance(body.get("run"), dict) else {}
+    outputs = _datasets(body, "outputs")
+    if isinstance(dataset, dict):
+        outputs += _datasets({"d": [dataset]}, "d")
+    return {
+        "event_type": event_type,
+        "event_time": str(body.get("eventTime", ""))[:64],
+        "run_id": str(run.get("runId", ""))[:64],
+        "job": (str(job["namespace"])[:100], str(job["name"])[:200]) if job else None,
+        "inputs": _datasets(body, "inputs"),
+        "outputs": outputs,
+        "producer": str(body.get("producer", ""))[:300],
+    }
+
+
+def namespace_workspace_slug(parsed: dict[str, Any]) -> str:
+    """The workspace an event belongs to: its job's namespace, else its first output's."""
+    if parsed["job"]:
+        return parsed["job"][0]
+    return parsed["outputs"][0][0] if parsed["outputs"] else ""
+
+
+@transaction.atomic
+def openlineage_event_record(
+    *, actor, workspace: Workspace, parsed: dict[str, Any], token_prefix: str = ""
+) -> Event:
+    """Record an accepted external OpenLineage event in the workspace's event log."""
+    from lineage.projection import external_dataset_id, external_job_id
+
+    refs: list[Ref] = []
+    if parsed["job"]:
+        namespace, name = parsed["job"]
+        refs.append(
+            Ref("external_job", external_job_id(namespace, name), f"{namespace}/{name}"[:200])
+        )
+    for role, key in (("input", "inputs"), ("output", "outputs")):
+        for namespace, name in parsed[key]:
+            refs.append(
+                Ref(
+                    "external_dataset",
+                    external_dataset_id(namespace, name),
+                    f"{namespace}/{name}"[:200],
+                    role=role,
+                )
+            )
+    return event_record(
+        actor=actor,
+        workspace=workspace,
+        verb=f"lineage.openlineage.{parsed['event_type'].lower()}",
+        refs=refs,
+        token_prefix=token_prefix,
+        payload={
+            "run_id": parsed["run_id"],
+            "event_time": parsed["event_time"],
+            "producer": parsed["producer"],
+            "job": "/".join(parsed["job"]) if parsed["job"] else "",
+            "inputs": ["/".join(d) for d in parsed["inputs"]],
+            "outputs": ["/".join(d) for d in parsed["outputs"]],
+            "received_at": timezone.now(),
+        },
+    )

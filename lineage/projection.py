@@ -1,0 +1,678 @@
+"""The projection of the event log into the lineage graph, cost usage and audit items.
+
+It reads ``workspaces.Event`` rows in id order after a cursor and applies the rules that match
+each event's verb. A rule is a function ``rule(event, refs, projector)``; rules are registered per
+verb pattern (``fnmatch`` syntax) with ``register_rule``, so a new kind of event extends the
+graph without touching the rest. Events no rule claims get the default rule: every ``input`` ref
+points to every ``subject``/``output`` ref, with an edge type derived from the two kinds
+(``edge_type_for``; extend with ``register_edge_type``).
+
+Everything is derived from the event rows alone (times are event times), so replaying the log
+from scratch (``rebuild``) gives exactly the graph built incrementally.
+
+Commit order vs id order: a transaction that took a smaller event id may commit after a larger
+one. The projection stops before a hole in the ids whose next event is younger than
+``LINEAGE_GAP_WAIT_SECONDS`` (it may still commit) and skips older holes (rollbacks).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from lineage.conf import RESOURCE_KEYS, setting
+from lineage.models import (
+    AuditCategory,
+    AuditItem,
+    AuditStatus,
+    Cursor,
+    Edge,
+    EdgeType,
+    Node,
+    Reach,
+    Usage,
+)
+from lineage.reach import (
+    reach_add_edge,
+    reach_edge_ended,
+    reach_node_died,
+    reach_node_revived,
+    reach_owner_changed,
+)
+from workspaces.models import Event
+
+logger = logging.getLogger(__name__)
+
+CURSOR = "graph"
+
+# Event kinds that are not part of the data lineage (access control, infrastructure, telemetry).
+IGNORED_KINDS = {
+    "workspace",
+    "user",
+    "membership",
+    "api_token",
+    "service_account",
+    "webhook",
+    "notification",
+    "node",
+    "quota",
+    "workspace_quota",
+    "batch",
+    "prediction",
+}
+# Kinds the same object goes by in different apps (a feature consumer of kind "model" is a
+# model version).
+KIND_ALIASES = {"model": "model_version"}
+# Last verb segments after which an object no longer runs or serves.
+DEAD_STATES = {"retired", "deleted", "removed", "archived", "stopped", "concluded", "cancelled"}
+# Kinds whose data a downstream object reads.
+DATA_KINDS = {"feature_group", "feature", "feature_group_version", "dataset", "external_dataset"}
+
+
+def canonical_kind(kind: str) -> str:
+    return KIND_ALIASES.get(kind, kind)
+
+
+def external_dataset_id(namespace: str, name: str) -> str:
+    """Stable id of an OpenLineage dataset (namespace + name can exceed the 64-char id)."""
+    return "ol-" + hashlib.sha256(f"{namespace}\x00{name}".encode()).hexdigest()[:32]
+
+
+def external_job_id(namespace: str, name: str) -> str:
+    return "olj-" + hashlib.sha256(f"{namespace}\x00{name}".encode()).hexdigest()[:32]
+
+
+# --- edge types ------------------------------------------------------------------------------
+
+_EDGE_TYPES: dict[tuple[str, str], str] = {
+    ("training_job", "model_version"): EdgeType.PRODUCES,
+    ("external_job", "external_dataset"): EdgeType.PRODUCES,
+    ("model_version", "deployment"): EdgeType.DEPLOYED_AS,
+    ("registered_model", "deployment"): EdgeType.DEPLOYED_AS,
+    ("deployment", "experiment"): EdgeType.TESTED_IN,
+    ("model_version", "experiment"): EdgeType.TESTED_IN,
+    ("external_dataset", "feature_group"): EdgeType.DERIVED_FROM,
+    ("feature_group", "feature"): EdgeType.RELATED,
+}
+
+
+def register_edge_type(src_kind: str, dst_kind: str, edge_type: str) -> None:
+    """Name the edge type between two kinds (``*`` matches any kind on that side)."""
+    _EDGE_TYPES[(src_kind, dst_kind)] = edge_type
+
+
+def edge_type_for(src_kind: str, dst_kind: str) -> str:
+    for key in ((src_kind, dst_kind), (src_kind, "*"), ("*", dst_kind)):
+        if key in _EDGE_TYPES:
+            return _EDGE_TYPES[key]
+    if src_kind == dst_kind:
+        return EdgeType.DERIVED_FROM
+    if src_kind in DATA_KINDS:
+        return EdgeType.CONSUMES
+    if dst_kind == "experiment":
+        return EdgeType.TESTED_IN
+    return EdgeType.DERIVED_FROM
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class R:
+    """A ref as the projection sees it (kind canonical)."""
+
+    kind: str
+    object_id: str
+    label: str
+    role: str
+
+
+Rule = Callable[[Event, list[R], "Projector"], None]
+
+
+@dataclass
+class _Registered:
+    pattern: str
+    rule: Rule
+    replaces_default: bool
+
+
+_RULES: list[_Registered] = []
+
+
+def register_rule(pattern: str, *, replaces_default: bool = False) -> Callable[[Rule], Rule]:
+    """Apply ``rule`` to events whose verb matches ``pattern``; with ``replaces_default`` the
+    default input -> subject/output rule is not applied to them."""
+
+    def decorator(rule: Rule) -> Rule:
+        _RULES[:] = [r for r in _RULES if not (r.pattern == pattern and r.rule is rule)]
+        _RULES.append(_Registered(pattern, rule, replaces_default))
+        return rule
+
+    return decorator
+
+
+def default_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """Every input ref points to every subject/output ref."""
+    inputs = [r for r in refs if r.role == "input"]
+    targets = [r for r in refs if r.role in ("subject", "output")]
+    for target in targets:
+        dst = p.node(event, target)
+        for ref in inputs:
+            src = p.node(event, ref)
+            if src.pk != dst.pk:
+                p.edge(event, src, dst)
+
+
+@register_rule("feature.*", replaces_default=True)
+def feature_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """Feature events name the feature by pk; the graph keys features by group and name (the
+    form consumers use), so the node is ``feature:<group id>:<name>`` under its group."""
+    group = next((r for r in refs if r.kind == "feature_group"), None)
+    for ref in refs:
+        if ref.kind != "feature" or group is None:
+            continue
+        name = ref.label.split(":")[-1]
+        p.feature_node(event, group, name, status_from_verb=True)
+
+
+@register_rule("feature_group.registered")
+@register_rule("feature_group.versioned")
+def feature_group_features_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """A group's features are nodes from the start (so unused ones can be found)."""
+    group = next((r for r in refs if r.kind == "feature_group" and r.role == "subject"), None)
+    payload = event.payload or {}
+    names = [f.get("name") for f in payload.get("features") or [] if isinstance(f, dict)]
+    names += [n for n in payload.get("added") or [] if isinstance(n, str)]
+    for name in names:
+        if group is not None and isinstance(name, str) and name:
+            p.feature_node(event, group, name)
+
+
+@register_rule("feature_consumer.registered", replaces_default=True)
+def consumer_registered_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """group -consumes-> consumer, and feature -consumes-> consumer when a feature is named."""
+    group = next((r for r in refs if r.role == "input"), None)
+    consumer = next((r for r in refs if r.role == "output"), None)
+    if group is None or consumer is None:
+        return
+    g = p.node(event, group)
+    c = p.node(event, consumer)
+    p.edge(event, g, c, EdgeType.CONSUMES)
+    feature_name = (event.payload or {}).get("feature") or ""
+    if feature_name:
+        f = p.feature_node(event, group, feature_name)
+        p.edge(event, f, c, EdgeType.CONSUMES)
+
+
+@register_rule("feature_consumer.released", replaces_default=True)
+def consumer_released_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """Every live use of feature groups and features by the object ends."""
+    for ref in refs:
+        node = p.find(event.workspace_id, ref.kind, ref.object_id)
+        if node is None:
+            continue
+        p.end_edges(
+            event,
+            Edge.objects.for_workspace(event.workspace_id).filter(
+                dst=node,
+                active=True,
+                type=EdgeType.CONSUMES,
+                src__kind__in=("feature_group", "feature"),
+            ),
+        )
+
+
+@register_rule("serving.deployment.released")
+@register_rule("serving.deployment.rolled_back")
+def deployment_switch_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """A deployment serves one model version: a release (input = new, related = old) or a
+    rollback (related = bad, then good) ends the old version's ``deployed_as`` edge."""
+    deployment = next((r for r in refs if r.kind == "deployment"), None)
+    versions = [r for r in refs if r.kind == "model_version"]
+    if deployment is None or not versions:
+        return
+    if event.verb.endswith(".released"):
+        new = [r for r in versions if r.role == "input"]
+        old = [r for r in versions if r.role == "related"]
+    else:  # rolled_back: [bad, good] as the serving app records them
+        related = [r for r in versions if r.role == "related"]
+        old, new = related[:1], related[1:2]
+    dep = p.node(event, deployment)
+    keep = {r.object_id for r in new}
+    for ref in new:
+        p.edge(event, p.node(event, ref), dep, EdgeType.DEPLOYED_AS)
+    for ref in old:
+        stale = p.find(event.workspace_id, ref.kind, ref.object_id)
+        if stale is not None and ref.object_id not in keep:
+            p.end_edges(
+                event,
+                Edge.objects.for_workspace(event.workspace_id).filter(
+                    src=stale, dst=dep, type=EdgeType.DEPLOYED_AS, active=True
+                ),
+            )
+
+
+@register_rule("dataset.failed")
+def dataset_failed_rule(event: Event, refs: list[R], p: Projector) -> None:
+    for ref in refs:
+        if ref.kind == "dataset":
+            p.set_status(event, ref, "failed", live=False)
+
+
+@register_rule("lineage.openlineage.*", replaces_default=True)
+def openlineage_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """External job: input datasets -consumes-> job -produces-> output datasets; an output named
+    like a feature group of the workspace (namespace = workspace slug, name = group name) is
+    upstream of that group."""
+    job = next((r for r in refs if r.role == "subject"), None)
+    inputs = [p.node(event, r) for r in refs if r.role == "input"]
+    outputs = [p.node(event, r) for r in refs if r.role == "output"]
+    if job is not None:
+        job_node = p.node(event, job)
+        for node in inputs:
+            p.edge(event, node, job_node, EdgeType.CONSUMES)
+        for node in outputs:
+            p.edge(event, job_node, node, EdgeType.PRODUCES)
+    else:
+        for src in inputs:
+            for dst in outputs:
+                p.edge(event, src, dst, EdgeType.DERIVED_FROM)
+    slug = event.workspace.slug if event.workspace_id else ""
+    for ref in refs:
+        if ref.role != "output" or ref.kind != "external_dataset":
+            continue
+        namespace, _, name = ref.label.partition("/")
+        if namespace != slug:
+            continue
+        group = (
+            Node.objects.for_workspace(event.workspace_id)
+            .filter(kind="feature_group", label=name)
+            .order_by("id")
+            .first()
+        )
+        if group is not None:
+            p.edge(event, p.node(event, ref), group, EdgeType.DERIVED_FROM)
+
+
+@register_rule("*.over_quota")
+def over_quota_rule(event: Event, refs: list[R], p: Projector) -> None:
+    target = _first_target(refs)
+    if target is not None:
+        payload = event.payload or {}
+        reason = payload.get("reason") or (
+            f"exceeded {payload['exceeded']}" if payload.get("exceeded") else "over its quota"
+        )
+        p.flag(event, target, AuditCategory.OVER_QUOTA, str(reason))
+
+
+@register_rule("*.over_quota_reviewed")
+def over_quota_reviewed_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """The scheduler's own review of an over-quota job closes the audit item."""
+    target = _first_target(refs)
+    if target is None:
+        return
+    AuditItem.objects.for_workspace(event.workspace_id).filter(
+        category=AuditCategory.OVER_QUOTA, kind=target.kind, object_id=target.object_id
+    ).update(status=AuditStatus.REVIEWED, decided_at=event.created_at, decided_by=event.actor_name)
+
+
+@register_rule("training.job.*")
+def low_utilisation_rule(event: Event, refs: list[R], p: Projector) -> None:
+    data = {**(event.payload or {}), **(event.resources or {})}
+    for key in ("utilisation", "utilization", "gpu_utilisation", "cpu_utilisation"):
+        value = data.get(key)
+        if isinstance(value, int | float) and value < setting("LINEAGE_LOW_UTILISATION"):
+            target = _first_target(refs)
+            if target is not None:
+                p.flag(event, target, AuditCategory.LOW_UTILISATION, f"{key} {value:.0%} reported")
+            return
+
+
+@register_rule("lineage.audit.flagged", replaces_default=True)
+def audit_flagged_rule(event: Event, refs: list[R], p: Projector) -> None:
+    target = _first_target(refs)
+    payload = event.payload or {}
+    if target is not None and payload.get("category") in AuditCategory.values:
+        p.flag(event, target, payload["category"], str(payload.get("reason", "")))
+
+
+@register_rule("lineage.audit.*", replaces_default=True)
+def audit_decided_rule(event: Event, refs: list[R], p: Projector) -> None:
+    decision = event.verb.rsplit(".", 1)[-1]
+    if decision not in (AuditStatus.APPROVED, AuditStatus.REVOKED, AuditStatus.REVIEWED):
+        return
+    target = _first_target(refs)
+    if target is None:
+        return
+    payload = event.payload or {}
+    AuditItem.objects.for_workspace(event.workspace_id).filter(
+        category=payload.get("category", ""), kind=target.kind, object_id=target.object_id
+    ).update(
+        status=decision,
+        decided_at=event.created_at,
+        decided_by=event.actor_name,
+        decision_note=str(payload.get("note", ""))[:2000],
+    )
+
+
+def _first_target(refs: list[R]) -> R | None:
+    return next((r for r in refs if r.role == "subject"), None) or next(
+        (r for r in refs if r.role == "output"), None
+    )
+
+
+# --- the projector ---------------------------------------------------------------------------
+
+
+@dataclass
+class Projector:
+    """Applies events; caches the nodes it touched during one batch."""
+
+    emit: bool = True
+    nodes: dict[tuple[int, str, str], Node] = field(default_factory=dict)
+    run_events: list[tuple[Event, list[R]]] = field(default_factory=list)
+
+    def find(self, workspace_id: int, kind: str, object_id: str) -> Node | None:
+        key = (workspace_id, canonical_kind(kind), str(object_id))
+        node = self.nodes.get(key)
+        if node is None:
+            node = (
+                Node.objects.for_workspace(workspace_id)
+                .filter(kind=key[1], object_id=key[2])
+                .first()
+            )
+            if node is not None:
+                self.nodes[key] = node
+        return node
+
+    def node(self, event: Event, ref: R) -> Node:
+        """The node of ``ref``, made or refreshed by ``event``."""
+        node = self.find(event.workspace_id, ref.kind, ref.object_id)
+        acting = ref.role in ("subject", "output")
+        if node is None:
+            node = Node.objects.create(
+                workspace_id=event.workspace_id,
+                kind=ref.kind,
+                object_id=ref.object_id,
+                label=ref.label[:200],
+                owner_name=event.actor_name if acting else "",
+                first_seen_at=event.created_at,
+                last_seen_at=event.created_at,
+                first_event_id=event.id,
+                last_event_id=event.id,
+            )
+            self.nodes[(event.workspace_id, node.kind, node.object_id)] = node
+            if node.kind == "feature_group":
+                self._link_external_datasets(event, node)
+            return node
+        changed = []
+        if node.last_event_id != event.id:
+            node.last_seen_at, node.last_event_id = event.created_at, event.id
+            changed += ["last_seen_at", "last_event_id"]
+        if acting:
+            if ref.label and ref.label[:200] != node.label:
+                node.label = ref.label[:200]
+                changed.append("label")
+            if not node.owner_name and event.actor_name:
+                node.owner_name = event.actor_name
+                changed.append("owner_name")
+        if changed:
+            node.save(update_fields=changed)
+            if "owner_name" in changed:
+                reach_owner_changed(node)
+        return node
+
+    def feature_node(
+        self, event: Event, group: R, name: str, *, status_from_verb: bool = False
+    ) -> Node:
+        g = self.node(event, R(group.kind, group.object_id, group.label, "input"))
+        ref = R("feature", f"{group.object_id}:{name}", f"{g.label}:{name}", "subject")
+        f = self.node(event, ref)
+        self.edge(event, g, f, EdgeType.RELATED)
+        if status_from_verb:
+            self.set_status(event, ref, event.verb.rsplit(".", 1)[-1])
+        return f
+
+    def set_status(self, event: Event, ref: R, status: str, *, live: bool | None = None) -> None:
+        node = self.node(event, ref)
+        alive = status not in DEAD_STATES if live is None else live
+        if node.status != status[:40] or node.live != alive:
+            was_live = node.live
+            node.status, node.live = status[:40], alive
+            node.save(update_fields=["status", "live"])
+            if was_live and not alive:
+                reach_node_died(node)
+            elif alive and not was_live:
+                reach_node_revived(node)
+
+    def edge(self, event: Event, src: Node, dst: Node, edge_type: str | None = None) -> Edge:
+        edge_type = edge_type or edge_type_for(src.kind, dst.kind)
+        edge = (
+            Edge.objects.for_workspace(event.workspace_id)
+            .filter(src=src, dst=dst, type=edge_type)
+            .first()
+        )
+        if edge is None:
+            edge = Edge.objects.create(
+                workspace_id=event.workspace_id,
+                src=src,
+                dst=dst,
+                type=edge_type,
+                created_at=event.created_at,
+                first_event_id=event.id,
+                last_event_id=event.id,
+            )
+            reach_add_edge(src, dst)
+            return edge
+        edge.last_event_id = event.id
+        fields = ["last_event_id"]
+        revived = not edge.active
+        if revived:
+            edge.active, edge.ended_at = True, None
+            fields += ["active", "ended_at"]
+        edge.save(update_fields=fields)
+        if revived:
+            reach_add_edge(src, dst)
+        return edge
+
+    def end_edges(self, event: Event, edges) -> None:
+        sources = {}
+        for edge in edges.select_related("src"):
+            edge.active, edge.ended_at, edge.last_event_id = False, event.created_at, event.id
+            edge.save(update_fields=["active", "ended_at", "last_event_id"])
+            sources[edge.src_id] = edge.src
+        for src in sources.values():
+            reach_edge_ended(src)
+
+    def _link_external_datasets(self, event: Event, group: Node) -> None:
+        """An external dataset announced before its feature group existed."""
+        label = f"{event.workspace.slug}/{group.label}"
+        for dataset in Node.objects.for_workspace(event.workspace_id).filter(
+            kind="external_dataset", label=label
+        ):
+            self.edge(event, dataset, group, EdgeType.DERIVED_FROM)
+
+    def usage(self, event: Event, refs: list[R]) -> None:
+        resources = event.resources or {}
+        amounts = {}
+        for key in RESOURCE_KEYS:
+            value = resources.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                amounts[key] = float(value)
+        target = _first_target(refs)
+        if not amounts or target is None:
+            return
+        prices = setting("LINEAGE_UNIT_PRICES")
+        cost = sum(amount * float(prices.get(key, 0)) for key, amount in amounts.items())
+        Usage.objects.create(
+            workspace_id=event.workspace_id,
+            node=self.node(event, target),
+            event_id=event.id,
+            verb=event.verb,
+            created_at=event.created_at,
+            cost=round(cost, 6),
+            **amounts,
+        )
+
+    def flag(self, event: Event, target: R, category: str, reason: str) -> None:
+        node = self.node(event, target)
+        AuditItem.objects.update_or_create(
+            workspace_id=event.workspace_id,
+            category=category,
+            kind=node.kind,
+            object_id=node.object_id,
+            defaults={
+                "label": node.label,
+                "owner_name": node.owner_name or event.actor_name,
+                "reason": reason[:2000],
+                "resources": event.resources or {},
+                "status": AuditStatus.OPEN,
+                "flagged_at": event.created_at,
+                "flag_event_id": event.id,
+                "decided_at": None,
+                "decided_by": "",
+                "decision_note": "",
+            },
+        )
+
+    def apply(self, event: Event) -> None:
+        refs = [
+            R(canonical_kind(r.kind), r.object_id, r.label, r.role)
+            for r in event.refs.all()
+            if canonical_kind(r.kind) not in IGNORED_KINDS
+        ]
+        matched = [r for r in _RULES if fnmatch.fnmatchcase(event.verb, r.pattern)]
+        if not any(r.replaces_default for r in matched):
+            default_rule(event, refs, self)
+            # The last verb segment is the state of the event's subject.
+            state = event.verb.rsplit(".", 1)[-1]
+            for ref in refs:
+                if ref.role == "subject" and "." in event.verb:
+                    self.set_status(event, ref, state)
+        for registered in matched:
+            registered.rule(event, refs, self)
+        self.usage(event, refs)
+        if self.emit and event.verb.startswith("training.job."):
+            self.run_events.append((event, refs))
+
+
+# --- driving it ------------------------------------------------------------------------------
+
+
+def _cursor_locked(*, wait: bool = True) -> Cursor | None:
+    Cursor.objects.get_or_create(name=CURSOR)
+    return Cursor.objects.select_for_update(skip_locked=not wait).filter(name=CURSOR).first()
+
+
+def _project_batch(
+    batch_size: int, gap_wait: float, emit: bool, wait: bool = True
+) -> tuple[int, bool]:
+    """Apply up to ``batch_size`` events; returns (applied, more may follow)."""
+    projector = Projector(emit=emit)
+    with transaction.atomic():
+        cursor = _cursor_locked(wait=wait)
+        if cursor is None:
+            return 0, False  # another process is projecting right now
+        events = list(
+            Event.objects.unscoped()
+            .filter(id__gt=cursor.last_event_id)
+            .select_related("workspace")
+            .prefetch_related("refs")
+            .order_by("id")[:batch_size]
+        )
+        settle = timezone.now() - timedelta(seconds=gap_wait)
+        expected = cursor.last_event_id + 1
+        applied = 0
+        stopped = False
+        for event in events:
+            if event.id != expected and gap_wait > 0 and event.created_at > settle:
+                stopped = True  # an earlier id may still be committing
+                break
+            if event.workspace_id is not None:
+                projector.apply(event)
+            cursor.last_event_id = event.id
+            expected = event.id + 1
+            applied += 1
+        if applied:
+            cursor.save(update_fields=["last_event_id", "updated_at"])
+        if projector.run_events:
+            from lineage.openlineage import emit_run_events
+
+            pending = list(projector.run_events)
+            transaction.on_commit(lambda: emit_run_events(pending), robust=True)
+    return applied, (len(events) == batch_size and not stopped)
+
+
+def project(
+    *,
+    limit: int | None = None,
+    gap_wait: float | None = None,
+    emit: bool = True,
+    wait: bool = True,
+) -> int:
+    """Apply the events after the cursor (at most ``limit``); returns how many were applied.
+
+    ``wait=False`` returns at once when another process holds the cursor (it is projecting)."""
+    batch_size = int(setting("LINEAGE_BATCH_SIZE"))
+    gap = float(setting("LINEAGE_GAP_WAIT_SECONDS") if gap_wait is None else gap_wait)
+    total = 0
+    while limit is None or total < limit:
+        size = batch_size if limit is None else min(batch_size, limit - total)
+        applied, more = _project_batch(size, gap, emit, wait)
+        total += applied
+        if not more:
+            break
+    return total
+
+
+def catch_up() -> None:
+    """Bring the graph up to date before a read; a failure leaves the read merely stale."""
+    try:
+        project(limit=int(setting("LINEAGE_BATCH_SIZE")) * 5, wait=False)
+    except Exception:  # reads must not fail because the projection did
+        logger.exception("lineage projection failed during catch-up")
+
+
+@transaction.atomic
+def rebuild() -> int:
+    """Throw the projection away and replay the whole event log (no OpenLineage emission)."""
+    Cursor.objects.select_for_update().filter(name=CURSOR).first()
+    AuditItem.objects.unscoped().delete()
+    Usage.objects.unscoped().delete()
+    Reach.objects.unscoped().delete()
+    Edge.objects.unscoped().delete()
+    Node.objects.unscoped().delete()
+    Cursor.objects.update_or_create(name=CURSOR, defaults={"last_event_id": 0})
+    return project(gap_wait=0, emit=False)
+
+
+# --- the post-commit hook --------------------------------------------------------------------
+
+
+def schedule_after_commit(sender: Any, instance: Event, created: bool, **kwargs: Any) -> None:
+    """post_save of Event: once per transaction, enqueue the projection after commit."""
+    if not created:
+        return
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
+        _enqueue_projection()
+        return
+    if any(func is _enqueue_projection for _, func, _ in connection.run_on_commit):
+        return
+    transaction.on_commit(_enqueue_projection, robust=True)
+
+
+def _enqueue_projection() -> None:
+    from lineage.tasks import project_events
+
+    queue = setting("LINEAGE_QUEUE")
+    project_events.apply_async(**({"queue": queue} if queue else {}))
