@@ -113,6 +113,8 @@ MIDDLEWARE = [
     "workspaces.middleware.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "workspaces.middleware.RequestBodyLimitMiddleware",
+    # Warm online-feature lookups answered before the rest (falls through to DRF otherwise).
+    "features.fastpath.OnlineLookupMiddleware",
     "workspaces.access_cache.AccessGenerationMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -199,6 +201,10 @@ ARTIFACT_ROOT = (
 ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
 if TESTING:
     TEST_STATE_DIR.mkdir(parents=True, exist_ok=True)
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        # A file, not shared-cache memory: tests that run real workers, gateways and load
+        # generators in threads need concurrent connections that wait for each other's writes.
+        DATABASES["default"]["TEST"] = {"NAME": str(TEST_STATE_DIR / "test-db.sqlite3")}
 # MLflow: tracking and model registry. Embedded default: a SQLite store under var/ (the file
 # store has no model registry); production: an MLflow server or a PostgreSQL URI.
 _MLFLOW_DIR = (TEST_STATE_DIR if TESTING else VAR_DIR) / "mlflow"

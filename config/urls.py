@@ -14,6 +14,7 @@ api_v1 = [
     path("", include("serving.api.urls")),
     path("", include("experiments.api.urls")),
     path("", include("lineage.api.urls")),
+    path("", include("training.scheduler.api.urls")),
 ]
 
 urlpatterns = [
@@ -36,4 +37,5 @@ urlpatterns = [
     path("", include("experiments.urls")),
     path("", include("lineage.urls")),
     path("", include("workspaces.urls")),
+    path("", include("training.scheduler.urls")),
 ]
