@@ -77,6 +77,16 @@ class Metric(models.TextChoices):
     RPM = "rpm", "Revenue per mille impressions"
 
 
+class SequentialMethod(models.TextChoices):
+    GROUP_SEQUENTIAL = "group_sequential", "Group-sequential (planned daily looks)"
+    ALWAYS_VALID = "always_valid", "Always-valid (read at any time)"
+
+
+class Spending(models.TextChoices):
+    OBRIEN_FLEMING = "obrien_fleming", "O'Brien-Fleming-type"
+    POCOCK = "pocock", "Pocock-type"
+
+
 class Experiment(models.Model):
     event_kind = "experiment"
 
@@ -110,6 +120,16 @@ class Experiment(models.Model):
     )
     alpha = models.FloatField(default=0.05)
     sequential_tuning = models.FloatField(default=5000)
+    sequential_method = models.CharField(
+        max_length=16,
+        choices=SequentialMethod.choices,
+        default=SequentialMethod.GROUP_SEQUENTIAL,
+        help_text="How results read while running are judged: planned daily looks with alpha "
+        "spending, or always-valid intervals (any time, more conservative).",
+    )
+    spending = models.CharField(
+        max_length=16, choices=Spending.choices, default=Spending.OBRIEN_FLEMING
+    )
     state = models.CharField(
         max_length=16, choices=ExperimentState.choices, default=ExperimentState.DRAFT
     )

@@ -29,7 +29,9 @@ from experiments.models import (
     FeedbackEvent,
     Layer,
     Metric,
+    SequentialMethod,
     Snapshot,
+    Spending,
     Unit,
     key_validator,
 )
@@ -152,6 +154,8 @@ def experiment_create(
     ramp_interval_s: int = 86400,
     min_units: int = 100,
     alpha: float = 0.05,
+    sequential_method: str = SequentialMethod.GROUP_SEQUENTIAL,
+    spending: str = Spending.OBRIEN_FLEMING,
 ) -> Experiment:
     """A draft experiment: control is the deployment's production version."""
     key_validator(key)
@@ -186,6 +190,10 @@ def experiment_create(
         raise ValidationError({"min_units": "2 .. 10,000,000"})
     if not isinstance(alpha, float | int) or not 0.001 <= alpha <= 0.2:
         raise ValidationError({"alpha": "0.001 .. 0.2"})
+    if sequential_method not in SequentialMethod.values:
+        raise ValidationError({"sequential_method": f"one of {SequentialMethod.values}"})
+    if spending not in Spending.values:
+        raise ValidationError({"spending": f"one of {Spending.values}"})
     plan = _clean_ramp(ramp_plan if ramp_plan is not None else [1, 5, 20, 50], len(arms), workspace)
     exp = Experiment.objects.create(
         workspace=workspace,
@@ -202,6 +210,8 @@ def experiment_create(
         ramp_interval_s=ramp_interval_s,
         min_units=min_units,
         alpha=float(alpha),
+        sequential_method=sequential_method,
+        spending=spending,
         owner=actor if getattr(actor, "is_authenticated", False) else None,
     )
     event_record(
@@ -716,6 +726,8 @@ def look_plan(exp: Experiment, *, now: datetime, units: float) -> stats.LookPlan
     at 1) and the looks' correlation comes from the units seen at each: the latest snapshot at
     or before a past look's time, ``units`` now. Past looks without data are not looks.
     """
+    if exp.sequential_method != SequentialMethod.GROUP_SEQUENTIAL:
+        return None
     if exp.started_at is None or not exp.ramp_plan or units <= 0:
         return None
     duration = len(exp.ramp_plan) * exp.ramp_interval_s
@@ -745,7 +757,11 @@ def look_plan(exp: Experiment, *, now: datetime, units: float) -> stats.LookPlan
         if seen > (information[-1] if information else 0) and seen < units:
             fractions.append(fraction)
             information.append(float(seen))
-    return stats.LookPlan(fractions=(*fractions, current), information=(*information, float(units)))
+    return stats.LookPlan(
+        fractions=(*fractions, current),
+        information=(*information, float(units)),
+        spending=exp.spending,
+    )
 
 
 def experiment_analyze(

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from experiments.models import Experiment, Layer, Metric, Snapshot, Unit
+from experiments.models import (
+    Experiment,
+    Layer,
+    Metric,
+    SequentialMethod,
+    Snapshot,
+    Spending,
+    Unit,
+)
 
 
 class LayerSerializer(serializers.ModelSerializer):
@@ -49,6 +57,8 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "allocations",
             "min_units",
             "alpha",
+            "sequential_method",
+            "spending",
             "state",
             "review",
             "stop_reason",
@@ -88,6 +98,10 @@ class ExperimentCreateSerializer(serializers.Serializer):
     ramp_interval_s = serializers.IntegerField(min_value=1, default=86400)
     min_units = serializers.IntegerField(min_value=2, default=100)
     alpha = serializers.FloatField(min_value=0.001, max_value=0.2, default=0.05)
+    sequential_method = serializers.ChoiceField(
+        choices=SequentialMethod.choices, default=SequentialMethod.GROUP_SEQUENTIAL
+    )
+    spending = serializers.ChoiceField(choices=Spending.choices, default=Spending.OBRIEN_FLEMING)
 
 
 class NoteSerializer(serializers.Serializer):

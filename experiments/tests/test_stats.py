@@ -271,3 +271,35 @@ def test_a_running_experiment_reads_out_at_its_daily_looks(workspace, members):
     assert out["effects"]["treatment"]["ctr"]["group_sequential"]["bound"] == pytest.approx(
         expected[-1]
     )
+
+
+@pytest.mark.django_db
+def test_the_experiments_sequential_method_and_spending_are_its_own(workspace, members):
+    from datetime import timedelta
+
+    from django.core.exceptions import ValidationError
+
+    from experiments import services
+    from experiments.tests.factories import make_deployment
+    from experiments.tests.test_flow import _create, _traffic
+    from workspaces.models import Role
+
+    dev = members[Role.DEVELOPER]
+    dep, (treatment,) = make_deployment(workspace)
+    with pytest.raises(ValidationError, match="sequential_method"):
+        _create(workspace, dev, dep, [treatment], key="bad", sequential_method="peek-freely")
+    always = _create(workspace, dev, dep, [treatment], key="av", sequential_method="always_valid")
+    pocock = _create(workspace, dev, dep, [treatment], key="pk", spending="pocock")
+    rng = np.random.default_rng(5)
+    ctr = {"control": 0.1, "treatment": 0.1}
+    for exp in (services.experiment_submit(actor=dev, experiment=e) for e in (always, pocock)):
+        _traffic(workspace, dep, exp, units=[f"{exp.key}{i}" for i in range(300)], ctr=ctr, rng=rng)
+        out = services.experiment_analyze(exp, now=exp.started_at + timedelta(hours=12))
+        if exp.key == "av":
+            assert out["sequential_method"] == "always_valid"
+            assert "group_sequential" not in out["effects"]["treatment"]["ctr"]
+        else:
+            assert out["group_sequential"]["spending"] == "pocock"
+            fractions = out["group_sequential"]["fractions"]
+            expected = stats.group_sequential_bounds(fractions, spending="pocock")
+            assert out["group_sequential"]["bounds"] == pytest.approx(list(expected))
