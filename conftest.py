@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -75,3 +78,56 @@ def _fresh_feature_stores(settings):
         connection = store._connection()
         connection.execute("DELETE FROM online_row")
         connection.execute("DELETE FROM online_coverage")
+
+
+# The browser tests drive Debian's chromium (`apt-get install chromium`) through playwright;
+# playwright's own browser downloads are not used.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def allow_orm_beside_playwright():
+    """Let the ORM run in a browser test module while playwright's event loop is alive.
+
+    Playwright's sync API keeps an asyncio event loop running in the main thread (on a greenlet).
+    Django's ORM refuses to run while it sees a running loop (SynchronousOnlyOperation), yet these
+    tests create their data, and pytest-django flushes the database, from that same thread. Nothing
+    here is really concurrent: the ORM calls happen between browser steps, never inside the loop.
+    The flag is restored when the module ends so the rest of the suite keeps Django's guard.
+    """
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def chromium(allow_orm_beside_playwright):
+    """Debian's chromium, headless, for the tests of one module."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: the browser tests drive Debian's chromium. "
+            "Install it with `apt-get install chromium`."
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium, live_server):
+    """A fresh browser page on the live server (its own cookies), 5 s per step."""
+    context = chromium.new_context(
+        base_url=live_server.url, viewport={"width": 1280, "height": 800}
+    )
+    context.set_default_timeout(5_000)
+    page = context.new_page()
+    yield page
+    context.close()

@@ -486,23 +486,42 @@ class LocalHttp:
             self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
         return self._conn
 
-    def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+    # The server closed an idle keep-alive connection before reading: reconnect once.
+    RECONNECT_ON: tuple[type[BaseException], ...] = (
+        http.client.RemoteDisconnected,
+        ConnectionResetError,
+        BrokenPipeError,
+    )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        reconnect_on: tuple[type[BaseException], ...] | None = None,
+    ) -> tuple[int, bytes]:
+        """One request on the kept-alive connection; (status, body)."""
+        retry = reconnect_on or self.RECONNECT_ON
         for attempt in (1, 2):
             conn = self._connection()
             try:
-                conn.request("GET", path, headers={**self.headers, **(headers or {})})
+                conn.request(method, path, body=body, headers={**self.headers, **(headers or {})})
                 response = conn.getresponse()
-                body = response.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                # The server closed an idle keep-alive connection: reconnect once.
+                answer = response.read()
+            except retry:
                 self.close()
                 if attempt == 2:
                     raise
                 continue
             if response.will_close:
                 self.close()
-            return response.status, body
+            return response.status, answer
         raise AssertionError("unreachable")
+
+    def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+        return self.request("GET", path, headers=headers)
 
     def timed_gets(
         self, path: str, *, count: int, warmup: int = 0, headers: Mapping[str, str] | None = None

@@ -357,6 +357,20 @@ def deployment_create(
     return dep
 
 
+def _switch(dep: Deployment, *, to, kind: str, actor, reason: str):
+    """Inside the caller's transaction, on the locked row: production moves to ``to``, the
+    current version stays loaded as the rollback target, the routing table is republished and
+    the production alias follows. Returns the version that served before."""
+    old = dep.version
+    dep.previous_version, dep.version = old, to
+    dep.routing_version += 1
+    dep.save(update_fields=["previous_version", "version", "routing_version", "updated_at"])
+    _change(dep, kind, actor=actor, from_version=old, to_version=to, reason=reason)
+    publish()  # first on-commit callback: traffic moves before anything else
+    _alias_set(actor=actor, model=to.model, alias="production", version=to)
+    return old
+
+
 def deployment_release(
     *, actor, workspace: Workspace, deployment: Deployment, version: Any, reason: str = ""
 ) -> Deployment:
@@ -370,21 +384,9 @@ def deployment_release(
         dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)
         if dep.version_id == version.pk:
             return dep
-        old = dep.version
-        dep.previous_version = old
-        dep.version = version
-        dep.routing_version += 1
-        dep.save(update_fields=["previous_version", "version", "routing_version", "updated_at"])
-        _change(
-            dep,
-            DeploymentChange.Kind.RELEASE,
-            actor=actor,
-            from_version=old,
-            to_version=version,
-            reason=reason,
+        old = _switch(
+            dep, to=version, kind=DeploymentChange.Kind.RELEASE, actor=actor, reason=reason
         )
-        publish()  # first on-commit callback: traffic moves before anything else
-        _alias_set(actor=actor, model=version.model, alias="production", version=version)
         event_record(
             actor=actor,
             workspace=workspace,
@@ -421,20 +423,8 @@ def deployment_rollback(
         )
         if dep.previous_version_id is None:
             raise ConflictError(f"deployment '{dep.name}' has no previous version", attr="version")
-        bad, good = dep.version, dep.previous_version
-        dep.version, dep.previous_version = good, bad
-        dep.routing_version += 1
-        dep.save(update_fields=["previous_version", "version", "routing_version", "updated_at"])
-        _change(
-            dep,
-            DeploymentChange.Kind.ROLLBACK,
-            actor=actor,
-            from_version=bad,
-            to_version=good,
-            reason=reason,
-        )
-        publish()  # first on-commit callback: traffic moves before anything else
-        _alias_set(actor=actor, model=good.model, alias="production", version=good)
+        good = dep.previous_version
+        bad = _switch(dep, to=good, kind=DeploymentChange.Kind.ROLLBACK, actor=actor, reason=reason)
         event_record(
             actor=actor,
             workspace=workspace,

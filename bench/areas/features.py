@@ -36,7 +36,6 @@ PostgreSQL and Redis. Goal verdicts are printed and saved under ``parameters.goa
 from __future__ import annotations
 
 import hashlib
-import http.client
 import io
 import json
 import math
@@ -652,23 +651,7 @@ class Http(LocalHttp):
     def post(
         self, path: str, body: bytes, *, content_type: str = "application/json"
     ) -> tuple[int, bytes]:
-        headers = {**self.headers, "Content-Type": content_type}
-        for attempt in (1, 2):
-            conn = self._connection()
-            try:
-                conn.request("POST", path, body=body, headers=headers)
-                response = conn.getresponse()
-                answer = response.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                # The server closed an idle keep-alive connection before reading: reconnect once.
-                self.close()
-                if attempt == 2:
-                    raise
-                continue
-            if response.will_close:
-                self.close()
-            return response.status, answer
-        raise AssertionError("unreachable")
+        return self.request("POST", path, body=body, headers={"Content-Type": content_type})
 
     def timed_posts(
         self,

@@ -69,26 +69,13 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 class Http(LocalHttp):
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        for attempt in (1, 2):
-            conn = self._connection()
-            try:
-                conn.request(
-                    "POST",
-                    path,
-                    body=body,
-                    headers={**self.headers, "Content-Type": "application/json"},
-                )
-                response = conn.getresponse()
-                data = response.read()
-            except (ConnectionResetError, BrokenPipeError, OSError):
-                self.close()
-                if attempt == 2:
-                    raise
-                continue
-            if response.will_close:
-                self.close()
-            return response.status, data
-        raise AssertionError("unreachable")
+        return self.request(
+            "POST",
+            path,
+            body=body,
+            headers={"Content-Type": "application/json"},
+            reconnect_on=(OSError,),
+        )
 
 
 def _timed(

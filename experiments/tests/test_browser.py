@@ -3,12 +3,11 @@ the SRM and guardrail status show, and the stop button sends everyone back to co
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from experiments import services
 from experiments.tests.factories import log_predictions, make_deployment
@@ -17,23 +16,11 @@ from workspaces.models import Role
 from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
 
 pytestmark = pytest.mark.browser
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path("/tmp/experiment-page.png")
 
 
-@pytest.fixture
-def _allow_orm():
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if previous is None:
-        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.mark.usefixtures("_allow_orm", "transactional_db")
-def test_experiment_page_in_a_browser(live_server):
+@pytest.mark.usefixtures("transactional_db")
+def test_experiment_page_in_a_browser(page):
     workspace = make_workspace(slug="exp-ui")
     dev = make_member(workspace, Role.DEVELOPER, username="dora")
     dep, (treatment,) = make_deployment(workspace)
@@ -74,29 +61,20 @@ def test_experiment_page_in_a_browser(live_server):
             ],
         )
         services.snapshot_take(experiment=exp)
-    assert CHROMIUM.exists(), "the browser tests drive Debian's chromium"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        page = browser.new_context(base_url=live_server.url).new_page()
-        page.set_default_timeout(5_000)
-        page.goto("/accounts/login/")
-        page.fill("#id_username", "dora")
-        page.fill("#id_password", TEST_PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.goto(f"/w/{workspace.slug}/experiments/")
-        page.get_by_role("link", name="thumbs").click()
-        expect(page.get_by_test_id("state")).to_have_text("Running")
-        expect(page.get_by_test_id("effect-chart")).to_be_visible()
-        assert page.locator("[data-testid=effect-chart] polygon").count() == 2
-        expect(page.get_by_test_id("srm")).to_contain_text("ok")
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
-        assert SCREENSHOT.stat().st_size > 10_000
-        page.fill("input[name=reason]", "browser check")
-        page.get_by_role("button", name="Stop (all traffic to control)").click()
-        expect(page.get_by_test_id("state")).to_have_text("Stopped")
-        expect(page.get_by_test_id("stop-reason")).to_contain_text("browser check")
-        browser.close()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "dora")
+    page.fill("#id_password", TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.goto(f"/w/{workspace.slug}/experiments/")
+    page.get_by_role("link", name="thumbs").click()
+    expect(page.get_by_test_id("state")).to_have_text("Running")
+    expect(page.get_by_test_id("effect-chart")).to_be_visible()
+    assert page.locator("[data-testid=effect-chart] polygon").count() == 2
+    expect(page.get_by_test_id("srm")).to_contain_text("ok")
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 10_000
+    page.fill("input[name=reason]", "browser check")
+    page.get_by_role("button", name="Stop (all traffic to control)").click()
+    expect(page.get_by_test_id("state")).to_have_text("Stopped")
+    expect(page.get_by_test_id("stop-reason")).to_contain_text("browser check")
     assert routing_table(workspace, dep.name)["layers"] == []

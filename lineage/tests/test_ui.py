@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from lineage.projection import project
 from lineage.tests.helpers import build_scene
@@ -15,34 +13,11 @@ from workspaces.models import Role
 from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
 
 pytestmark = pytest.mark.browser
-CHROMIUM = Path("/usr/bin/chromium")
-
-
-@pytest.fixture(scope="module")
-def _allow_orm_beside_playwright():
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if previous is None:
-        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture(scope="module")
-def chromium(_allow_orm_beside_playwright):
-    assert CHROMIUM.exists(), f"{CHROMIUM} is missing (apt-get install chromium)"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
 def page(chromium, live_server):
+    """Taller and more patient than the shared page: the graph needs the room."""
     context = chromium.new_context(
         base_url=live_server.url, viewport={"width": 1280, "height": 900}
     )
@@ -53,7 +28,7 @@ def page(chromium, live_server):
 
 
 @pytest.fixture
-def scene(_allow_orm_beside_playwright, transactional_db, settings, tmp_path):
+def scene(allow_orm_beside_playwright, transactional_db, settings, tmp_path):
     settings.ARTIFACT_ROOT = str(tmp_path / "artifacts")
     workspace = make_workspace(slug="feed")
     user = make_member(workspace, Role.VIEWER, username="vic")

@@ -4,12 +4,11 @@ previous version, recording who and why."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from django.test import Client
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from serving.deployments import deployment_release
 from serving.models import Deployment
@@ -18,23 +17,11 @@ from workspaces.models import Role
 from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace, token_for
 
 pytestmark = pytest.mark.browser
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path("/tmp/deployment-page.png")
 
 
-@pytest.fixture
-def _allow_orm():
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if previous is None:
-        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.mark.usefixtures("_allow_orm", "transactional_db")
-def test_deployment_page_charts_and_rollback_in_a_browser(live_server):
+@pytest.mark.usefixtures("transactional_db")
+def test_deployment_page_charts_and_rollback_in_a_browser(page):
     workspace = make_workspace(slug="serve-ui")
     maintainer = make_member(workspace, Role.MAINTAINER, username="mara")
     scene, (first, second), dep = deployed(workspace, maintainer)
@@ -49,32 +36,23 @@ def test_deployment_page_charts_and_rollback_in_a_browser(live_server):
         assert response.status_code == 200, response.content
         assert response.json()["version"] == second.version
 
-    assert CHROMIUM.exists(), "the browser tests drive Debian's chromium"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        page = browser.new_context(base_url=live_server.url).new_page()
-        page.set_default_timeout(5_000)
-        page.goto("/accounts/login/")
-        page.fill("#id_username", "mara")
-        page.fill("#id_password", TEST_PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.goto(f"/w/{workspace.slug}/deployments/")
-        page.get_by_role("link", name=dep.name, exact=True).first.click()
-        production = page.get_by_test_id("production")
-        expect(production).to_contain_text(f"v{second.version}")
-        # The charts are drawn client-side from the page's JSON: bars for the requests above.
-        expect(page.locator('svg[data-chart="qps"] rect').first).to_be_attached()
-        assert page.locator('svg[data-chart="mix"] rect').count() >= 1
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
-        assert SCREENSHOT.stat().st_size > 10_000
-        page.fill("input[name=reason]", "browser rollback check")
-        page.get_by_role("button", name=f"Roll back to v{first.version}").click()
-        expect(production).to_contain_text(f"v{first.version}")
-        expect(page.get_by_test_id("history")).to_contain_text("browser rollback check")
-        browser.close()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "mara")
+    page.fill("#id_password", TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.goto(f"/w/{workspace.slug}/deployments/")
+    page.get_by_role("link", name=dep.name, exact=True).first.click()
+    production = page.get_by_test_id("production")
+    expect(production).to_contain_text(f"v{second.version}")
+    # The charts are drawn client-side from the page's JSON: bars for the requests above.
+    expect(page.locator('svg[data-chart="qps"] rect').first).to_be_attached()
+    assert page.locator('svg[data-chart="mix"] rect').count() >= 1
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 10_000
+    page.fill("input[name=reason]", "browser rollback check")
+    page.get_by_role("button", name=f"Roll back to v{first.version}").click()
+    expect(production).to_contain_text(f"v{first.version}")
+    expect(page.get_by_test_id("history")).to_contain_text("browser rollback check")
     dep = Deployment.objects.for_workspace(workspace).get(pk=dep.pk)
     assert dep.version_id == first.pk
     response = api.post(

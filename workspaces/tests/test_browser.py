@@ -6,11 +6,10 @@ not used.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from workspaces import services
 from workspaces.models import Membership, Role
@@ -18,59 +17,12 @@ from workspaces.testing.factories import TEST_PASSWORD, UserFactory, make_member
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path("/tmp/dashboard.png")
 SECTIONS = ("features", "jobs", "models", "experiments", "lineage", "quota", "activity")
 
 
-@pytest.fixture(scope="module")
-def _allow_orm_beside_playwright():
-    """Let the ORM run in this module's tests while playwright's event loop is alive.
-
-    Playwright's sync API keeps an asyncio event loop running in the main thread (on a greenlet).
-    Django's ORM refuses to run while it sees a running loop (SynchronousOnlyOperation), yet these
-    tests create their data, and pytest-django flushes the database, from that same thread. Nothing
-    here is really concurrent: the ORM calls happen between browser steps, never inside the loop.
-    The flag is restored when the module ends so the rest of the suite keeps Django's guard.
-    """
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if previous is None:
-        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture(scope="module")
-def chromium(_allow_orm_beside_playwright):
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: the browser tests drive Debian's chromium. "
-            "Install it with `apt-get install chromium`."
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
-def page(chromium, live_server):
-    context = chromium.new_context(
-        base_url=live_server.url, viewport={"width": 1280, "height": 800}
-    )
-    context.set_default_timeout(5_000)
-    page = context.new_page()
-    yield page
-    context.close()
-
-
-@pytest.fixture
-def scene(_allow_orm_beside_playwright, transactional_db):
+def scene(allow_orm_beside_playwright, transactional_db):
     """A user who is admin of ``alpha``, viewer of ``beta`` and not in ``gamma``."""
     alpha = make_workspace(slug="alpha", name="Alpha feed", description="Feed pCTR models.")
     beta = make_workspace(slug="beta", name="Beta search")
