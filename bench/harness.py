@@ -562,33 +562,57 @@ def gunicorn_server(
     startup_timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
 ) -> Iterator[int]:
-    """Start gunicorn on a free port of 127.0.0.1 against the throwaway database; yield the port.
-
-    The server is stopped (TERM, then KILL) when the block ends, however it ends.
-    """
+    """Start gunicorn (gthread workers) on a free port of 127.0.0.1 against the throwaway
+    database; yield the port. The server is stopped (TERM, then KILL) when the block ends."""
     port = free_port()
-    log_path = ctx.workdir / f"gunicorn-{port}.log"
     command = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        app,
-        "-b",
-        f"127.0.0.1:{port}",
-        "-w",
-        str(workers),
-        "-k",
-        "gthread",
-        "--threads",
-        str(threads),
-        "--keep-alive",
-        "30",
-        "--log-level",
-        "warning",
+        *("-m", "gunicorn", app, "-b", f"127.0.0.1:{port}", "-w", str(workers)),
+        *("-k", "gthread", "--threads", str(threads), "--keep-alive", "30"),
+        *("--log-level", "warning"),
     ]
+    with _served(ctx, "gunicorn", port, command, ready_path, startup_timeout, env):
+        yield port
+
+
+@contextlib.contextmanager
+def granian_server(
+    ctx: Context,
+    *,
+    app: str = "features.wsgi:application",
+    workers: int = 2,
+    threads: int = 1,
+    ready_path: str = "/healthz",
+    startup_timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[int]:
+    """Start granian (WSGI interface, HTTP/1.1, ``threads`` blocking threads per worker) on a
+    free port of 127.0.0.1 against the throwaway database; yield the port."""
+    port = free_port()
+    command = [
+        *("-m", "granian", "--interface", "wsgi", "--http", "1", "--no-ws"),
+        *("--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)),
+        *("--blocking-threads", str(threads), "--log-level", "warning", app),
+    ]
+    with _served(ctx, "granian", port, command, ready_path, startup_timeout, env):
+        yield port
+
+
+@contextlib.contextmanager
+def _served(
+    ctx: Context,
+    name: str,
+    port: int,
+    arguments: Sequence[str],
+    ready_path: str,
+    startup_timeout: float,
+    env: Mapping[str, str] | None,
+) -> Iterator[None]:
+    """Run ``python <arguments>`` from the repository root until ``ready_path`` answers 200;
+    stop it (TERM, then KILL) when the block ends, however it ends."""
+    log_path = ctx.workdir / f"{name}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command,
+            [sys.executable, *arguments],
             cwd=REPO_ROOT,
             env=ctx.child_env(**(env or {})),
             stdin=subprocess.DEVNULL,
@@ -601,7 +625,7 @@ def gunicorn_server(
         while True:
             if process.poll() is not None:
                 raise BenchError(
-                    f"gunicorn exited with {process.returncode} at startup:\n{_tail(log_path)}"
+                    f"{name} exited with {process.returncode} at startup:\n{_tail(log_path)}"
                 )
             try:
                 status, _ = probe.get(ready_path)
@@ -612,9 +636,9 @@ def gunicorn_server(
             finally:
                 probe.close()
             if time.monotonic() > deadline:
-                raise BenchError(f"gunicorn not ready after {startup_timeout}s:\n{_tail(log_path)}")
+                raise BenchError(f"{name} not ready after {startup_timeout}s:\n{_tail(log_path)}")
             time.sleep(0.1)
-        yield port
+        yield
     finally:
         if process.poll() is None:
             process.terminate()

@@ -55,6 +55,9 @@ ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z
 # What the online lookup needs (OnlineFeaturesViewSet.action_roles["create"]).
 REQUIRED_PERMISSION = ROLE_PERMISSION[Role.VIEWER]
 ENTRY = "features-fastpath"
+# Set in the WSGI environ by ``features.wsgi`` when the fast path already stepped aside, so that
+# the middleware does not try again.
+DECLINED = "rankops.fastpath.declined"
 
 # How many lookups the fast path answered in this process (tests read it to see which path ran).
 served = 0
@@ -97,14 +100,20 @@ class OnlineLookupMiddleware:
         self.authentication = ApiTokenAuthentication()
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method == "POST":
+        if request.method == "POST" and DECLINED not in request.META:
             match = ROUTE.match(request.path_info)
             if match is not None:
-                try:
-                    return self._answer(request, match.group("ws"))
-                except _Step:
-                    pass
+                response = self.answer(request, match.group("ws"))
+                if response is not None:
+                    return response
         return self.get_response(request)
+
+    def answer(self, request: HttpRequest, slug: str) -> HttpResponse | None:
+        """The lookup's answer for workspace ``slug``, or None to leave it to the DRF view."""
+        try:
+            return self._answer(request, slug)
+        except _Step:
+            return None
 
     # --- the request ------------------------------------------------------------------------
 

@@ -5,16 +5,20 @@ attributes from ``u.user``, rating aggregates from ``u.data``, genre affinities 
 each user rated (``u.item``), topped up with deterministic generated features to exactly 50
 int/float features for each of the 943 users (``build_user_features``).
 
-Ours: a workspace, a member and an API token are created through the services in the throwaway
-database, the group is registered (online and offline), ``gunicorn config.wsgi`` starts (2 gthread
-workers, 4 threads each) and the user rows are pushed through the REST endpoint. The peer: Feast's
-Python feature server (``feast serve``, 2 workers) from ``bench/.venvs/feast``, over the same rows
-written to Parquet and materialised into the same Redis (a separate database number). Both servers
-are checked to answer the same values as the source table before anything is timed.
+Ours, as the compose stack runs it: a workspace, a member and an API token are created through
+the services in the throwaway database, the group is registered (online and offline), the web
+server (``gunicorn config.wsgi``, 2 gthread workers, 4 threads each) takes the pushes and the
+online feature server (``granian features.wsgi``, 2 workers, 1 thread each; the compose service
+``features-online``) the lookups. The user rows are pushed through the REST endpoint. The peer:
+Feast's Python feature server (``feast serve``, 2 workers) from ``bench/.venvs/feast``, over the
+same rows written to Parquet and materialised into the same Redis (a separate database number).
+Both servers are checked to answer the same values as the source table before anything is timed.
 
 Measures (one keep-alive connection per server, sequential requests, 50 warm-up + 1,000 timed
-each; the same random entities, with the same seed, for both servers, whose requests take turns
-so that both see the same load of a shared machine):
+each; the same random entities, with the same seed, for both servers, which take turns by blocks
+of 100 requests, who starts alternating, so that both see the same load of a shared machine; see
+``timed_side_by_side``. The record also keeps 1x50 taken in turns request by request, under
+``parameters.latency_ms["1x50_alternating_each_request"]``):
 
 - ``online_1x50_p50_ms`` / ``online_1x50_p99_ms``: POST /api/v1/workspaces/{ws}/online-features/
   for one random user and 50 features; ``..._feast``: POST /get-online-features on Feast. After
@@ -61,6 +65,7 @@ from bench.harness import (
     Context,
     LocalHttp,
     free_port,
+    granian_server,
     gunicorn_server,
     peer_venv,
     percentile,
@@ -77,6 +82,8 @@ INGEST_GROUP = "bench_ingest"
 ENTITY = "user_id"
 EVENT_TIME = "event_time"
 WARMUP = 50
+# Requests a server answers in a row before the other one takes its turn (timed_side_by_side).
+BLOCK = 100
 REQUESTS = 1000
 MANY_ENTITIES = 100
 SEED = 20240601
@@ -781,21 +788,35 @@ def _timed_lookups(client: Http, path: str, bodies: list[bytes]) -> list[float]:
 
 
 def timed_side_by_side(
-    first: tuple[Http, str, Sequence[bytes]], second: tuple[Http, str, Sequence[bytes]]
+    first: tuple[Http, str, Sequence[bytes]],
+    second: tuple[Http, str, Sequence[bytes]],
+    *,
+    block: int | None = None,
 ) -> tuple[list[float], list[float]]:
-    """Latencies in ms of two servers' lookups, request by request in turn (which goes first
-    alternates), so that both see the same machine load; the first ``WARMUP`` are not timed."""
+    """Latencies in ms of two servers' lookups, taking turns so that both see the same load of a
+    shared machine; the first ``WARMUP`` of each are not timed.
+
+    The servers take turns by blocks of ``block`` requests (``BLOCK``), and which one starts
+    alternates from round to round. ``block=1`` alternates request by request; then each request
+    also pays for whatever the other server still does after it has answered (on two cores Feast's
+    server is still busy when our next request arrives), which is the other server's cost, not
+    this one's latency.
+    """
+    block = BLOCK if block is None else block
     (a, a_path, a_bodies), (b, b_path, b_bodies) = first, second
     if len(a_bodies) != len(b_bodies):
         raise ValueError("both servers need the same number of requests")
+    if block < 1:
+        raise ValueError("block must be at least 1")
     mine: list[float] = []
     theirs: list[float] = []
-    for i, (a_body, b_body) in enumerate(zip(a_bodies, b_bodies, strict=True)):
-        pair = [(a, a_path, a_body, mine), (b, b_path, b_body, theirs)]
-        for client, path, body, latencies in pair if i % 2 == 0 else reversed(pair):
-            latency = client.timed_posts(path, [body])[0]
-            if i >= WARMUP:
-                latencies.append(latency)
+    warm = min(WARMUP, len(a_bodies))
+    for client, path, bodies in ((a, a_path, a_bodies), (b, b_path, b_bodies)):
+        client.timed_posts(path, bodies[:warm])
+    for turn, begin in enumerate(range(warm, len(a_bodies), block)):
+        pair = [(a, a_path, a_bodies, mine), (b, b_path, b_bodies, theirs)]
+        for client, path, bodies, latencies in pair if turn % 2 == 0 else reversed(pair):
+            latencies.extend(client.timed_posts(path, bodies[begin : begin + block]))
     return mine, theirs
 
 
@@ -862,8 +883,10 @@ def _run(ctx: Context) -> dict[str, float]:
         warmup_requests=WARMUP,
         requests_per_measure=REQUESTS,
         entities_per_request={"1x50": 1, "100x50": MANY_ENTITIES},
-        client="a keep-alive HTTP/1.1 connection per server, sequential requests, in turn",
-        gunicorn={"workers": 2, "worker_class": "gthread", "threads": 4},
+        client="a keep-alive HTTP/1.1 connection per server, sequential requests",
+        web_server={"gunicorn": {"workers": 2, "worker_class": "gthread", "threads": 4}},
+        online_feature_server={"granian": {"app": "features.wsgi", "workers": 2, "threads": 1}},
+        turns=f"blocks of {BLOCK} requests, who starts alternating",
         ingest={
             "group_features": len(INGEST_SPECS),
             "json": {"rows": JSON_ROWS, "batch_rows": JSON_BATCH, "event_time": "ISO 8601 Z"},
@@ -908,10 +931,16 @@ def _run(ctx: Context) -> dict[str, float]:
                     f"removed {_delete_matching(redis_url, f'{prefix}:*')} keys of our servers"
                 )
             )
-        ctx.log("starting gunicorn ...")
+        ctx.log("starting the web server (gunicorn config.wsgi) for the pushes ...")
         port = stack.enter_context(gunicorn_server(ctx, workers=2, threads=4, env=server_env))
         ours = Http(port, headers={"Authorization": f"Token {key}"})
         stack.callback(ours.close)
+        ctx.log("starting the online feature server (granian features.wsgi) for the lookups ...")
+        online_port = stack.enter_context(
+            granian_server(ctx, app="features.wsgi:application", workers=2, env=server_env)
+        )
+        online = Http(online_port, headers={"Authorization": f"Token {key}"})
+        stack.callback(online.close)
 
         status, answer = ours.post(
             batches_path.format(group=USER_GROUP),
@@ -921,7 +950,7 @@ def _run(ctx: Context) -> dict[str, float]:
             raise BenchError(f"pushing the user rows answered {status}: {answer[:300]!r}")
         _verify(
             "ours",
-            ours,
+            online,
             ours_path,
             ours_lookup_body(check_ids, USER_GROUP, names),
             parse_ours,
@@ -983,7 +1012,7 @@ def _run(ctx: Context) -> dict[str, float]:
                     ctx.log(f"timing {label}: ours and Feast in turn ...")
                     mine, other = timed_side_by_side(
                         (
-                            ours,
+                            online,
                             ours_path,
                             [ours_lookup_body(e, USER_GROUP, names) for e in schedule],
                         ),
@@ -996,6 +1025,7 @@ def _run(ctx: Context) -> dict[str, float]:
                     measures[f"online_{label}_p50_ms"], measures[f"online_{label}_p99_ms"] = (
                         _summarise(mine)
                     )
+                    Path(f"/tmp/lat_{label}.json").write_text(json.dumps([mine, other]))
                     latencies[label] = {
                         "ours": latency_summary(mine),
                         "feast": latency_summary(other),
@@ -1006,10 +1036,24 @@ def _run(ctx: Context) -> dict[str, float]:
                     measures[f"online_{label}_p99_vs_feast_ratio"] = (
                         measures[f"online_{label}_p99_ms"] / p99
                     )
+                # For the record: the same requests alternating one by one (see timed_side_by_side).
+                mine, other = timed_side_by_side(
+                    (online, ours_path, [ours_lookup_body(e, USER_GROUP, names) for e in few]),
+                    (
+                        theirs,
+                        "/get-online-features",
+                        [feast_lookup_body(e, FEAST_VIEW, names) for e in few],
+                    ),
+                    block=1,
+                )
+                latencies["1x50_alternating_each_request"] = {
+                    "ours": latency_summary(mine),
+                    "feast": latency_summary(other),
+                }
                 # Still the same values after timing (nobody emptied a store underneath us).
                 _verify(
                     "ours",
-                    ours,
+                    online,
                     ours_path,
                     ours_lookup_body(check_ids, USER_GROUP, names),
                     parse_ours,
@@ -1037,7 +1081,7 @@ def _run(ctx: Context) -> dict[str, float]:
             for label, schedule in (("1x50", few), ("100x50", many)):
                 ctx.log(f"timing {label} ...")
                 mine = _timed_lookups(
-                    ours, ours_path, [ours_lookup_body(e, USER_GROUP, names) for e in schedule]
+                    online, ours_path, [ours_lookup_body(e, USER_GROUP, names) for e in schedule]
                 )
                 measures[f"online_{label}_p50_ms"], measures[f"online_{label}_p99_ms"] = _summarise(
                     mine

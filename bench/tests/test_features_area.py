@@ -472,3 +472,42 @@ def test_the_features_area_is_found_and_describes_itself():
         "ingest_parquet_rows_per_s",
     ):
         assert measure in module.__doc__
+
+
+class _Recorder:
+    """Stands in for an Http client: records which bodies it was sent, in order."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes]]) -> None:
+        self.name, self.log = name, log
+
+    def timed_posts(self, path, bodies, **_):
+        self.log.extend((self.name, body) for body in bodies)
+        return [1.0 if self.name == "a" else 2.0 for _ in bodies]
+
+
+@pytest.mark.parametrize(
+    ("block", "order"), [(1, "abbaabbaabbaab"), (3, "aaabbbbbbaaaab"), (100, "aaaaaaabbbbbbb")]
+)
+def test_timed_side_by_side_takes_turns_by_blocks(block, order):
+    log: list[tuple[str, bytes]] = []
+    count = area.WARMUP + 7
+    a_bodies = [f"a{i}".encode() for i in range(count)]
+    b_bodies = [f"b{i}".encode() for i in range(count)]
+
+    mine, theirs = area.timed_side_by_side(
+        (_Recorder("a", log), "/a", a_bodies), (_Recorder("b", log), "/b", b_bodies), block=block
+    )
+
+    assert mine == [1.0] * 7 and theirs == [2.0] * 7  # the warm-up is not timed
+    assert [body for name, body in log if name == "a"] == a_bodies  # each in its own order
+    assert [body for name, body in log if name == "b"] == b_bodies
+    # Warm-up first (a, then b), then turns of `block` requests; who starts alternates.
+    assert "".join(name for name, _ in log[2 * area.WARMUP :]) == order
+
+
+def test_timed_side_by_side_refuses_unequal_or_bad_blocks():
+    one = (_Recorder("a", []), "/a", [b"x"] * 3)
+    with pytest.raises(ValueError, match="same number"):
+        area.timed_side_by_side(one, (_Recorder("b", []), "/b", [b"y"] * 2))
+    with pytest.raises(ValueError, match="at least 1"):
+        area.timed_side_by_side(one, (_Recorder("b", []), "/b", [b"y"] * 3), block=0)

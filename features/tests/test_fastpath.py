@@ -9,24 +9,11 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from features import fastpath, ingestion, online_store
-from features.tests.factories import make_group, user_row
+from features import fastpath, online_store
+from features.tests.conftest import FEATURES
 from workspaces import access_cache, services
 from workspaces.models import ApiToken, Role
 from workspaces.testing.factories import make_member, token_for
-
-FEATURES = ["profile:age", "profile:city", "profile:emb", "profile:is_new"]
-
-
-@pytest.fixture
-def profile(workspace):
-    group = make_group(workspace, name="profile")
-    developer = make_member(workspace, Role.DEVELOPER)
-    rows = [user_row(i) for i in range(5)]
-    ingestion.batch_ingest(
-        actor=developer, group=group, body=json.dumps({"rows": rows}).encode(), format="json"
-    )
-    return group
 
 
 def url(workspace, query: str = "") -> str:

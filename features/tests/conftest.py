@@ -1,0 +1,27 @@
+"""Fixtures shared by the features app's tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from features import ingestion
+from features.tests.factories import make_group, user_row
+from workspaces.models import Role
+from workspaces.testing.factories import make_member
+
+# The features of the ``profile`` group, in the order the lookup tests ask for them.
+FEATURES = ["profile:age", "profile:city", "profile:emb", "profile:is_new"]
+
+
+@pytest.fixture
+def profile(workspace):
+    """A user group ``profile`` with five users pushed (online and offline)."""
+    group = make_group(workspace, name="profile")
+    developer = make_member(workspace, Role.DEVELOPER)
+    rows = [user_row(i) for i in range(5)]
+    ingestion.batch_ingest(
+        actor=developer, group=group, body=json.dumps({"rows": rows}).encode(), format="json"
+    )
+    return group
