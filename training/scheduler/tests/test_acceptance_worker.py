@@ -34,7 +34,8 @@ pytestmark = [
     ),
 ]
 
-SLOW = {"epochs": 2, "batch_size": 32, "threads": 1, "log_every_steps": 2, "step_sleep_s": 0.03}
+# Long enough (100 steps, at least 5 s) that a loaded machine still preempts it mid-run.
+SLOW = {"epochs": 4, "batch_size": 32, "threads": 1, "log_every_steps": 2, "step_sleep_s": 0.05}
 QUICK = {"epochs": 1, "batch_size": 128, "threads": 1, "log_every_steps": 2}
 
 
