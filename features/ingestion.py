@@ -13,7 +13,10 @@ import hashlib
 import io
 import json
 import math
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -505,6 +508,13 @@ def batch_ingest(
 
     times = table[group.event_time_column]
     min_time, max_time = pc.min(times).as_py(), pc.max(times).as_py()
+    # Encoding the rows for the online store has no side effects: it runs beside the offline
+    # write and the transaction (DuckDB and Arrow release the GIL), and is written after commit.
+    prepared = (
+        _background().submit(prepare_online, group=group, version=version.version, table=table)
+        if group.online
+        else None
+    )
     files: list[str] = []
     try:
         with transaction.atomic():
@@ -564,22 +574,47 @@ def batch_ingest(
             )
     except IntegrityError:
         offline_store.remove_files(files)
+        _discard(prepared)
         previous = _replay(group, idempotency_key, digest) if idempotency_key else None
         if previous is None:
             raise
         return IngestResult(batch=previous, replayed=True)
     except BaseException:
         offline_store.remove_files(files)
+        _discard(prepared)
         raise
 
     online_rows = 0
-    if group.online:
+    if prepared is not None:
         # After commit: the batch is acknowledged once it is durable offline; if this write
         # fails, materialisation rebuilds the online rows from the Parquet record.
-        online_rows = write_online(group=group, version=version.version, table=table)
+        rows = prepared.result()
+        online_rows = 0 if rows is None else online_store.get_online_store().write_prepared(rows)
         Batch.objects.filter(pk=batch.pk, workspace=group.workspace).update(online_written=True)
         batch.online_written = True
     return IngestResult(batch=batch, replayed=False, online_rows=online_rows, files=files)
+
+
+_executor: tuple[int, ThreadPoolExecutor] | None = None
+_executor_lock = threading.Lock()
+
+
+def _background() -> ThreadPoolExecutor:
+    """This process's pool for work that overlaps a push (made again in a forked child, whose
+    copy of the parent's pool has no threads)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None or _executor[0] != os.getpid():
+            pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest")
+            _executor = (os.getpid(), pool)
+        return _executor[1]
+
+
+def _discard(prepared: Future | None) -> None:
+    """Drop background work whose result is not wanted (it has no side effects)."""
+    if prepared is not None and not prepared.cancel():
+        with contextlib.suppress(Exception):
+            prepared.result()
 
 
 def _replay(group: FeatureGroup, key: str, digest: str) -> Batch | None:

@@ -266,6 +266,11 @@ def test_a_failed_database_write_leaves_no_files(group, producer, monkeypatch):
     assert [p for p in stored_files(group) if p.is_file()] == []
     assert not Batch.objects.for_workspace(group.workspace).exists()
     assert FeatureGroup.objects.for_workspace(group.workspace).get().last_ingested_at is None
+    # The rows were encoded for the online store beside the transaction, and never written.
+    looked_up = online_lookup(
+        workspace=group.workspace, entities=["u1"], features=["user_profile:age"]
+    )
+    assert looked_up["rows"] == [[None]]
 
 
 def test_the_newest_row_of_an_entity_in_one_batch_is_served(client_for, group, producer):
