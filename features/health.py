@@ -231,6 +231,7 @@ def measure_consistency(*, group: FeatureGroup, version: FeatureGroupVersion) ->
             )
         ]
     )
+    online_rows = [online_store.row_mapping(row, features) for row in online_rows]
     equal = sum(
         1
         for offline, online in zip(offline_rows, online_rows, strict=True)

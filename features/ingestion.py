@@ -419,18 +419,30 @@ def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
     DuckDB turns each row into its JSON text in one vectorised pass and keeps the newest row of
     each entity; the store compares event times so an older row never replaces a newer one.
     """
-    prepared = prepare_online(group=group, version=version, table=table)
+    schema = group.versions.get(version=version)
+    prepared = prepare_online(
+        group=group, version=version, table=table, features=online_columns(schema)
+    )
     return 0 if prepared is None else online_store.get_online_store().write_prepared(prepared)
 
 
-def prepare_online(*, group: FeatureGroup, version: int, table: pa.Table) -> Any:
-    """Everything of ``write_online`` before it writes (no side effects): the rows as the
-    store's prepared write, or None when there are none."""
+def online_columns(version: FeatureGroupVersion) -> list[str]:
+    """The features of a stored online row of ``version``, in their order (its schema's)."""
+    return [spec["name"] for spec in version.features]
+
+
+def prepare_online(
+    *, group: FeatureGroup, version: int, table: pa.Table, features: list[str]
+) -> Any:
+    """Everything of ``write_online`` before it writes (no side effects, no database): the rows
+    as the store's prepared write, or None when there are none.
+
+    A stored row is a JSON array of the version's ``features`` in their order (a feature the
+    table lacks is null): the names are the version's, not repeated in every row, which makes
+    rows about a third of the size of a JSON object and their writes and reads that much lighter.
+    """
     keys = list(group.entity_keys)
     time_column = group.event_time_column
-    feature_names = [
-        name for name in table.column_names if name not in keys and name != time_column
-    ]
     if table.num_rows == 0:
         return None
     entity_sql = (
@@ -438,10 +450,9 @@ def prepare_online(*, group: FeatureGroup, version: int, table: pa.Table) -> Any
         if len(keys) == 1
         else "concat_ws('|', " + ", ".join(offline_store.quote(k) for k in keys) + ")"
     )
-    fields = ", ".join(
-        f"{offline_store.quote(n)} := {offline_store.quote(n)}" for n in feature_names
-    )
-    payload_sql = f"to_json(struct_pack({fields}))" if feature_names else "'{}'"
+    present = set(table.column_names)
+    values = ", ".join(offline_store.quote(n) if n in present else "NULL" for n in features)
+    payload_sql = f"json_array({values})" if features else "'[]'"
     with offline_store.connect() as connection:
         connection.register("batch", table)
         encoded = connection.sql(
@@ -511,7 +522,13 @@ def batch_ingest(
     # Encoding the rows for the online store has no side effects: it runs beside the offline
     # write and the transaction (DuckDB and Arrow release the GIL), and is written after commit.
     prepared = (
-        _background().submit(prepare_online, group=group, version=version.version, table=table)
+        _background().submit(
+            prepare_online,
+            group=group,
+            version=version.version,
+            table=table,
+            features=online_columns(version),
+        )
         if group.online
         else None
     )

@@ -111,7 +111,8 @@ class PlanSource:
     group: FeatureGroup
     namespace: str
     counter: str
-    wanted: tuple[tuple[int, str], ...]  # (answer column, feature name)
+    # (answer column, feature name, its position in a stored row: the version's schema order)
+    wanted: tuple[tuple[int, str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -135,17 +136,19 @@ def lookup_plan(*, workspace: Workspace, features: Any) -> LookupPlan:
     positions: dict[tuple[str, int | None], list[tuple[int, str]]] = {}
     for column, ref in enumerate(refs):
         positions.setdefault((ref.group, ref.version), []).append((column, ref.feature))
-    sources = [
-        PlanSource(
-            group=group,
-            namespace=online_store.namespace(
-                workspace_id=workspace.pk, group_id=group.pk, version=version.version
-            ),
-            counter=f"{workspace.pk}:{group.pk}",
-            wanted=tuple(positions[source]),
+    sources = []
+    for source, (group, version) in resolved.items():
+        index = {spec["name"]: i for i, spec in enumerate(version.features)}
+        sources.append(
+            PlanSource(
+                group=group,
+                namespace=online_store.namespace(
+                    workspace_id=workspace.pk, group_id=group.pk, version=version.version
+                ),
+                counter=f"{workspace.pk}:{group.pk}",
+                wanted=tuple((column, name, index[name]) for column, name in positions[source]),
+            )
         )
-        for source, (group, version) in resolved.items()
-    ]
     return LookupPlan(features=[str(ref) for ref in refs], sources=sources, width=len(refs))
 
 
@@ -169,10 +172,9 @@ def plan_lookups(plan: LookupPlan, entities: list[Any]) -> list[online_store.Loo
     ]
 
 
-def plan_rows(
-    plan: LookupPlan, count: int, found: list[list[dict[str, Any] | None]]
-) -> list[list[Any]]:
-    """One answer row per entity, in order, from the stored rows of each source."""
+def plan_rows(plan: LookupPlan, count: int, found: list[list[Any]]) -> list[list[Any]]:
+    """One answer row per entity, in order, from the stored rows of each source (arrays in the
+    version's schema order; JSON objects by name for rows stored before arrays)."""
     pairs = [(stored, source.wanted) for stored, source in zip(found, plan.sources, strict=True)]
     width = plan.width
     rows = []
@@ -180,8 +182,11 @@ def plan_rows(
         row: list[Any] = [None] * width
         for stored_rows, wanted in pairs:
             stored = stored_rows[position]
-            if stored is not None:
-                for column, feature in wanted:
+            if type(stored) is list:
+                for column, _feature, index in wanted:
+                    row[column] = stored[index]
+            elif stored is not None:
+                for column, feature, _index in wanted:
                     row[column] = stored.get(feature)
         rows.append(row)
     return rows

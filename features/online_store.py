@@ -150,11 +150,20 @@ class OnlineStore(Protocol):
 
     def read(
         self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
-    ) -> list[list[dict[str, Any] | None]] | None: ...
+    ) -> list[list[Any]] | None: ...
 
     def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]: ...
 
     def drop_namespace(self, namespace: str) -> None: ...
+
+
+def row_mapping(stored: Any, features: Sequence[str]) -> dict[str, Any] | None:
+    """A stored row by feature name: rows are JSON arrays in the order of their version's
+    ``features`` (see ``features.ingestion.prepare_online``); rows stored before that are JSON
+    objects already."""
+    if type(stored) is list:
+        return dict(zip(features, stored, strict=False))
+    return stored
 
 
 def _bulk(data: bytes) -> bytes:
@@ -340,7 +349,7 @@ class RedisOnlineStore:
 
     def read(
         self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
-    ) -> list[list[dict[str, Any] | None]] | None:
+    ) -> list[list[Any]] | None:
         """Rows of each lookup, in order; None (nothing read, nothing counted) when ``guard``
         (a key, and text its value must contain) does not hold."""
         bucket = hour_bucket()
@@ -355,7 +364,7 @@ class RedisOnlineStore:
         values = self._read_script(keys=keys, args=args)
         if values is None:
             return None
-        decoded: list[list[dict[str, Any] | None]] = []
+        decoded: list[list[Any]] = []
         at = 0
         loads = orjson.loads
         for lookup in lookups:
@@ -459,13 +468,13 @@ class SQLiteOnlineStore:
 
     def read(
         self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
-    ) -> list[list[dict[str, Any] | None]]:
+    ) -> list[list[Any]]:
         """Rows of each lookup, in order (``guard`` is Redis-only: see RedisOnlineStore.read)."""
         if guard is not None:
             raise ValueError("the embedded online store takes no guard")
         connection = self._connection()
         bucket = hour_bucket()
-        results: list[list[dict[str, Any] | None]] = []
+        results: list[list[Any]] = []
         counts: list[tuple[str, str, int, int]] = []
         for lookup in lookups:
             found: dict[str, dict[str, Any]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from features import ingestion, registry
+from features import ingestion, lookup, registry
 from features.models import EntityKind
 from features.tests.factories import make_group, user_row
 from workspaces.models import Role
@@ -125,3 +125,43 @@ def test_cached_registry_follows_a_new_version_at_once(workspace, developer):
     assert second["rows"] == [[None]]  # version 2 has no data yet: the live version moved
     pinned = online_lookup(workspace=workspace, entities=["u1"], features=["user_profile@v1:age"])
     assert pinned["rows"] == [[21]]
+
+
+def test_online_rows_are_stored_as_arrays_in_schema_order(workspace, developer):
+    """A stored row holds the version's features by position, not their names."""
+    from features import online_store
+
+    group = make_group(workspace, name="user_profile")
+    push(group, developer, [user_row(1)])
+    version = group.versions.get(version=group.current_version)
+    names = [spec["name"] for spec in version.features]
+    namespace = online_store.namespace(
+        workspace_id=workspace.pk, group_id=group.pk, version=version.version
+    )
+    (stored,) = online_store.get_online_store().read(
+        [online_store.Lookup(namespace=namespace, entities=["u1"], counter="raw")]
+    )
+    row = user_row(1)
+    assert stored == [[row[name] for name in names]]
+    assert online_store.row_mapping(stored[0], names) == {name: row[name] for name in names}
+
+
+def test_rows_stored_as_objects_before_arrays_are_still_served(workspace, developer):
+    """Rows written by an earlier release (a JSON object by name) answer by name."""
+    from features import online_store
+
+    group = make_group(workspace, name="user_profile")
+    push(group, developer, [user_row(1)])  # the group version's namespace is live
+    namespace = online_store.namespace(
+        workspace_id=workspace.pk, group_id=group.pk, version=group.current_version
+    )
+    online_store.get_online_store().write(
+        namespace=namespace,
+        rows=[("u7", 1_900_000_000.0, {"city": "old", "age": 70, "emb": [1.0, 2.0, 3.0]})],
+    )
+    answer = lookup.online_lookup(
+        workspace=workspace,
+        entities=["u7", "u1"],
+        features=["user_profile:city", "user_profile:is_new", "user_profile:age"],
+    )
+    assert answer["rows"] == [["old", None, 70], ["c1", False, 21]]
