@@ -16,9 +16,9 @@ Both servers are checked to answer the same values as the source table before an
 
 Measures (one keep-alive connection per server, sequential requests, 50 warm-up + 1,000 timed
 each; the same random entities, with the same seed, for both servers, which take turns by blocks
-of 100 requests, who starts alternating, so that both see the same load of a shared machine; see
-``timed_side_by_side``. The record also keeps 1x50 taken in turns request by request, under
-``parameters.latency_ms["1x50_alternating_each_request"]``):
+of 100 timed requests, each turn after 5 untimed ones, who starts alternating, so that both see
+the same load of a shared machine; see ``timed_side_by_side``. The record also keeps 1x50 taken
+in turns request by request, under ``parameters.latency_ms["1x50_alternating_each_request"]``):
 
 - ``online_1x50_p50_ms`` / ``online_1x50_p99_ms``: POST /api/v1/workspaces/{ws}/online-features/
   for one random user and 50 features; ``..._feast``: POST /get-online-features on Feast. After
@@ -82,8 +82,10 @@ INGEST_GROUP = "bench_ingest"
 ENTITY = "user_id"
 EVENT_TIME = "event_time"
 WARMUP = 50
-# Requests a server answers in a row before the other one takes its turn (timed_side_by_side).
+# Requests a server answers in a row before the other one takes its turn, and the untimed ones
+# that begin each turn (timed_side_by_side).
 BLOCK = 100
+TURN_WARMUP = 5
 REQUESTS = 1000
 MANY_ENTITIES = 100
 SEED = 20240601
@@ -792,17 +794,22 @@ def timed_side_by_side(
     second: tuple[Http, str, Sequence[bytes]],
     *,
     block: int | None = None,
+    turn_warmup: int | None = None,
 ) -> tuple[list[float], list[float]]:
     """Latencies in ms of two servers' lookups, taking turns so that both see the same load of a
     shared machine; the first ``WARMUP`` of each are not timed.
 
     The servers take turns by blocks of ``block`` requests (``BLOCK``), and which one starts
-    alternates from round to round. ``block=1`` alternates request by request; then each request
-    also pays for whatever the other server still does after it has answered (on two cores Feast's
-    server is still busy when our next request arrives), which is the other server's cost, not
-    this one's latency.
+    alternates from round to round. Each turn begins with ``turn_warmup`` (``TURN_WARMUP``)
+    untimed requests (bodies of the warm-up), for either server alike: a server that sat idle
+    while the other one ran for a whole block answers its first requests from cold caches and a
+    sleeping CPU, a cost of taking turns on a shared machine, not of the server. ``block=1``
+    (with no turn warm-up) alternates request by request; then each request also pays for
+    whatever the other server still does after it has answered (on two cores Feast's server is
+    still busy when our next request arrives), which is the other server's cost.
     """
     block = BLOCK if block is None else block
+    turn_warmup = (TURN_WARMUP if block > 1 else 0) if turn_warmup is None else turn_warmup
     (a, a_path, a_bodies), (b, b_path, b_bodies) = first, second
     if len(a_bodies) != len(b_bodies):
         raise ValueError("both servers need the same number of requests")
@@ -811,11 +818,13 @@ def timed_side_by_side(
     mine: list[float] = []
     theirs: list[float] = []
     warm = min(WARMUP, len(a_bodies))
+    turn_warmup = min(turn_warmup, warm)
     for client, path, bodies in ((a, a_path, a_bodies), (b, b_path, b_bodies)):
         client.timed_posts(path, bodies[:warm])
     for turn, begin in enumerate(range(warm, len(a_bodies), block)):
         pair = [(a, a_path, a_bodies, mine), (b, b_path, b_bodies, theirs)]
         for client, path, bodies, latencies in pair if turn % 2 == 0 else reversed(pair):
+            client.timed_posts(path, bodies[:turn_warmup])
             latencies.extend(client.timed_posts(path, bodies[begin : begin + block]))
     return mine, theirs
 
@@ -886,7 +895,10 @@ def _run(ctx: Context) -> dict[str, float]:
         client="a keep-alive HTTP/1.1 connection per server, sequential requests",
         web_server={"gunicorn": {"workers": 2, "worker_class": "gthread", "threads": 4}},
         online_feature_server={"granian": {"app": "features.wsgi", "workers": 2, "threads": 1}},
-        turns=f"blocks of {BLOCK} requests, who starts alternating",
+        turns=(
+            f"blocks of {BLOCK} timed requests, each after {TURN_WARMUP} untimed ones, "
+            "who starts alternating"
+        ),
         ingest={
             "group_features": len(INGEST_SPECS),
             "json": {"rows": JSON_ROWS, "batch_rows": JSON_BATCH, "event_time": "ISO 8601 Z"},

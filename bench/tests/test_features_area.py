@@ -486,23 +486,35 @@ class _Recorder:
 
 
 @pytest.mark.parametrize(
-    ("block", "order"), [(1, "abbaabbaabbaab"), (3, "aaabbbbbbaaaab"), (100, "aaaaaaabbbbbbb")]
+    ("block", "turn_warmup", "order"),
+    [
+        (1, 0, "abbaabbaabbaab"),
+        (3, 0, "aaabbbbbbaaaab"),
+        (3, 1, "AaaaBbbbBbbbAaaaAaBb"),
+        (100, 2, "AAaaaaaaaBBbbbbbbb"),
+    ],
 )
-def test_timed_side_by_side_takes_turns_by_blocks(block, order):
+def test_timed_side_by_side_takes_turns_by_blocks(block, turn_warmup, order):
     log: list[tuple[str, bytes]] = []
     count = area.WARMUP + 7
     a_bodies = [f"a{i}".encode() for i in range(count)]
     b_bodies = [f"b{i}".encode() for i in range(count)]
 
     mine, theirs = area.timed_side_by_side(
-        (_Recorder("a", log), "/a", a_bodies), (_Recorder("b", log), "/b", b_bodies), block=block
+        (_Recorder("a", log), "/a", a_bodies),
+        (_Recorder("b", log), "/b", b_bodies),
+        block=block,
+        turn_warmup=turn_warmup,
     )
 
-    assert mine == [1.0] * 7 and theirs == [2.0] * 7  # the warm-up is not timed
-    assert [body for name, body in log if name == "a"] == a_bodies  # each in its own order
-    assert [body for name, body in log if name == "b"] == b_bodies
-    # Warm-up first (a, then b), then turns of `block` requests; who starts alternates.
-    assert "".join(name for name, _ in log[2 * area.WARMUP :]) == order
+    assert mine == [1.0] * 7 and theirs == [2.0] * 7  # only the 7 planned requests are timed
+    untimed = {b"a%d" % i for i in range(turn_warmup)} | {b"b%d" % i for i in range(turn_warmup)}
+    turns = log[2 * area.WARMUP :]
+    # Warm-up first (a, then b), then turns of `block` requests, each after `turn_warmup`
+    # untimed ones (capitals); who starts alternates.
+    assert "".join(n.upper() if body in untimed else n for n, body in turns) == order
+    assert [body for n, body in turns if n == "a" and body not in untimed] == a_bodies[-7:]
+    assert [body for n, body in turns if n == "b" and body not in untimed] == b_bodies[-7:]
 
 
 def test_timed_side_by_side_refuses_unequal_or_bad_blocks():
