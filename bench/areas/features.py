@@ -1,17 +1,20 @@
 """Features: online lookup latency against Feast's feature server, and ingestion throughput.
 
-Real data: a user feature table built from MovieLens 100K (``../shared/data/movielens-100k``):
-attributes from ``u.user``, rating aggregates from ``u.data``, genre affinities from the items
-each user rated (``u.item``), topped up with deterministic generated features to exactly 50
-int/float features for each of the 943 users (``build_user_features``).
+Real data, users and items of MovieLens 100K (``../shared/data/movielens-100k``) as entities:
+a user table (attributes from ``u.user``, rating aggregates from ``u.data``, genre affinities
+from the items each user rated, ``build_user_features``) and an item table (release year and
+genres from ``u.item``, rating aggregates, who rated it, ``build_item_features``), each topped up
+with deterministic generated features to exactly 50 int/float features for each of the 943 users
+and 1,682 items.
 
 Ours, as the compose stack runs it: a workspace, a member and an API token are created through
-the services in the throwaway database, the group is registered (online and offline), the web
-server (``gunicorn config.wsgi``, 2 gthread workers, 4 threads each) takes the pushes and the
+the services in the throwaway database, the two groups are registered (online and offline), the
+web server (``gunicorn config.wsgi``, 2 gthread workers, 4 threads each) takes the pushes and the
 online feature server (``granian features.wsgi``, 2 workers, 1 thread each; the compose service
-``features-online``) the lookups. The user rows are pushed through the REST endpoint. The peer:
-Feast's Python feature server (``feast serve``, 2 workers) from ``bench/.venvs/feast``, over the
-same rows written to Parquet and materialised into the same Redis (a separate database number).
+``features-online``) the lookups. The rows are pushed through the REST endpoint. The peer:
+Feast's Python feature server (``feast serve``, 2 workers) from ``bench/.venvs/feast``, with an
+entity and a feature view for each table, over the same rows written to Parquet and materialised
+into the same Redis (a separate database number).
 Both servers are checked to answer the same values as the source table before anything is timed.
 
 Measures (one keep-alive connection per server, sequential requests, 50 warm-up + 1,000 timed
@@ -21,10 +24,12 @@ the same load of a shared machine; see ``timed_side_by_side``. The record also k
 in turns request by request, under ``parameters.latency_ms["1x50_alternating_each_request"]``):
 
 - ``online_1x50_p50_ms`` / ``online_1x50_p99_ms``: POST /api/v1/workspaces/{ws}/online-features/
-  for one random user and 50 features; ``..._feast``: POST /get-online-features on Feast. After
-  the first request of a caller the server answers these from ``features.fastpath`` (the same
-  endpoint, answers and checks as the DRF view, one Redis round trip).
-- ``online_100x50_p50_ms`` / ``online_100x50_p99_ms`` (and ``..._feast``): 100 random users.
+  for one random user or item (users and items take turns) and its 50 features; ``..._feast``:
+  POST /get-online-features on Feast. After the first request of a caller the server answers
+  these from ``features.fastpath`` (the same endpoint, answers and checks as the DRF view, one
+  Redis round trip).
+- ``online_100x50_p50_ms`` / ``online_100x50_p99_ms`` (and ``..._feast``): 100 random users, or
+  100 random items, in turn.
 - ``online_1x50_p99_vs_feast_ratio`` / ``online_100x50_p99_vs_feast_ratio``: ours / Feast's p99.
 - ``ingest_json_rows_per_s``: generated rows of a narrower group (10 int/float/string features)
   pushed as ``{"rows": [...]}`` in batches of 25,000; rows / wall time of the HTTP requests (the
@@ -78,8 +83,10 @@ PEER_DIR = Path(__file__).resolve().parent / "feast_peer"
 
 FEATURE_COUNT = 50
 USER_GROUP = "ml_user"
+ITEM_GROUP = "ml_item"
 INGEST_GROUP = "bench_ingest"
 ENTITY = "user_id"
+ITEM_ENTITY = "item_id"
 EVENT_TIME = "event_time"
 WARMUP = 50
 # Requests a server answers in a row before the other one takes its turn, and the untimed ones
@@ -126,6 +133,7 @@ FEAST_REQUIREMENTS = [
 ]
 FEAST_PROJECT = "rankops_bench"
 FEAST_VIEW = "user_features"
+FEAST_ITEM_VIEW = "item_features"
 FEAST_TIMESTAMP = "event_timestamp"
 FEAST_WORKERS = 2
 
@@ -138,18 +146,20 @@ FEAST_WORKERS = 2
 class FeatureTable:
     """Feature specs (``{"name", "dtype"}``, dtype int or float) and one row per entity.
 
-    Each row holds ``user_id`` (int), ``event_time`` (unix seconds, int) and every feature.
+    Each row holds the ``entity`` column (``user_id`` or ``item_id``, int), ``event_time`` (unix
+    seconds, int) and every feature.
     """
 
     specs: list[dict[str, str]]
     rows: list[dict[str, Any]]
+    entity: str = ENTITY
 
     @property
     def names(self) -> list[str]:
         return [spec["name"] for spec in self.specs]
 
     def by_id(self) -> dict[int, dict[str, Any]]:
-        return {row[ENTITY]: row for row in self.rows}
+        return {row[self.entity]: row for row in self.rows}
 
 
 def snake_name(text: str) -> str:
@@ -163,8 +173,8 @@ def _read_lines(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="latin-1").splitlines() if line.strip()]
 
 
-def _generated(user_id: int, index: int) -> int:
-    digest = hashlib.blake2b(f"{user_id}:{index}".encode(), digest_size=8).digest()
+def _generated(entity_id: int, index: int, kind: str = "") -> int:
+    digest = hashlib.blake2b(f"{kind}{entity_id}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
 
@@ -294,6 +304,100 @@ def build_user_features(folder: Path, feature_count: int = FEATURE_COUNT) -> Fea
     return FeatureTable(specs=specs, rows=rows)
 
 
+def build_item_features(folder: Path, feature_count: int = FEATURE_COUNT) -> FeatureTable:
+    """One row per MovieLens item (``item_id``) with exactly ``feature_count`` int/float features.
+
+    Real features first (release year, genre flags, rating aggregates, who rated it), then
+    generated ones (``gen_01``...) that depend only on the item id and their position.
+    """
+    items = [line.split("|") for line in _read_lines(folder / "u.item")]
+    genre_file = folder / "u.genre"
+    genres = (
+        [snake_name(line.split("|")[0]) for line in _read_lines(genre_file)]
+        if genre_file.exists()
+        else [f"{i:02d}" for i in range(19)]
+    )
+    if len(genres) != 19:
+        raise BenchError(f"{genre_file} names {len(genres)} genres, not 19")
+    raters = {
+        int(parts[0]): (int(parts[1]), parts[2].strip().upper() == "M")
+        for parts in (line.split("|") for line in _read_lines(folder / "u.user"))
+    }
+    ratings: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for line in _read_lines(folder / "u.data"):
+        user, item, rating, stamp = (int(v) for v in line.split())
+        ratings[item].append((user, rating, stamp))
+    if not ratings:
+        raise BenchError(f"{folder / 'u.data'} holds no ratings")
+    dataset_end = max(stamp for rows in ratings.values() for _, _, stamp in rows)
+    dataset_start = min(stamp for rows in ratings.values() for _, _, stamp in rows)
+
+    specs: list[dict[str, str]] = []
+    for name in ("release_year", "rating_count", *(f"is_{g}" for g in genres)):
+        specs.append({"name": name, "dtype": "int"})
+    for name in (
+        "rating_mean",
+        "rating_std",
+        *(f"rating_share_{r}" for r in range(1, 6)),
+        "positive_rate",
+        "days_since_last_rating",
+        "active_days",
+        "ratings_per_active_day",
+        "rater_age_mean",
+        "rater_male_share",
+    ):
+        specs.append({"name": name, "dtype": "float"})
+    real = len(specs)
+    specs = specs[:feature_count]
+    for index in range(1, feature_count - real + 1):
+        specs.append({"name": f"gen_{index:02d}", "dtype": "float" if index % 2 else "int"})
+
+    def r6(value: float) -> float:
+        return round(value, 6)
+
+    rows = []
+    for parts in items:
+        item_id = int(parts[0])
+        year_match = re.search(r"(\d{4})$", parts[2].strip())
+        flags = [int(flag) for flag in parts[-19:]]
+        mine = ratings.get(item_id, [])
+        values = [rating for _, rating, _ in mine]
+        count = len(values)
+        mean = sum(values) / count if count else 0.0
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / count) if count else 0.0
+        histogram = Counter(values)
+        stamps = [stamp for _, _, stamp in mine]
+        first, last = (min(stamps), max(stamps)) if stamps else (dataset_start, dataset_start)
+        active_days = (last - first) / 86400
+        who = [raters[user] for user, _, _ in mine if user in raters]
+        full: dict[str, Any] = {
+            "release_year": int(year_match.group(1)) if year_match else 0,
+            "rating_count": count,
+            **{f"is_{g}": flag for g, flag in zip(genres, flags, strict=True)},
+            "rating_mean": r6(mean),
+            "rating_std": r6(std),
+            **{
+                f"rating_share_{r}": r6(histogram[r] / count if count else 0.0) for r in range(1, 6)
+            },
+            "positive_rate": r6(sum(1 for v in values if v >= 4) / count if count else 0.0),
+            "days_since_last_rating": r6((dataset_end - last) / 86400),
+            "active_days": r6(active_days),
+            "ratings_per_active_day": r6(count / max(active_days, 1.0)),
+            "rater_age_mean": r6(sum(age for age, _ in who) / len(who) if who else 0.0),
+            "rater_male_share": r6(sum(1 for _, male in who if male) / len(who) if who else 0.0),
+        }
+        row: dict[str, Any] = {ITEM_ENTITY: item_id, EVENT_TIME: last}
+        for index, item in enumerate(specs):
+            name = item["name"]
+            if name in full:
+                row[name] = full[name]
+            else:
+                raw = _generated(item_id, index, "item")
+                row[name] = r6(raw / 2**64) if item["dtype"] == "float" else raw % 1000
+        rows.append(row)
+    return FeatureTable(specs=specs, rows=rows, entity=ITEM_ENTITY)
+
+
 def json_rows(table: FeatureTable) -> list[dict[str, Any]]:
     """Rows as the JSON push takes them: the event time as ISO 8601 UTC with a Z."""
     return [{**row, EVENT_TIME: iso_z(row[EVENT_TIME])} for row in table.rows]
@@ -304,13 +408,14 @@ def iso_z(unix_seconds: float) -> str:
 
 
 def write_feast_parquet(table: FeatureTable, path: Path) -> None:
-    """The Feast source: user_id, event_timestamp (UTC) and the features, typed like the specs."""
+    """The Feast source: the entity id, event_timestamp (UTC) and the features, typed like the
+    specs."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     arrow_types = {"int": pa.int64(), "float": pa.float64()}
     columns = {
-        ENTITY: pa.array([row[ENTITY] for row in table.rows], type=pa.int64()),
+        table.entity: pa.array([row[table.entity] for row in table.rows], type=pa.int64()),
         FEAST_TIMESTAMP: pa.array(
             [datetime.fromtimestamp(row[EVENT_TIME], tz=UTC) for row in table.rows],
             type=pa.timestamp("us", tz="UTC"),
@@ -345,9 +450,11 @@ def ours_lookup_body(ids: Sequence[int], group: str, names: Sequence[str]) -> by
     ).encode()
 
 
-def feast_lookup_body(ids: Sequence[int], view: str, names: Sequence[str]) -> bytes:
+def feast_lookup_body(
+    ids: Sequence[int], view: str, names: Sequence[str], entity: str = ENTITY
+) -> bytes:
     return json.dumps(
-        {"features": [f"{view}:{n}" for n in names], "entities": {ENTITY: list(ids)}},
+        {"features": [f"{view}:{n}" for n in names], "entities": {entity: list(ids)}},
         separators=(",", ":"),
     ).encode()
 
@@ -511,14 +618,21 @@ def feast_connection_string(redis_url: str, db: int) -> str:
     return ",".join(pieces)
 
 
+@dataclass(frozen=True)
+class FeastView:
+    """One feature view of the Feast repo: its name, the table it serves and its Parquet file."""
+
+    view: str
+    table: FeatureTable
+    parquet_path: Path
+
+
 def render_feast_repo(
     repo: Path,
     *,
-    specs: Sequence[Mapping[str, str]],
-    parquet_path: Path,
+    views: Sequence[FeastView],
     redis_connection: str,
     project: str = FEAST_PROJECT,
-    view: str = FEAST_VIEW,
 ) -> Path:
     """Write a Feast feature repo: feature_store.yaml, repo.py and the spec repo.py reads."""
     repo.mkdir(parents=True, exist_ok=True)
@@ -532,11 +646,16 @@ def render_feast_repo(
     )
     shutil.copyfile(PEER_DIR / "repo.py", repo / "repo.py")
     spec = {
-        "entity": ENTITY,
-        "view": view,
-        "parquet_path": str(parquet_path),
-        "timestamp_field": FEAST_TIMESTAMP,
-        "features": [{"name": s["name"], "dtype": s["dtype"]} for s in specs],
+        "views": [
+            {
+                "entity": view.table.entity,
+                "view": view.view,
+                "parquet_path": str(view.parquet_path),
+                "timestamp_field": FEAST_TIMESTAMP,
+                "features": [{"name": s["name"], "dtype": s["dtype"]} for s in view.table.specs],
+            }
+            for view in views
+        ]
     }
     (repo / "bench_spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     (repo / "data").mkdir(exist_ok=True)
@@ -694,8 +813,8 @@ class Http(LocalHttp):
 # The run
 
 
-def _seed(table: FeatureTable) -> tuple[str, str]:
-    """A workspace, a developer with a token, the user group and the ingestion group."""
+def _seed(table: FeatureTable, items: FeatureTable) -> tuple[str, str]:
+    """A workspace, a developer with a token, the user and item groups and the ingestion group."""
     from django.contrib.auth import get_user_model
 
     from features.registry import feature_group_register
@@ -721,6 +840,18 @@ def _seed(table: FeatureTable) -> tuple[str, str]:
         features=[dict(s) for s in table.specs],
         event_time_column=EVENT_TIME,
         description="MovieLens 100K users: attributes, rating aggregates, genre affinities",
+        online=True,
+        offline=True,
+    )
+    feature_group_register(
+        actor=producer,
+        workspace=workspace,
+        name=ITEM_GROUP,
+        entity="item",
+        entity_keys=[ITEM_ENTITY],
+        features=[dict(s) for s in items.specs],
+        event_time_column=EVENT_TIME,
+        description="MovieLens 100K items: release year, genres, rating aggregates, raters",
         online=True,
         offline=True,
     )
@@ -783,6 +914,48 @@ def _verify(
     problems = mismatches(expected, got)
     if problems:
         raise BenchError(f"{label} answers differ from the source table: {problems}")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A MovieLens table as both servers hold it: our group and Feast's view."""
+
+    table: FeatureTable
+    group: str
+    view: str
+
+    def body(self, ids: Sequence[int], *, peer: bool) -> bytes:
+        if peer:
+            return feast_lookup_body(ids, self.view, self.table.names, self.table.entity)
+        return ours_lookup_body(ids, self.group, self.table.names)
+
+
+def lookup_bodies(
+    sources: Sequence[Source], schedules: Sequence[Sequence[Sequence[int]]], *, peer: bool
+) -> list[bytes]:
+    """Request ``i`` asks for the entities ``schedules[k][i]`` of ``sources[k]``, ``k`` taking
+    the sources in turn (users, items, users, ...)."""
+    count = len(schedules[0])
+    return [
+        sources[i % len(sources)].body(schedules[i % len(sources)][i], peer=peer)
+        for i in range(count)
+    ]
+
+
+def _verify_sources(
+    label: str, client: Http, path: str, sources: Sequence[Source], checks, *, peer: bool
+) -> None:
+    for source, ids in zip(sources, checks, strict=True):
+        _verify(
+            f"{label} ({source.table.entity})",
+            client,
+            path,
+            source.body(ids, peer=peer),
+            parse_feast if peer else parse_ours,
+            ids,
+            source.table.names,
+            source.table.by_id(),
+        )
 
 
 def _timed_lookups(client: Http, path: str, bodies: list[bytes]) -> list[float]:
@@ -913,18 +1086,29 @@ def _run(ctx: Context) -> dict[str, float]:
         online_store="redis" if redis_url else "sqlite (embedded)",
     )
 
-    ctx.log(f"building the user feature table from {MOVIELENS_DIR} ...")
+    ctx.log(f"building the user and item feature tables from {MOVIELENS_DIR} ...")
     table = build_user_features(MOVIELENS_DIR)
-    names = table.names
-    source = table.by_id()
-    ids = sorted(source)
-    ctx.parameters["users"] = len(ids)
-    ctx.parameters["feature_dtypes"] = dict(Counter(s["dtype"] for s in table.specs))
-    slug, key = _seed(table)
+    items = build_item_features(MOVIELENS_DIR)
+    sources = [Source(table, USER_GROUP, FEAST_VIEW), Source(items, ITEM_GROUP, FEAST_ITEM_VIEW)]
+    ctx.parameters["users"] = len(table.rows)
+    ctx.parameters["items"] = len(items.rows)
+    ctx.parameters["lookups"] = "users and items in turn, one group (Feast: one view) a request"
+    ctx.parameters["feature_dtypes"] = {
+        src.table.entity: dict(Counter(s["dtype"] for s in src.table.specs)) for src in sources
+    }
+    slug, key = _seed(table, items)
 
-    few = lookup_schedule(ids, requests=WARMUP + REQUESTS, per_request=1, seed=SEED)
-    many = lookup_schedule(ids, requests=WARMUP + REQUESTS, per_request=MANY_ENTITIES, seed=SEED)
-    check_ids = lookup_schedule(ids, requests=1, per_request=CHECK_USERS, seed=SEED + 1)[0]
+    def schedules(per_request: int, requests: int, seed: int) -> list[list[list[int]]]:
+        return [
+            lookup_schedule(
+                sorted(src.table.by_id()), requests=requests, per_request=per_request, seed=seed
+            )
+            for src in sources
+        ]
+
+    few = schedules(1, WARMUP + REQUESTS, SEED)
+    many = schedules(MANY_ENTITIES, WARMUP + REQUESTS, SEED)
+    checks = [schedule[0] for schedule in schedules(CHECK_USERS, 1, SEED + 1)]
     ours_path = f"/api/v1/workspaces/{slug}/online-features/"
     batches_path = f"/api/v1/workspaces/{slug}/feature-groups/{{group}}/batches/"
 
@@ -954,22 +1138,16 @@ def _run(ctx: Context) -> dict[str, float]:
         online = Http(online_port, headers={"Authorization": f"Token {key}"})
         stack.callback(online.close)
 
-        status, answer = ours.post(
-            batches_path.format(group=USER_GROUP),
-            json.dumps({"rows": json_rows(table)}).encode(),
-        )
-        if status != 201:
-            raise BenchError(f"pushing the user rows answered {status}: {answer[:300]!r}")
-        _verify(
-            "ours",
-            online,
-            ours_path,
-            ours_lookup_body(check_ids, USER_GROUP, names),
-            parse_ours,
-            check_ids,
-            names,
-            source,
-        )
+        for src in sources:
+            status, answer = ours.post(
+                batches_path.format(group=src.group),
+                json.dumps({"rows": json_rows(src.table)}).encode(),
+            )
+            if status != 201:
+                raise BenchError(
+                    f"pushing the {src.group} rows answered {status}: {answer[:300]!r}"
+                )
+        _verify_sources("ours", online, ours_path, sources, checks, peer=False)
 
         if redis_url:
             with ExitStack() as peer:
@@ -986,15 +1164,20 @@ def _run(ctx: Context) -> dict[str, float]:
                 started = time.perf_counter()
                 python = peer_venv("feast", FEAST_REQUIREMENTS)
                 feast["venv_s"] = round(time.perf_counter() - started, 2)
+                data = ctx.workdir / "feast_repo" / "data"
+                views = [
+                    FeastView(src.view, src.table, data / f"{src.table.entity}.parquet")
+                    for src in sources
+                ]
                 repo = render_feast_repo(
                     ctx.workdir / "feast_repo",
-                    specs=table.specs,
-                    parquet_path=ctx.workdir / "feast_repo" / "data" / "users.parquet",
+                    views=views,
                     redis_connection=feast_connection_string(redis_url, feast_db),
                     project=project,
                 )
-                write_feast_parquet(table, repo / "data" / "users.parquet")
-                first = min(row[EVENT_TIME] for row in table.rows)
+                for view in views:
+                    write_feast_parquet(view.table, view.parquet_path)
+                first = min(row[EVENT_TIME] for src in sources for row in src.table.rows)
                 start = datetime.fromtimestamp(first, tz=UTC) - timedelta(days=1)
                 end = datetime.now(UTC)
                 ctx.log(f"feast apply + materialize into Redis db {feast_db} ...")
@@ -1005,39 +1188,22 @@ def _run(ctx: Context) -> dict[str, float]:
                 feast_port = peer.enter_context(feast_server(ctx, python, repo))
                 theirs = Http(feast_port)
                 peer.callback(theirs.close)
-                _verify(
-                    "Feast",
-                    theirs,
-                    "/get-online-features",
-                    feast_lookup_body(check_ids, FEAST_VIEW, names),
-                    parse_feast,
-                    check_ids,
-                    names,
-                    source,
-                )
-                ctx.log(f"both servers answer the source values for {CHECK_USERS} users")
+                feast_path = "/get-online-features"
+                _verify_sources("Feast", theirs, feast_path, sources, checks, peer=True)
+                ctx.log(f"both servers answer the source values for {CHECK_USERS} users and items")
                 feast["redis_db"] = feast_db
                 feast["project"] = project
                 feast["server"] = f"feast serve -w {FEAST_WORKERS} (gunicorn + uvicorn workers)"
 
-                for label, schedule in (("1x50", few), ("100x50", many)):
+                for label, planned in (("1x50", few), ("100x50", many)):
                     ctx.log(f"timing {label}: ours and Feast in turn ...")
                     mine, other = timed_side_by_side(
-                        (
-                            online,
-                            ours_path,
-                            [ours_lookup_body(e, USER_GROUP, names) for e in schedule],
-                        ),
-                        (
-                            theirs,
-                            "/get-online-features",
-                            [feast_lookup_body(e, FEAST_VIEW, names) for e in schedule],
-                        ),
+                        (online, ours_path, lookup_bodies(sources, planned, peer=False)),
+                        (theirs, feast_path, lookup_bodies(sources, planned, peer=True)),
                     )
                     measures[f"online_{label}_p50_ms"], measures[f"online_{label}_p99_ms"] = (
                         _summarise(mine)
                     )
-                    Path(f"/tmp/lat_{label}.json").write_text(json.dumps([mine, other]))
                     latencies[label] = {
                         "ours": latency_summary(mine),
                         "feast": latency_summary(other),
@@ -1050,12 +1216,8 @@ def _run(ctx: Context) -> dict[str, float]:
                     )
                 # For the record: the same requests alternating one by one (see timed_side_by_side).
                 mine, other = timed_side_by_side(
-                    (online, ours_path, [ours_lookup_body(e, USER_GROUP, names) for e in few]),
-                    (
-                        theirs,
-                        "/get-online-features",
-                        [feast_lookup_body(e, FEAST_VIEW, names) for e in few],
-                    ),
+                    (online, ours_path, lookup_bodies(sources, few, peer=False)),
+                    (theirs, feast_path, lookup_bodies(sources, few, peer=True)),
                     block=1,
                 )
                 latencies["1x50_alternating_each_request"] = {
@@ -1063,26 +1225,8 @@ def _run(ctx: Context) -> dict[str, float]:
                     "feast": latency_summary(other),
                 }
                 # Still the same values after timing (nobody emptied a store underneath us).
-                _verify(
-                    "ours",
-                    online,
-                    ours_path,
-                    ours_lookup_body(check_ids, USER_GROUP, names),
-                    parse_ours,
-                    check_ids,
-                    names,
-                    source,
-                )
-                _verify(
-                    "Feast",
-                    theirs,
-                    "/get-online-features",
-                    feast_lookup_body(check_ids, FEAST_VIEW, names),
-                    parse_feast,
-                    check_ids,
-                    names,
-                    source,
-                )
+                _verify_sources("ours", online, ours_path, sources, checks, peer=False)
+                _verify_sources("Feast", theirs, feast_path, sources, checks, peer=True)
         else:
             feast["skipped"] = (
                 "Feast's feature server needs Redis: set REDIS_URL (the issue's benchmark runs "
@@ -1090,10 +1234,10 @@ def _run(ctx: Context) -> dict[str, float]:
             )
             feast["measures"] = dict.fromkeys(FEAST_MEASURES)
             ctx.log(feast["skipped"])
-            for label, schedule in (("1x50", few), ("100x50", many)):
+            for label, planned in (("1x50", few), ("100x50", many)):
                 ctx.log(f"timing {label} ...")
                 mine = _timed_lookups(
-                    online, ours_path, [ours_lookup_body(e, USER_GROUP, names) for e in schedule]
+                    online, ours_path, lookup_bodies(sources, planned, peer=False)
                 )
                 measures[f"online_{label}_p50_ms"], measures[f"online_{label}_p99_ms"] = _summarise(
                     mine

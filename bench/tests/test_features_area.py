@@ -128,6 +128,68 @@ def test_build_user_features_computes_the_real_features(movielens):
     assert three["rating_mean"] == 0.0
 
 
+def test_build_item_features_has_exactly_50_valid_features(movielens):
+    table = area.build_item_features(movielens)
+
+    assert table.entity == area.ITEM_ENTITY
+    assert len(table.specs) == 50 and len(set(table.names)) == 50
+    assert all(REF_PATTERN.match(f"{area.ITEM_GROUP}:{name}") for name in table.names)
+    assert len(normalise_features([dict(s) for s in table.specs])) == 50
+    assert sorted(table.by_id()) == [1, 2, 3]
+    for row in table.rows:
+        assert set(row) == {area.ITEM_ENTITY, area.EVENT_TIME, *table.names}
+        for spec in table.specs:
+            value = row[spec["name"]]
+            assert isinstance(value, int if spec["dtype"] == "int" else float), spec
+
+
+def test_build_item_features_computes_the_real_features(movielens):
+    rows = area.build_item_features(movielens).by_id()
+    toy, golden, cafe = rows[1], rows[2], rows[3]
+
+    assert toy["release_year"] == 1995 and cafe["release_year"] == 0  # no release date
+    assert (toy["is_animation"], toy["is_childrens"], toy["is_drama"]) == (1, 1, 0)
+    assert cafe["is_drama"] == 1
+    # Item 1: ratings 5 (user 1), 1 and 5 (user 2); its last one on day 1020.
+    assert toy["rating_count"] == 3
+    assert toy["rating_mean"] == pytest.approx(11 / 3, abs=1e-6)
+    assert toy["rating_share_5"] == pytest.approx(2 / 3, abs=1e-6)
+    assert toy[area.EVENT_TIME] == 1020 * DAY
+    assert toy["active_days"] == pytest.approx(20.0)
+    assert toy["days_since_last_rating"] == 0.0
+    assert golden["days_since_last_rating"] == pytest.approx(15.0)
+    # Raters: users 1 (24, M), 2 (53, F), 2 again.
+    assert toy["rater_age_mean"] == pytest.approx((24 + 53 + 53) / 3, abs=1e-6)
+    assert toy["rater_male_share"] == pytest.approx(1 / 3, abs=1e-6)
+    assert cafe["rater_male_share"] == 1.0
+    # Generated features differ from the users' for the same id.
+    users = area.build_user_features(movielens).by_id()
+    assert toy["gen_01"] != users[1].get("gen_01")
+
+
+def test_lookup_bodies_take_users_and_items_in_turn():
+    users = area.FeatureTable(specs=[{"name": "age", "dtype": "int"}], rows=[])
+    items = area.FeatureTable(
+        specs=[{"name": "rating_mean", "dtype": "float"}], rows=[], entity=area.ITEM_ENTITY
+    )
+    sources = [
+        area.Source(users, area.USER_GROUP, "user_features"),
+        area.Source(items, area.ITEM_GROUP, "item_features"),
+    ]
+    schedules = [[[1], [2], [3]], [[10], [20], [30]]]
+
+    ours = [json.loads(b) for b in area.lookup_bodies(sources, schedules, peer=False)]
+    feast = [json.loads(b) for b in area.lookup_bodies(sources, schedules, peer=True)]
+
+    assert ours == [
+        {"entities": [1], "features": [f"{area.USER_GROUP}:age"]},
+        {"entities": [20], "features": [f"{area.ITEM_GROUP}:rating_mean"]},
+        {"entities": [3], "features": [f"{area.USER_GROUP}:age"]},
+    ]
+    assert feast[1] == {"features": ["item_features:rating_mean"], "entities": {"item_id": [20]}}
+    assert feast[2] == {"features": ["user_features:age"], "entities": {"user_id": [3]}}
+
+
 def test_generated_features_are_deterministic(movielens):
     first = area.build_user_features(movielens)
     again = area.build_user_features(movielens)
@@ -327,12 +389,16 @@ def test_ingest_parquet_body_types():
 
 def test_render_feast_repo(tmp_path):
     specs = [{"name": "age", "dtype": "int"}, {"name": "rating_mean", "dtype": "float"}]
-    parquet = tmp_path / "repo" / "data" / "users.parquet"
+    users = area.FeatureTable(specs=specs, rows=[])
+    items = area.FeatureTable(specs=specs[1:], rows=[], entity=area.ITEM_ENTITY)
+    data = tmp_path / "repo" / "data"
 
     repo = area.render_feast_repo(
         tmp_path / "repo",
-        specs=specs,
-        parquet_path=parquet,
+        views=[
+            area.FeastView("user_features", users, data / "users.parquet"),
+            area.FeastView("item_features", items, data / "items.parquet"),
+        ],
         redis_connection="127.0.0.1:6379,db=12",
         project="rankops_bench_1",
     )
@@ -348,11 +414,22 @@ def test_render_feast_repo(tmp_path):
     }
     spec = json.loads((repo / "bench_spec.json").read_text())
     assert spec == {
-        "entity": "user_id",
-        "view": "user_features",
-        "parquet_path": str(parquet),
-        "timestamp_field": "event_timestamp",
-        "features": specs,
+        "views": [
+            {
+                "entity": "user_id",
+                "view": "user_features",
+                "parquet_path": str(data / "users.parquet"),
+                "timestamp_field": "event_timestamp",
+                "features": specs,
+            },
+            {
+                "entity": "item_id",
+                "view": "item_features",
+                "parquet_path": str(data / "items.parquet"),
+                "timestamp_field": "event_timestamp",
+                "features": specs[1:],
+            },
+        ]
     }
     assert (repo / "repo.py").read_text() == (area.PEER_DIR / "repo.py").read_text()
     assert (repo / "data").is_dir()
