@@ -178,6 +178,103 @@ def _generated(entity_id: int, index: int, kind: str = "") -> int:
     return int.from_bytes(digest, "big")
 
 
+# The rating aggregates both tables have, in their order (after ``rating_count``, an int).
+RATING_FLOATS = (
+    "rating_mean",
+    "rating_std",
+    *(f"rating_share_{r}" for r in range(1, 6)),
+    "positive_rate",
+    "days_since_last_rating",
+    "active_days",
+    "ratings_per_active_day",
+)
+
+
+def _r6(value: float) -> float:
+    return round(value, 6)
+
+
+def _genre_names(folder: Path) -> list[str]:
+    genre_file = folder / "u.genre"
+    genres = (
+        [snake_name(line.split("|")[0]) for line in _read_lines(genre_file)]
+        if genre_file.exists()
+        else [f"{i:02d}" for i in range(19)]
+    )
+    if len(genres) != 19:
+        raise BenchError(f"{genre_file} names {len(genres)} genres, not 19")
+    return genres
+
+
+def _release_year(title_date: str) -> int | None:
+    year_match = re.search(r"(\d{4})$", title_date.strip())
+    return int(year_match.group(1)) if year_match else None
+
+
+def _ratings_by(folder: Path, key: int) -> tuple[dict[int, list[tuple[int, int, int]]], int, int]:
+    """The ratings of ``u.data`` by user (``key`` 0) or item (1), as (other id, rating, stamp),
+    and the dataset's first and last stamp."""
+    ratings: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for line in _read_lines(folder / "u.data"):
+        ids = [int(v) for v in line.split()]
+        ratings[ids[key]].append((ids[1 - key], ids[2], ids[3]))
+    if not ratings:
+        raise BenchError(f"{folder / 'u.data'} holds no ratings")
+    stamps = [stamp for rows in ratings.values() for _, _, stamp in rows]
+    return ratings, min(stamps), max(stamps)
+
+
+def _rating_aggregates(
+    ratings: list[tuple[int, int, int]], *, dataset_start: int, dataset_end: int
+) -> tuple[dict[str, Any], int]:
+    """``rating_count`` and the ``RATING_FLOATS`` of one entity's ratings, and its last stamp
+    (the dataset's first for an entity without ratings)."""
+    values = [rating for _, rating, _ in ratings]
+    count = len(values)
+    mean = sum(values) / count if count else 0.0
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / count) if count else 0.0
+    histogram = Counter(values)
+    stamps = [stamp for _, _, stamp in ratings]
+    first, last = (min(stamps), max(stamps)) if stamps else (dataset_start, dataset_start)
+    active_days = (last - first) / 86400
+    aggregates = {
+        "rating_count": count,
+        "rating_mean": _r6(mean),
+        "rating_std": _r6(std),
+        **{f"rating_share_{r}": _r6(histogram[r] / count if count else 0.0) for r in range(1, 6)},
+        "positive_rate": _r6(sum(1 for v in values if v >= 4) / count if count else 0.0),
+        "days_since_last_rating": _r6((dataset_end - last) / 86400),
+        "active_days": _r6(active_days),
+        "ratings_per_active_day": _r6(count / max(active_days, 1.0)),
+    }
+    return aggregates, last
+
+
+def _topped_up(specs: list[dict[str, str]], feature_count: int) -> list[dict[str, str]]:
+    """The first ``feature_count`` specs, with generated ones (``gen_01``...) to make up."""
+    real = len(specs)
+    specs = specs[:feature_count]
+    for index in range(1, feature_count - real + 1):
+        specs.append({"name": f"gen_{index:02d}", "dtype": "float" if index % 2 else "int"})
+    return specs
+
+
+def _row(
+    specs: list[dict[str, str]], full: dict[str, Any], *, entity: str, entity_id: int, last: int
+) -> dict[str, Any]:
+    """One table row: the real values in ``full``, generated ones for the other specs."""
+    kind = "" if entity == ENTITY else "item"
+    row: dict[str, Any] = {entity: entity_id, EVENT_TIME: last}
+    for index, spec in enumerate(specs):
+        name = spec["name"]
+        if name in full:
+            row[name] = full[name]
+        else:
+            raw = _generated(entity_id, index, kind)
+            row[name] = _r6(raw / 2**64) if spec["dtype"] == "float" else raw % 1000
+    return row
+
+
 def build_user_features(folder: Path, feature_count: int = FEATURE_COUNT) -> FeatureTable:
     """One row per MovieLens user with exactly ``feature_count`` int/float features.
 
@@ -192,74 +289,40 @@ def build_user_features(folder: Path, feature_count: int = FEATURE_COUNT) -> Fea
         else sorted({u[3] for u in users})
     )
     occupation_index = {name.strip(): i for i, name in enumerate(occupations)}
-    genre_file = folder / "u.genre"
     items: dict[int, tuple[list[int], int | None]] = {}
     for line in _read_lines(folder / "u.item"):
         parts = line.split("|")
-        flags = [int(flag) for flag in parts[-19:]]
-        year_match = re.search(r"(\d{4})$", parts[2].strip())
-        items[int(parts[0])] = (flags, int(year_match.group(1)) if year_match else None)
-    genres = (
-        [snake_name(line.split("|")[0]) for line in _read_lines(genre_file)]
-        if genre_file.exists()
-        else [f"{i:02d}" for i in range(19)]
-    )
-    if len(genres) != 19:
-        raise BenchError(f"{genre_file} names {len(genres)} genres, not 19")
-
-    ratings: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        items[int(parts[0])] = ([int(flag) for flag in parts[-19:]], _release_year(parts[2]))
+    genres = _genre_names(folder)
+    ratings, dataset_start, dataset_end = _ratings_by(folder, 0)
     item_ratings: dict[int, list[int]] = defaultdict(list)
-    for line in _read_lines(folder / "u.data"):
-        user, item, rating, stamp = (int(v) for v in line.split())
-        ratings[user].append((item, rating, stamp))
-        item_ratings[item].append(rating)
-    if not ratings:
-        raise BenchError(f"{folder / 'u.data'} holds no ratings")
-    dataset_end = max(stamp for rows in ratings.values() for _, _, stamp in rows)
-    dataset_start = min(stamp for rows in ratings.values() for _, _, stamp in rows)
+    for rows in ratings.values():
+        for item, rating, _ in rows:
+            item_ratings[item].append(rating)
     item_mean = {item: sum(r) / len(r) for item, r in item_ratings.items()}
 
-    specs: list[dict[str, str]] = []
-
-    def spec(name: str, dtype: str) -> None:
-        specs.append({"name": name, "dtype": dtype})
-
-    for name in ("age", "gender_male", "occupation_idx", "rating_count"):
-        spec(name, "int")
-    for name in ("rating_mean", "rating_std", *(f"rating_share_{r}" for r in range(1, 6))):
-        spec(name, "float")
-    for name in (
-        "positive_rate",
-        "days_since_last_rating",
-        "active_days",
-        "ratings_per_active_day",
+    names_int = ("age", "gender_male", "occupation_idx", "rating_count")
+    names_float = (
+        *RATING_FLOATS,
         "item_popularity_mean",
         "item_rating_mean",
         "release_year_mean",
         *(f"genre_{g}" for g in genres),
-    ):
-        spec(name, "float")
-    real = len(specs)
-    if feature_count < real:
-        specs = specs[:feature_count]
-    for index in range(1, feature_count - real + 1):
-        spec(f"gen_{index:02d}", "float" if index % 2 else "int")
-
-    def r6(value: float) -> float:
-        return round(value, 6)
+    )
+    specs = _topped_up(
+        [{"name": n, "dtype": "int"} for n in names_int]
+        + [{"name": n, "dtype": "float"} for n in names_float],
+        feature_count,
+    )
 
     rows = []
     for parts in users:
         user_id = int(parts[0])
         mine = ratings.get(user_id, [])
-        values = [rating for _, rating, _ in mine]
-        count = len(values)
-        mean = sum(values) / count if count else 0.0
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / count) if count else 0.0
-        histogram = Counter(values)
-        stamps = [stamp for _, _, stamp in mine]
-        first, last = (min(stamps), max(stamps)) if stamps else (dataset_start, dataset_start)
-        active_days = (last - first) / 86400
+        aggregates, last = _rating_aggregates(
+            mine, dataset_start=dataset_start, dataset_end=dataset_end
+        )
+        count = aggregates["rating_count"]
         genre_counts = [0] * 19
         years = []
         for item, _, _ in mine:
@@ -272,35 +335,18 @@ def build_user_features(folder: Path, feature_count: int = FEATURE_COUNT) -> Fea
             "age": int(parts[1]),
             "gender_male": 1 if parts[2].strip().upper() == "M" else 0,
             "occupation_idx": occupation_index.get(parts[3].strip(), -1),
-            "rating_count": count,
-            "rating_mean": r6(mean),
-            "rating_std": r6(std),
-            **{
-                f"rating_share_{r}": r6(histogram[r] / count if count else 0.0) for r in range(1, 6)
-            },
-            "positive_rate": r6(sum(1 for v in values if v >= 4) / count if count else 0.0),
-            "days_since_last_rating": r6((dataset_end - last) / 86400),
-            "active_days": r6(active_days),
-            "ratings_per_active_day": r6(count / max(active_days, 1.0)),
-            "item_popularity_mean": r6(
+            **aggregates,
+            "item_popularity_mean": _r6(
                 sum(len(item_ratings[i]) for i in rated) / count if count else 0.0
             ),
-            "item_rating_mean": r6(sum(item_mean[i] for i in rated) / count if count else 0.0),
-            "release_year_mean": r6(sum(years) / len(years) if years else 0.0),
+            "item_rating_mean": _r6(sum(item_mean[i] for i in rated) / count if count else 0.0),
+            "release_year_mean": _r6(sum(years) / len(years) if years else 0.0),
             **{
-                f"genre_{g}": r6(c / count if count else 0.0)
+                f"genre_{g}": _r6(c / count if count else 0.0)
                 for g, c in zip(genres, genre_counts, strict=True)
             },
         }
-        row: dict[str, Any] = {ENTITY: user_id, EVENT_TIME: last}
-        for index, item in enumerate(specs):
-            name = item["name"]
-            if name in full:
-                row[name] = full[name]
-            else:
-                raw = _generated(user_id, index)
-                row[name] = r6(raw / 2**64) if item["dtype"] == "float" else raw % 1000
-        rows.append(row)
+        rows.append(_row(specs, full, entity=ENTITY, entity_id=user_id, last=last))
     return FeatureTable(specs=specs, rows=rows)
 
 
@@ -311,90 +357,37 @@ def build_item_features(folder: Path, feature_count: int = FEATURE_COUNT) -> Fea
     generated ones (``gen_01``...) that depend only on the item id and their position.
     """
     items = [line.split("|") for line in _read_lines(folder / "u.item")]
-    genre_file = folder / "u.genre"
-    genres = (
-        [snake_name(line.split("|")[0]) for line in _read_lines(genre_file)]
-        if genre_file.exists()
-        else [f"{i:02d}" for i in range(19)]
-    )
-    if len(genres) != 19:
-        raise BenchError(f"{genre_file} names {len(genres)} genres, not 19")
+    genres = _genre_names(folder)
     raters = {
         int(parts[0]): (int(parts[1]), parts[2].strip().upper() == "M")
         for parts in (line.split("|") for line in _read_lines(folder / "u.user"))
     }
-    ratings: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for line in _read_lines(folder / "u.data"):
-        user, item, rating, stamp = (int(v) for v in line.split())
-        ratings[item].append((user, rating, stamp))
-    if not ratings:
-        raise BenchError(f"{folder / 'u.data'} holds no ratings")
-    dataset_end = max(stamp for rows in ratings.values() for _, _, stamp in rows)
-    dataset_start = min(stamp for rows in ratings.values() for _, _, stamp in rows)
+    ratings, dataset_start, dataset_end = _ratings_by(folder, 1)
 
-    specs: list[dict[str, str]] = []
-    for name in ("release_year", "rating_count", *(f"is_{g}" for g in genres)):
-        specs.append({"name": name, "dtype": "int"})
-    for name in (
-        "rating_mean",
-        "rating_std",
-        *(f"rating_share_{r}" for r in range(1, 6)),
-        "positive_rate",
-        "days_since_last_rating",
-        "active_days",
-        "ratings_per_active_day",
-        "rater_age_mean",
-        "rater_male_share",
-    ):
-        specs.append({"name": name, "dtype": "float"})
-    real = len(specs)
-    specs = specs[:feature_count]
-    for index in range(1, feature_count - real + 1):
-        specs.append({"name": f"gen_{index:02d}", "dtype": "float" if index % 2 else "int"})
-
-    def r6(value: float) -> float:
-        return round(value, 6)
+    names_int = ("release_year", "rating_count", *(f"is_{g}" for g in genres))
+    names_float = (*RATING_FLOATS, "rater_age_mean", "rater_male_share")
+    specs = _topped_up(
+        [{"name": n, "dtype": "int"} for n in names_int]
+        + [{"name": n, "dtype": "float"} for n in names_float],
+        feature_count,
+    )
 
     rows = []
     for parts in items:
         item_id = int(parts[0])
-        year_match = re.search(r"(\d{4})$", parts[2].strip())
-        flags = [int(flag) for flag in parts[-19:]]
         mine = ratings.get(item_id, [])
-        values = [rating for _, rating, _ in mine]
-        count = len(values)
-        mean = sum(values) / count if count else 0.0
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / count) if count else 0.0
-        histogram = Counter(values)
-        stamps = [stamp for _, _, stamp in mine]
-        first, last = (min(stamps), max(stamps)) if stamps else (dataset_start, dataset_start)
-        active_days = (last - first) / 86400
+        aggregates, last = _rating_aggregates(
+            mine, dataset_start=dataset_start, dataset_end=dataset_end
+        )
         who = [raters[user] for user, _, _ in mine if user in raters]
         full: dict[str, Any] = {
-            "release_year": int(year_match.group(1)) if year_match else 0,
-            "rating_count": count,
-            **{f"is_{g}": flag for g, flag in zip(genres, flags, strict=True)},
-            "rating_mean": r6(mean),
-            "rating_std": r6(std),
-            **{
-                f"rating_share_{r}": r6(histogram[r] / count if count else 0.0) for r in range(1, 6)
-            },
-            "positive_rate": r6(sum(1 for v in values if v >= 4) / count if count else 0.0),
-            "days_since_last_rating": r6((dataset_end - last) / 86400),
-            "active_days": r6(active_days),
-            "ratings_per_active_day": r6(count / max(active_days, 1.0)),
-            "rater_age_mean": r6(sum(age for age, _ in who) / len(who) if who else 0.0),
-            "rater_male_share": r6(sum(1 for _, male in who if male) / len(who) if who else 0.0),
+            "release_year": _release_year(parts[2]) or 0,
+            **{f"is_{g}": int(flag) for g, flag in zip(genres, parts[-19:], strict=True)},
+            **aggregates,
+            "rater_age_mean": _r6(sum(age for age, _ in who) / len(who) if who else 0.0),
+            "rater_male_share": _r6(sum(1 for _, male in who if male) / len(who) if who else 0.0),
         }
-        row: dict[str, Any] = {ITEM_ENTITY: item_id, EVENT_TIME: last}
-        for index, item in enumerate(specs):
-            name = item["name"]
-            if name in full:
-                row[name] = full[name]
-            else:
-                raw = _generated(item_id, index, "item")
-                row[name] = r6(raw / 2**64) if item["dtype"] == "float" else raw % 1000
-        rows.append(row)
+        rows.append(_row(specs, full, entity=ITEM_ENTITY, entity_id=item_id, last=last))
     return FeatureTable(specs=specs, rows=rows, entity=ITEM_ENTITY)
 
 

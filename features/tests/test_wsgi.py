@@ -24,6 +24,24 @@ from workspaces.testing.factories import make_member, token_for
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def _environ(path, body, *, key=None, method="POST", content_length=None) -> dict:
+    """The WSGI environ of a JSON request, as a server would pass it."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(data) if content_length is None else content_length),
+        "wsgi.input": io.BytesIO(data),
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "wsgi.url_scheme": "http",
+        "HTTP_HOST": "testserver",
+        **({"HTTP_AUTHORIZATION": f"Token {key}"} if key else {}),
+    }
+
+
 @pytest.fixture
 def call():
     """Call a WSGI application as a server would; (status, headers, body)."""
@@ -32,22 +50,8 @@ def call():
 
     apps = {"features": features_wsgi.application, "django": django_wsgi.application}
 
-    def run(which, path, body, *, key=None, method="POST", content_length=None, **extra):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        environ = {
-            "REQUEST_METHOD": method,
-            "PATH_INFO": path,
-            "QUERY_STRING": "",
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(data) if content_length is None else content_length),
-            "wsgi.input": io.BytesIO(data),
-            "SERVER_NAME": "testserver",
-            "SERVER_PORT": "80",
-            "wsgi.url_scheme": "http",
-            "HTTP_HOST": "testserver",
-            **({"HTTP_AUTHORIZATION": f"Token {key}"} if key else {}),
-            **extra,
-        }
+    def run(which, path, body, *, key=None, method="POST", content_length=None):
+        environ = _environ(path, body, key=key, method=method, content_length=content_length)
         seen = {}
 
         def start_response(status, headers):
@@ -201,18 +205,7 @@ def test_a_lookup_that_opened_a_connection_ends_like_a_django_request(workspace,
     from features import wsgi
 
     key = token_for(make_member(workspace, Role.VIEWER))
-    data = json.dumps({"entities": ["u1"], "features": FEATURES}).encode()
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": url(workspace),
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(data)),
-        "wsgi.input": io.BytesIO(data),
-        "SERVER_NAME": "testserver",
-        "SERVER_PORT": "80",
-        "wsgi.url_scheme": "http",
-        "HTTP_AUTHORIZATION": f"Token {key}",
-    }
+    environ = _environ(url(workspace), {"entities": ["u1"], "features": FEATURES}, key=key)
     before = fastpath.served
     max_age = connection.settings_dict["CONN_MAX_AGE"]
     connection.close()
