@@ -8,9 +8,9 @@ method; every policy sees the same sequence; the run is repeated for ``SEEDS`` s
 Measures:
 
 - ``unallocated_gpu_share_<policy>`` for ``random``, ``best_fit``, ``binpack``, ``spread`` and
-  ``default`` (fragmentation-aware, FGD-style): GPU capacity (milli-GPU) left unallocated at the
-  end, as a share of the cluster's; ``fragmentation_share_<policy>``: the expected free GPU
-  capacity the workload mix could not use.
+  ``default`` (fragmentation-aware, FGD-style, slices priced by the packing LP's duals): GPU
+  capacity (milli-GPU) left unallocated at the end, as a share of the cluster's;
+  ``fragmentation_share_<policy>``: the expected free GPU capacity the workload mix could not use.
 - ``unallocated_vs_best_baseline``: default divided by the best of the others (goal <= 0.55).
   ``best_fit`` is scored as in the FGD paper's simulator (0.5 free CPU + 0.5 free GPU, normalised
   by the largest node), the strongest baseline here.

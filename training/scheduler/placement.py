@@ -23,6 +23,17 @@ Policies:
   whose free share is below the class's per-GPU demand. The node's fragmentation is the
   expectation over the target workload (class popularities), and a task goes where the increase
   of that expectation is least (ties: best-fit). Nodes in the same state are evaluated once.
+
+  A fractional task first keeps only the GPUs where it loses no packing value (``SlicePrices``):
+  the cutting-stock LP of the target workload's slice sizes prices each size (its dual: the
+  share of a GPU it costs in an optimal packing), and a GPU with ``f`` free is worth the best
+  priced set of slices that fits in ``f``. Placing a slice of size ``s`` and price ``y`` there
+  loses ``value(f) - y - value(f - s)``; among the GPUs where that is least, FGD decides. This
+  is the dual-price rule of online bin packing with a known size distribution (Gilmore-Gomory
+  pricing, as in Gupta and Radovanovic's online stochastic bin packing): it pairs slices the way
+  an optimal packing would (0.65 with 0.32, 0.47 with 0.47), which FGD's greedy measure alone
+  does not. On the openb trace it leaves 6% fewer GPUs unallocated (0.0430 against 0.0459, seeds
+  42-44; 0.0440 against 0.0467 on seeds 45-50).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import random as _random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -109,6 +121,98 @@ class TaskClass:
     gpu_milli: int
     weight: float
     gpu_types: tuple[str, ...] = ()
+    share: float | None = None  # popularity (share of requests); None: use ``weight``
+
+
+class SlicePrices:
+    """What GPU slices and free GPU capacity are worth to the expected fractional workload.
+
+    ``shares`` maps a slice size (milli-GPU, 1-999) to how often it is expected. The cutting-stock
+    LP (least GPUs covering those slices) is solved by Gilmore-Gomory column generation: patterns
+    (ways of filling one GPU) are added while the knapsack on the current dual prices finds one
+    worth more than a GPU. ``price[s]`` is the final dual of size ``s``: the share of a GPU a
+    slice of that size costs in an optimal packing (a 0.81 slice whose leftover nothing common
+    fits costs a whole GPU, two 0.47 slices share one). ``value[f]`` is the most a GPU with ``f``
+    milli-GPU free can still hold, in prices (``value[1000]`` is 1 at the optimum).
+    """
+
+    def __init__(self, shares: dict[int, float], *, max_rounds: int = 100) -> None:
+        self.sizes = sorted(s for s, w in shares.items() if 0 < s < WHOLE and w > 0)
+        self.price: dict[int, float] = {}
+        self.value = np.zeros(WHOLE + 1)
+        if not self.sizes:
+            return
+        demand = np.array([shares[s] for s in self.sizes], dtype=np.float64)
+        demand /= demand.sum()
+        # Start from one pattern per size (as many of it as fit), then price new ones in.
+        patterns = [np.eye(len(self.sizes))[k] * (WHOLE // s) for k, s in enumerate(self.sizes)]
+        for _ in range(max_rounds):
+            duals = self._master(np.array(patterns).T, demand)
+            best, pattern = self._knapsack(duals)
+            if best[WHOLE] <= 1 + 1e-9:
+                break
+            patterns.append(pattern)
+        else:
+            # Not converged (very many sizes): scaled so no pattern is worth more than a GPU,
+            # the prices are still feasible duals, only not the optimal ones.
+            duals = duals / best[WHOLE]
+            best = best / best[WHOLE]
+        self.price = {s: float(y) for s, y in zip(self.sizes, duals, strict=True)}
+        self.value = best
+
+    @staticmethod
+    def _master(matrix: np.ndarray, demand: np.ndarray) -> np.ndarray:
+        """Duals of the covering LP: min sum(x) subject to matrix @ x >= demand, x >= 0."""
+        from scipy.optimize import linprog
+
+        done = linprog(
+            np.ones(matrix.shape[1]), A_ub=-matrix, b_ub=-demand, bounds=(0, None), method="highs"
+        )
+        if not done.success:  # cannot happen: single-size patterns always cover
+            raise RuntimeError(f"cutting-stock LP failed: {done.message}")
+        return np.maximum(-done.ineqlin.marginals, 0.0)
+
+    def _knapsack(self, duals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unbounded knapsack on the prices for every capacity 0..1000; the best full pattern."""
+        sizes = np.array(self.sizes, dtype=np.int64)  # ascending
+        best = np.zeros(WHOLE + 1)
+        last = np.full(WHOLE + 1, -1, dtype=np.int64)
+        for f in range(1, WHOLE + 1):
+            fits = int(np.searchsorted(sizes, f, side="right"))
+            best[f] = best[f - 1]  # capacity left unused
+            if fits:
+                gains = best[f - sizes[:fits]] + duals[:fits]
+                k = int(np.argmax(gains))
+                if gains[k] > best[f] + 1e-12:
+                    best[f], last[f] = gains[k], k
+        pattern = np.zeros(len(self.sizes))
+        f = WHOLE
+        while f > 0:
+            if last[f] < 0:
+                f -= 1
+                continue
+            pattern[last[f]] += 1
+            f -= self.sizes[last[f]]
+        return best, pattern
+
+    def loss(self, free: np.ndarray, size: int) -> np.ndarray:
+        """Packing value lost by putting a slice of ``size`` on GPUs with ``free`` milli free."""
+        free = np.clip(free, 0, WHOLE)
+        return self.value[free] - self.price.get(size, 0.0) - self.value[free - size]
+
+
+@lru_cache(maxsize=32)
+def _slice_prices(shares: tuple[tuple[int, float], ...]) -> SlicePrices:
+    return SlicePrices(dict(shares))
+
+
+def slice_prices(shares: dict[int, float]) -> SlicePrices:
+    """``SlicePrices`` for a workload, cached (the live tick rebuilds its cluster every time)."""
+    total = sum(w for w in shares.values() if w > 0) or 1.0
+    # Shares to 0.1 points: the prices hardly move below that, and the cache keeps its hits
+    # while the live workload drifts.
+    key = tuple(sorted((s, max(round(w / total, 3), 0.001)) for s, w in shares.items() if w > 0))
+    return _slice_prices(key)
 
 
 def workload_classes(requests: Iterable[Request], *, max_classes: int = 50) -> list[TaskClass]:
@@ -128,7 +232,8 @@ def workload_classes(requests: Iterable[Request], *, max_classes: int = 50) -> l
     classes = []
     for (cpu, mem, n, milli, types), count in counts.most_common(max_classes):
         demand = (n * WHOLE + milli) or 100
-        classes.append(TaskClass(cpu, mem, n, milli, count / total * demand**0.5, types))
+        share = count / total
+        classes.append(TaskClass(cpu, mem, n, milli, share * demand**0.5, types, share))
     return classes
 
 
@@ -207,6 +312,12 @@ class Cluster:
         self.c_typeok_any = self.c_typeok | self.c_cpu_only[None, :]
         # The "below demand" sums depend only on the per-GPU demand: compute them per distinct one.
         self.d_values, self.c_dpos = np.unique(self.c_d, return_inverse=True)
+        slices: Counter[int] = Counter()
+        for c in classes:
+            if not c.gpu_count and 0 < c.gpu_milli < WHOLE:
+                slices[c.gpu_milli] += c.weight if c.share is None else c.share
+        self._slice_shares = dict(slices)
+        self._prices: SlicePrices | None = None
         self._frag = self.fragmentation_of(self.free, self.cpu, self.mem, self.typ)
         self._dirty = set()
 
@@ -312,8 +423,8 @@ class Cluster:
 
     def _leftover(self, idx: np.ndarray, req: Request) -> np.ndarray:
         """Weighted remaining share of CPU, memory and GPU after placing ``req``: the default
-        policy's tie-break (it did better there than the paper's best-fit score: 0.0459 against
-        0.0461 unallocated on the openb trace)."""
+        policy's tie-break (it did better there than the paper's best-fit score: 0.0430 against
+        0.0434 unallocated on the openb trace, seeds 42-44)."""
         cpu = (self.cpu[idx] - req.cpu_milli) / self.cpu_cap[idx]
         mem = (self.mem[idx] - req.memory_mb) / self.mem_cap[idx]
         gpu = (np.maximum(self.free[idx], 0).sum(axis=1) - req.gpu_demand_milli) / self.gpu_cap[idx]
@@ -357,6 +468,13 @@ class Cluster:
             self._frag[d] = frag
             self._dirty.clear()
 
+    @property
+    def prices(self) -> SlicePrices:
+        """The target workload's slice prices, solved on first use."""
+        if self._prices is None:
+            self._prices = slice_prices(self._slice_shares)
+        return self._prices
+
     def _choose_fgd(self, idx: np.ndarray, req: Request) -> Placement:
         self._refresh_frag()
         # One representative per distinct node state among the feasible nodes.
@@ -376,6 +494,9 @@ class Cluster:
             diag = np.arange(g)
             after[:, diag, diag] -= req.gpu_milli
             valid = free >= req.gpu_milli
+            # Only the GPUs where the slice loses the least packing value (see SlicePrices).
+            loss = np.where(valid, self.prices.loss(free, req.gpu_milli), np.inf)
+            valid &= loss <= loss.min() + 1e-7
         else:
             after = free[:, None, :]
             valid = np.ones((len(reps), 1), dtype=bool)
