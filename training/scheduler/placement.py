@@ -209,9 +209,10 @@ def _slice_prices(shares: tuple[tuple[int, float], ...]) -> SlicePrices:
 def slice_prices(shares: dict[int, float]) -> SlicePrices:
     """``SlicePrices`` for a workload, cached (the live tick rebuilds its cluster every time)."""
     total = sum(w for w in shares.values() if w > 0) or 1.0
-    # Shares to 0.1 points: the prices hardly move below that, and the cache keeps its hits
-    # while the live workload drifts.
-    key = tuple(sorted((s, max(round(w / total, 3), 0.001)) for s, w in shares.items() if w > 0))
+    # Shares to the point (rare sizes kept at half a point): LP duals change only where the
+    # optimal packing does, so finer shares barely move the prices, and the cache keeps its
+    # hits while the live workload drifts by a job at a time.
+    key = tuple(sorted((s, max(round(w / total, 2), 0.005)) for s, w in shares.items() if w > 0))
     return _slice_prices(key)
 
 
