@@ -196,9 +196,11 @@ class SlicePrices:
         return best, pattern
 
     def loss(self, free: np.ndarray, size: int) -> np.ndarray:
-        """Packing value lost by putting a slice of ``size`` on GPUs with ``free`` milli free."""
+        """Packing value lost by putting a slice of ``size`` on GPUs with ``free`` milli free
+        (meaningless, but defined, where the slice does not fit)."""
         free = np.clip(free, 0, WHOLE)
-        return self.value[free] - self.price.get(size, 0.0) - self.value[free - size]
+        left = np.clip(free - size, 0, WHOLE)
+        return self.value[free] - self.price.get(size, 0.0) - self.value[left]
 
 
 @lru_cache(maxsize=32)
