@@ -11,6 +11,9 @@ Measures:
   ``default`` (fragmentation-aware, FGD-style, slices priced by the packing LP's duals): GPU
   capacity (milli-GPU) left unallocated at the end, as a share of the cluster's;
   ``fragmentation_share_<policy>``: the expected free GPU capacity the workload mix could not use.
+- ``unallocated_gpu_share_default_without_slice_pricing``: the default policy on FGD's
+  fragmentation measure alone (``simulate_placement --no-slice-pricing``, same seeds): what the
+  slice prices add.
 - ``unallocated_vs_best_baseline``: default divided by the best of the others (goal <= 0.55).
   ``best_fit`` is scored as in the FGD paper's simulator (0.5 free CPU + 0.5 free GPU, normalised
   by the largest node), the strongest baseline here.
@@ -47,7 +50,7 @@ SEED = 42
 SEEDS = 3
 
 
-def _simulate(ctx: Context) -> dict:
+def _simulate(ctx: Context, *extra: str) -> dict:
     command = [
         sys.executable,
         "manage.py",
@@ -60,6 +63,7 @@ def _simulate(ctx: Context) -> dict:
         str(SEED),
         "--repeats",
         str(SEEDS),
+        *extra,
     ]
     ctx.log("running " + " ".join(command[1:]))
     done = subprocess.run(
@@ -174,6 +178,10 @@ def run(ctx: Context) -> dict[str, float]:
     for policy in POLICIES:
         measures[f"fragmentation_share_{policy}"] = result[f"fragmentation_share_{policy}"]
     measures["unallocated_vs_best_baseline"] = result["unallocated_vs_best_baseline"]
+    ablation = _simulate(ctx, "--no-slice-pricing")
+    measures["unallocated_gpu_share_default_without_slice_pricing"] = ablation[
+        "unallocated_gpu_share_default"
+    ]
     if "fractional_packing_waste_lb" in result:
         bound = result["fractional_packing_waste_lb"]
         best = min(result[f"unallocated_gpu_share_{p}"] for p in POLICIES if p != "default")

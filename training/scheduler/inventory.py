@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from django.conf import settings
+
 from training.models import JobState, Node, NodeKind, NodeState, PriorityClass, TrainingJob
 from training.scheduler.placement import Cluster, NodeInventory, Request, workload_classes
 
@@ -84,7 +86,12 @@ def build_cluster(
             )
         )
     classes = workload_classes(job_request(j) for j in workload_jobs)
-    cluster = Cluster(inventory, workload=classes, seed=seed)
+    cluster = Cluster(
+        inventory,
+        workload=classes,
+        seed=seed,
+        slice_pricing=getattr(settings, "SCHEDULER_SLICE_PRICING", True),
+    )
     # Capacity (not free) for shares: the node's whole inventory.
     for i, node in enumerate(nodes):
         cluster.cpu_cap[i] = max(node.cpu_milli, 1)

@@ -249,8 +249,10 @@ class Cluster:
         *,
         workload: Sequence[TaskClass] = (),
         seed: int | None = None,
+        slice_pricing: bool = True,
     ) -> None:
         self.names = [n.name for n in nodes]
+        self.slice_pricing = slice_pricing  # False: the default policy is FGD's measure alone
         self.index_of = {name: i for i, name in enumerate(self.names)}
         n = len(nodes)
         g = max([len(node.gpus) for node in nodes] + [1])
@@ -497,9 +499,10 @@ class Cluster:
             diag = np.arange(g)
             after[:, diag, diag] -= req.gpu_milli
             valid = free >= req.gpu_milli
-            # Only the GPUs where the slice loses the least packing value (see SlicePrices).
-            loss = np.where(valid, self.prices.loss(free, req.gpu_milli), np.inf)
-            valid &= loss <= loss.min() + 1e-7
+            if self.slice_pricing:
+                # Only the GPUs where the slice loses the least packing value (SlicePrices).
+                loss = np.where(valid, self.prices.loss(free, req.gpu_milli), np.inf)
+                valid &= loss <= loss.min() + 1e-7
         else:
             after = free[:, None, :]
             valid = np.ones((len(reps), 1), dtype=bool)

@@ -138,8 +138,11 @@ def simulate(
     *,
     seed: int = 42,
     policies: tuple[str, ...] = POLICIES,
+    slice_pricing: bool = True,
 ) -> dict:
-    """One run of every policy on the same arrival sequence; the measures as a dict."""
+    """One run of every policy on the same arrival sequence; the measures as a dict.
+
+    ``slice_pricing=False`` runs the default policy on FGD's measure alone (the ablation)."""
     classes = workload_classes(pods)
     probe = Cluster(nodes)
     capacity = probe.gpu_capacity_milli
@@ -150,13 +153,14 @@ def simulate(
         "pods_submitted": len(sequence),
         "seed": seed,
         "workload_classes": len(classes),
+        "slice_pricing": slice_pricing,
     }
     bound = fractional_packing_waste_lb(sequence, capacity)
     if bound is not None:
         result["fractional_packing_waste_lb"] = round(bound, 4)
     timings = {}
     for policy in policies:
-        cluster = Cluster(nodes, workload=classes, seed=seed)
+        cluster = Cluster(nodes, workload=classes, seed=seed, slice_pricing=slice_pricing)
         placed = 0
         started, cpu_started = time.perf_counter(), time.process_time()
         for req in sequence:

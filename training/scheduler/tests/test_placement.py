@@ -157,6 +157,17 @@ def test_default_policy_pairs_slices_like_the_optimal_packing():
     placed = [cluster.place(Request(1000, 1000, 0, milli)) for milli in (320, 470, 470)]
     assert [p[0].node_name for p in placed if p] == ["b", "b", "a"]
     assert cluster.gpu_free_milli == 50 + 60
+    # The same with the prices switched off (SCHEDULER_SLICE_PRICING = False): FGD alone.
+    cluster = Cluster(
+        [
+            NodeInventory("a", 8000, 32000, "V100", (530,)),
+            NodeInventory("b", 8000, 32000, "V100", (840,)),
+        ],
+        workload=workload,
+        slice_pricing=False,
+    )
+    placed = [cluster.place(Request(1000, 1000, 0, milli)) for milli in (320, 470, 470)]
+    assert [p[0].node_name if p else None for p in placed] == ["a", "b", None]
 
 
 def write_trace(directory: Path, seed: int) -> tuple[Path, Path]:
@@ -249,6 +260,14 @@ def test_simulate_command_prints_one_json_object(tmp_path, capsys):
         assert 0 <= result[f"unallocated_gpu_share_{policy}"] <= 1
     assert result["placements_per_s"] > 0
     assert "unallocated_vs_best_baseline" in result
+    assert result["slice_pricing"] is True
+    call_command(
+        "simulate_placement",
+        *("--pods", str(pods), "--nodes", str(node_file), "--seed", "2", "--repeats", "2"),
+        "--no-slice-pricing",
+    )
+    ablation = json.loads(capsys.readouterr().out)
+    assert ablation["slice_pricing"] is False and ablation["seeds"] == [2, 3]
 
 
 def test_bench_table_and_chart_show_every_policy():

@@ -163,3 +163,15 @@ def test_tasks_run_a_tick_and_a_reconcile(workspace):
     assert tasks.tick.apply().get()["placed"] == 1
     assert reload(job).state == JobState.PLACED
     assert tasks.reconcile.apply().get()["lost"] == 0
+
+
+def test_slice_pricing_follows_the_setting(workspace, settings):
+    from training.scheduler.inventory import build_cluster
+
+    nodes = [make_node(gpus=1)]
+    job = make_job(workspace, gpu_milli=470)
+    cluster, _ = build_cluster(nodes, [], workload_jobs=[job])
+    assert cluster.slice_pricing and cluster.prices.price == {470: pytest.approx(0.5)}
+    settings.SCHEDULER_SLICE_PRICING = False
+    cluster, _ = build_cluster(nodes, [], workload_jobs=[job])
+    assert not cluster.slice_pricing

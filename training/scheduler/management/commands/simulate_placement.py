@@ -23,12 +23,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--repeats", type=int, default=1, help="Average over this many seeds (seed, seed+1..)."
         )
+        parser.add_argument(
+            "--no-slice-pricing",
+            action="store_true",
+            help="Run the default policy on FGD's fragmentation measure alone (the ablation).",
+        )
 
     def handle(self, *args, **options):
         pods = load_pods(options["pods"])
         nodes = load_nodes(options["nodes"])
         runs = [
-            simulate(pods, nodes, seed=options["seed"] + i)
+            simulate(
+                pods, nodes, seed=options["seed"] + i, slice_pricing=not options["no_slice_pricing"]
+            )
             for i in range(max(options["repeats"], 1))
         ]
         result = average(runs)
@@ -42,6 +49,9 @@ def average(runs: list[dict]) -> dict:
         return runs[0]
     out: dict = {"seeds": [r["seed"] for r in runs]}
     for key, value in runs[0].items():
+        if isinstance(value, bool):
+            out[key] = value
+            continue
         if key == "seed" or not isinstance(value, int | float):
             continue
         values = [r[key] for r in runs if r.get(key) is not None]
