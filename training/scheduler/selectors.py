@@ -149,4 +149,25 @@ def cluster_overview() -> dict[str, Any]:
         "gpu_allocated": (capacity - cluster.gpu_free_milli) / 1000 if len(nodes) else 0,
         "fragmentation_share": round(cluster.fragmentation(), 4) if capacity else 0.0,
         "inference_nodes": sum(1 for n in nodes if n.kind == NodeKind.INFERENCE),
+        "slice_costs": slice_costs(cluster) if len(nodes) else [],
     }
+
+
+def slice_costs(cluster) -> list[dict[str, Any]]:
+    """What each GPU slice size of the recent workload costs under an optimal packing.
+
+    ``cost_gpu`` is the size's price (the share of a GPU it takes, leftovers nothing fits
+    included) and ``idle_gpu`` what of that stays idle: a 0.81 slice that nothing common fits
+    beside costs a whole GPU, 0.19 of it idle. Empty when slice pricing is off.
+    """
+    if not cluster.slice_pricing:
+        return []
+    prices = cluster.prices
+    return [
+        {
+            "size_gpu": size / 1000,
+            "cost_gpu": round(prices.price[size], 3),
+            "idle_gpu": round(max(prices.price[size] - size / 1000, 0.0), 3),
+        }
+        for size in prices.sizes
+    ]

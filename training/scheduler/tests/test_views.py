@@ -45,6 +45,7 @@ def test_cluster_page_is_for_staff(client, workspace):
         lending_windows=[{"days": list(range(7)), "start": "00:00", "end": "24:00"}],
     )
     make_job(workspace, gpu_milli=300, priority_class=PriorityClass.EXPLORATION)
+    make_job(workspace, gpu_milli=810, priority_class=PriorityClass.EXPLORATION)
     schedule_tick()
     client.force_login(UserFactory())
     assert client.get("/scheduler/cluster/").status_code == 302  # to the admin login
@@ -55,6 +56,12 @@ def test_cluster_page_is_for_staff(client, workspace):
     assert "gpu-a" in html and "inf-a" in html
     assert "allocated" in html and "fragmentation" in html
     assert "utilisation with lending" in html
+    # Slice costs of the recent mix: three 0.3s share a GPU; nothing fits beside a 0.81.
+    assert page.context["overview"]["slice_costs"] == [
+        {"size_gpu": 0.3, "cost_gpu": pytest.approx(0.333, abs=1e-3), "idle_gpu": 0.033},
+        {"size_gpu": 0.81, "cost_gpu": 1.0, "idle_gpu": 0.19},
+    ]
+    assert 'data-testid="slice-costs"' in html
 
 
 def test_admin_audit_lists_over_quota_jobs_and_review_is_recorded(client, workspace):
