@@ -24,16 +24,16 @@ Policies:
   expectation over the target workload (class popularities), and a task goes where the increase
   of that expectation is least (ties: best-fit). Nodes in the same state are evaluated once.
 
-  A fractional task first keeps only the GPUs where it loses no packing value (``SlicePrices``):
-  the cutting-stock LP of the target workload's slice sizes prices each size (its dual: the
-  share of a GPU it costs in an optimal packing), and a GPU with ``f`` free is worth the best
-  priced set of slices that fits in ``f``. Placing a slice of size ``s`` and price ``y`` there
-  loses ``value(f) - y - value(f - s)``; among the GPUs where that is least, FGD decides. This
-  is the dual-price rule of online bin packing with a known size distribution (Gilmore-Gomory
-  pricing, as in Gupta and Radovanovic's online stochastic bin packing): it pairs slices the way
-  an optimal packing would (0.65 with 0.32, 0.47 with 0.47), which FGD's greedy measure alone
-  does not. On the openb trace it leaves 6% fewer GPUs unallocated (0.0430 against 0.0459, seeds
-  42-44; 0.0440 against 0.0467 on seeds 45-50).
+  A fractional task first keeps only the GPUs where it loses the least packing value
+  (``SlicePrices``): the cutting-stock LP of the target workload's slice sizes prices each size
+  (its dual: the share of a GPU it costs in an optimal packing), and a GPU with ``f`` free is
+  worth the best priced set of slices that fits in ``f``. Placing a slice of size ``s`` and
+  price ``y`` there loses ``value(f) - y - value(f - s)``; among the GPUs where that is least,
+  FGD decides. This is the LP-dual rule of online bin packing with a known size distribution
+  (the prices come from Gilmore-Gomory column generation): it pairs slices the way an optimal
+  packing would (0.65 with 0.32, 0.47 with 0.47), which FGD's greedy measure alone does not.
+  On the openb trace it leaves 6% fewer GPUs unallocated (0.0430 against 0.0459, seeds 42-44;
+  0.0440 against 0.0467 on seeds 45-50).
 """
 
 from __future__ import annotations
