@@ -56,7 +56,7 @@ import string
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -250,8 +250,13 @@ def _rating_aggregates(
     return aggregates, last
 
 
-def _topped_up(specs: list[dict[str, str]], feature_count: int) -> list[dict[str, str]]:
-    """The first ``feature_count`` specs, with generated ones (``gen_01``...) to make up."""
+def _topped_up(
+    names_int: Iterable[str], names_float: Iterable[str], feature_count: int
+) -> list[dict[str, str]]:
+    """The first ``feature_count`` specs of the real int and float features, with generated
+    ones (``gen_01``...) to make up."""
+    specs = [{"name": n, "dtype": "int"} for n in names_int]
+    specs += [{"name": n, "dtype": "float"} for n in names_float]
     real = len(specs)
     specs = specs[:feature_count]
     for index in range(1, feature_count - real + 1):
@@ -309,11 +314,7 @@ def build_user_features(folder: Path, feature_count: int = FEATURE_COUNT) -> Fea
         "release_year_mean",
         *(f"genre_{g}" for g in genres),
     )
-    specs = _topped_up(
-        [{"name": n, "dtype": "int"} for n in names_int]
-        + [{"name": n, "dtype": "float"} for n in names_float],
-        feature_count,
-    )
+    specs = _topped_up(names_int, names_float, feature_count)
 
     rows = []
     for parts in users:
@@ -366,11 +367,7 @@ def build_item_features(folder: Path, feature_count: int = FEATURE_COUNT) -> Fea
 
     names_int = ("release_year", "rating_count", *(f"is_{g}" for g in genres))
     names_float = (*RATING_FLOATS, "rater_age_mean", "rater_male_share")
-    specs = _topped_up(
-        [{"name": n, "dtype": "int"} for n in names_int]
-        + [{"name": n, "dtype": "float"} for n in names_float],
-        feature_count,
-    )
+    specs = _topped_up(names_int, names_float, feature_count)
 
     rows = []
     for parts in items:

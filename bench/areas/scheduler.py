@@ -178,7 +178,7 @@ def run(ctx: Context) -> dict[str, float]:
     for policy in POLICIES:
         measures[f"fragmentation_share_{policy}"] = result[f"fragmentation_share_{policy}"]
     measures["unallocated_vs_best_baseline"] = result["unallocated_vs_best_baseline"]
-    ablation = _simulate(ctx, "--no-slice-pricing")
+    ablation = _simulate(ctx, "--no-slice-pricing", "--policies", "default")
     measures["unallocated_gpu_share_default_without_slice_pricing"] = ablation[
         "unallocated_gpu_share_default"
     ]

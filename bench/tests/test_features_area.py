@@ -82,21 +82,26 @@ def movielens(tmp_path: Path) -> Path:
 # --- the feature table --------------------------------------------------------------------------
 
 
-def test_build_user_features_has_exactly_50_valid_features(movielens):
-    table = area.build_user_features(movielens)
-
+def assert_50_valid_features(table, group: str, entity: str) -> None:
+    """Exactly 50 distinct, registrable features, and every row holds each with its dtype."""
     assert len(table.specs) == 50
     assert len(set(table.names)) == 50
-    assert all(REF_PATTERN.match(f"{area.USER_GROUP}:{name}") for name in table.names)
-    assert {spec["dtype"] for spec in table.specs} == {"int", "float"}
+    assert all(REF_PATTERN.match(f"{group}:{name}") for name in table.names)
     # The platform's registry accepts the specs as they are.
     assert len(normalise_features([dict(s) for s in table.specs])) == 50
-    assert [row[area.ENTITY] for row in table.rows] == [1, 2, 3]
     for row in table.rows:
-        assert set(row) == {area.ENTITY, area.EVENT_TIME, *table.names}
+        assert set(row) == {entity, area.EVENT_TIME, *table.names}
         for spec in table.specs:
             value = row[spec["name"]]
             assert isinstance(value, int if spec["dtype"] == "int" else float), spec
+
+
+def test_build_user_features_has_exactly_50_valid_features(movielens):
+    table = area.build_user_features(movielens)
+
+    assert_50_valid_features(table, area.USER_GROUP, area.ENTITY)
+    assert {spec["dtype"] for spec in table.specs} == {"int", "float"}
+    assert [row[area.ENTITY] for row in table.rows] == [1, 2, 3]
 
 
 def test_build_user_features_computes_the_real_features(movielens):
@@ -132,15 +137,8 @@ def test_build_item_features_has_exactly_50_valid_features(movielens):
     table = area.build_item_features(movielens)
 
     assert table.entity == area.ITEM_ENTITY
-    assert len(table.specs) == 50 and len(set(table.names)) == 50
-    assert all(REF_PATTERN.match(f"{area.ITEM_GROUP}:{name}") for name in table.names)
-    assert len(normalise_features([dict(s) for s in table.specs])) == 50
+    assert_50_valid_features(table, area.ITEM_GROUP, area.ITEM_ENTITY)
     assert sorted(table.by_id()) == [1, 2, 3]
-    for row in table.rows:
-        assert set(row) == {area.ITEM_ENTITY, area.EVENT_TIME, *table.names}
-        for spec in table.specs:
-            value = row[spec["name"]]
-            assert isinstance(value, int if spec["dtype"] == "int" else float), spec
 
 
 def test_build_item_features_computes_the_real_features(movielens):

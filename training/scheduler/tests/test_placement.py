@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from training.scheduler.placement import (
     POLICIES,
@@ -265,9 +265,18 @@ def test_simulate_command_prints_one_json_object(tmp_path, capsys):
         "simulate_placement",
         *("--pods", str(pods), "--nodes", str(node_file), "--seed", "2", "--repeats", "2"),
         "--no-slice-pricing",
+        "--policies",
+        "default",
     )
     ablation = json.loads(capsys.readouterr().out)
     assert ablation["slice_pricing"] is False and ablation["seeds"] == [2, 3]
+    assert "unallocated_gpu_share_default" in ablation
+    assert "unallocated_gpu_share_best_fit" not in ablation
+    with pytest.raises(CommandError, match="unknown worst_fit"):
+        call_command(
+            "simulate_placement",
+            *("--pods", str(pods), "--nodes", str(node_file), "--policies", "default,worst_fit"),
+        )
 
 
 def test_bench_table_and_chart_show_every_policy():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from training.scheduler.placement import POLICIES
 from training.scheduler.simulate import load_nodes, load_pods, simulate
@@ -24,17 +24,30 @@ class Command(BaseCommand):
             "--repeats", type=int, default=1, help="Average over this many seeds (seed, seed+1..)."
         )
         parser.add_argument(
+            "--policies",
+            default=",".join(POLICIES),
+            help=f"Comma-separated policies to run (default: all of {', '.join(POLICIES)}).",
+        )
+        parser.add_argument(
             "--no-slice-pricing",
             action="store_true",
             help="Run the default policy on FGD's fragmentation measure alone (the ablation).",
         )
 
     def handle(self, *args, **options):
+        policies = tuple(p.strip() for p in options["policies"].split(",") if p.strip())
+        unknown = sorted(set(policies) - set(POLICIES))
+        if unknown or not policies:
+            raise CommandError(f"--policies: unknown {', '.join(unknown) or '(none given)'}")
         pods = load_pods(options["pods"])
         nodes = load_nodes(options["nodes"])
         runs = [
             simulate(
-                pods, nodes, seed=options["seed"] + i, slice_pricing=not options["no_slice_pricing"]
+                pods,
+                nodes,
+                seed=options["seed"] + i,
+                policies=policies,
+                slice_pricing=not options["no_slice_pricing"],
             )
             for i in range(max(options["repeats"], 1))
         ]
@@ -48,6 +61,7 @@ def average(runs: list[dict]) -> dict:
     if len(runs) == 1:
         return runs[0]
     out: dict = {"seeds": [r["seed"] for r in runs]}
+    ran = {p for p in POLICIES if f"unallocated_gpu_share_{p}" in runs[0]}
     for key, value in runs[0].items():
         if isinstance(value, bool):
             out[key] = value
@@ -59,8 +73,9 @@ def average(runs: list[dict]) -> dict:
             out[key] = max(values)  # throughput: the best run, the least disturbed by others
         else:
             out[key] = round(sum(values) / len(values), 4)
-    others = [out[f"unallocated_gpu_share_{p}"] for p in POLICIES if p != "default"]
-    out["unallocated_vs_best_baseline"] = round(
-        out["unallocated_gpu_share_default"] / min(others), 4
-    )
+    others = [out[f"unallocated_gpu_share_{p}"] for p in POLICIES if p != "default" and p in ran]
+    if "default" in ran and others and min(others):
+        out["unallocated_vs_best_baseline"] = round(
+            out["unallocated_gpu_share_default"] / min(others), 4
+        )
     return out
