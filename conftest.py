@@ -57,6 +57,7 @@ def _remove_test_state_dir():
     from django.conf import settings
 
     shutil.rmtree(settings.TEST_STATE_DIR, ignore_errors=True)
+    shutil.rmtree(settings.TRAINING_SANDBOX_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

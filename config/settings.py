@@ -198,6 +198,14 @@ ARTIFACT_ROOT = (
     if TESTING
     else os.environ.get("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))
 )
+# Training children run in private folders here, as their own uid (training.sandbox); a test
+# run has folders of its own, since job ids start again in every test database.
+TRAINING_SANDBOX_ROOT = Path(
+    os.environ.get(
+        "TRAINING_SANDBOX_ROOT",
+        VAR_DIR / "sandbox" / (f"test-run-{os.getpid()}" if TESTING else "jobs"),
+    )
+)
 ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
 if TESTING:
     TEST_STATE_DIR.mkdir(parents=True, exist_ok=True)

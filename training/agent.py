@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -35,7 +37,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from training import runner
+from training import runner, sandbox
 from training.models import JobState, Node, NodeState, TrainingJob
 from workspaces.events import Ref, event_record
 
@@ -53,6 +55,9 @@ NODE_QUEUE_PREFIX = "node."
 PID_FILE = "child.pid"
 LOG_FILE = "log.txt"
 SPEC_FILE = "spec.json"
+LOCK_FILE = "agent.lock"
+CHECKPOINT_FILE = "checkpoint.pt"
+MODEL_DIR = "model"
 
 
 # --- inventory and heartbeat ---------------------------------------------------------------------
@@ -174,6 +179,7 @@ class _Heartbeats:
             try:
                 close_old_connections()
                 with_retry(node_heartbeat, name, queue, inventory=inventory)
+                resume_orphans(name)
             except Exception:
                 logger.warning("node heartbeat failed", exc_info=True)
             self.stop.wait(HEARTBEAT_S)
@@ -188,6 +194,43 @@ class _Heartbeats:
 
 
 HEARTBEATS = _Heartbeats()
+
+
+# Jobs this process handed to a fresh delivery, and when (one hand-over per minute at most).
+_RESUMED: dict[int, float] = {}
+RESUME_AGAIN_AFTER_S = 60.0
+
+
+def resume_orphans(node_name: str) -> list[int]:
+    """Running jobs on this node that no agent supervises any more (their agent was killed or
+    crashed, its lock is free) get a fresh ``run_job`` on the node's queue, which resumes them
+    from their checkpoint. Runs with every heartbeat, so a restarted worker picks its jobs up
+    within seconds instead of waiting for the broker to redeliver the unacknowledged message."""
+    from training.services import job_work_dir
+    from training.tasks import run_job
+
+    resumed = []
+    now = time.monotonic()
+    running = (
+        TrainingJob.objects.unscoped()
+        .filter(state=JobState.RUNNING, node__name=node_name)
+        .select_related("node")
+    )
+    for job in running:
+        if now - _RESUMED.get(job.pk, -RESUME_AGAIN_AFTER_S) < RESUME_AGAIN_AFTER_S:
+            continue
+        work = job_work_dir(job)
+        if not work.is_dir():
+            continue
+        lock = _supervision_lock(work)
+        if lock is None:
+            continue  # an agent supervises it
+        lock.close()
+        logger.warning("job %s runs on %s with no agent; resuming it", job.pk, node_name)
+        run_job.apply_async(args=[job.pk], queue=job.node.queue)
+        _RESUMED[job.pk] = now
+        resumed.append(job.pk)
+    return resumed
 
 
 def start_heartbeats(consumer) -> list[str]:
@@ -444,17 +487,6 @@ def _usage_dict(job: TrainingJob, usage: Usage) -> dict[str, Any]:
     }
 
 
-def _child_alive(work: Path) -> bool:
-    """Whether the child recorded in the job's pid file still runs (a duplicate delivery of
-    ``run_job`` must not start a second child beside it)."""
-    try:
-        pid = int((work / PID_FILE).read_text().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def _refresh(job: TrainingJob) -> TrainingJob:
     return TrainingJob.objects.unscoped().select_related("workspace", "node").get(pk=job.pk)
 
@@ -482,8 +514,36 @@ def execute_job(job_id: int) -> str:
             job=job, to=to, expect=JobState.PLACED, reason="stopped before start", stop_requested=""
         )
         return job.state
-    if job.state == JobState.RUNNING and _child_alive(work):
+    lock = _supervision_lock(work)
+    if lock is None:
         logger.info("job %s already runs here; ignoring a duplicate delivery", job.pk)
+        return job.state
+    try:
+        return _execute_locked(job, work)
+    finally:
+        lock.close()
+
+
+def _supervision_lock(work: Path):
+    """An exclusive lock on the job's folder, held for as long as this agent supervises it.
+
+    The kernel drops it when the agent dies (SIGKILL included), so a job that is ``running`` while
+    its lock is free has no agent: ``resume_orphans`` hands it to a fresh delivery. None when
+    another agent process holds it (a duplicate delivery of ``run_job``)."""
+    handle = open(work / LOCK_FILE, "a+b")  # noqa: SIM115 - held until the job ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
+def _execute_locked(job: TrainingJob, work: Path) -> str:
+    from training.services import job_transition
+
+    job.refresh_from_db()
+    if job.state not in {JobState.PLACED, JobState.RUNNING}:
         return job.state
     spec = build_job_spec(job)
     spec_path = work / SPEC_FILE
@@ -517,23 +577,137 @@ def execute_job(job_id: int) -> str:
     return _supervise(job, spec, spec_path, work, tracker)
 
 
+def _stage(job: TrainingJob, spec, scratch: sandbox.Scratch, work: Path):
+    """Copy the job's inputs into the child's private folder; the spec the child reads names
+    those copies only (the platform's own paths stay unknown and unreadable to it)."""
+    staged: dict[str, Any] = {"work_dir": str(scratch.path)}
+    dataset = Path(spec.dataset_path)
+    if dataset.is_dir():
+        staged["dataset_path"] = str(scratch.stage_tree(dataset, "dataset"))
+    else:
+        staged["dataset_path"] = str(scratch.stage_file(dataset, "dataset.parquet"))
+    if spec.base_model_path:
+        staged["base_model_path"] = str(
+            scratch.stage_tree(Path(spec.base_model_path), "base_model")
+        )
+    if spec.entry_point.endswith(".py"):
+        staged["entry_point"] = str(scratch.stage_file(Path(spec.entry_point), "entry_point.py"))
+    _salvage_checkpoint(job, work, keep=scratch.path)
+    checkpoint = work / CHECKPOINT_FILE
+    if checkpoint.exists():
+        shutil.copyfile(checkpoint, scratch.path / CHECKPOINT_FILE)
+        scratch.own(scratch.path / CHECKPOINT_FILE)
+    child_spec = dataclasses.replace(spec, **staged)
+    spec_path = scratch.path / SPEC_FILE
+    spec_path.write_text(child_spec.to_json())
+    scratch.own(spec_path)
+    return spec_path
+
+
+def _salvage_checkpoint(job: TrainingJob, work: Path, *, keep: Path) -> None:
+    """Take the newest checkpoint a dead agent's child left in its scratch folder (the child
+    checkpoints on its parent's death, after the agent could copy it out), then remove those
+    folders."""
+    root = sandbox.sandbox_root()
+    if not root.is_dir():
+        return
+    target = work / CHECKPOINT_FILE
+    newest = target.stat().st_mtime if target.exists() else 0.0
+    for folder in sorted(root.glob(f"job-{job.pk}-*")):
+        if folder == keep:
+            continue
+        leftover = sandbox.Scratch(
+            path=folder,
+            uid=sandbox.job_uid(job.pk) if sandbox.uid_switch_possible()[0] else None,
+            isolation="",
+        )
+        candidate = folder / CHECKPOINT_FILE
+        try:
+            if candidate.exists() and candidate.lstat().st_mtime > newest:
+                sandbox.collect_file(leftover, CHECKPOINT_FILE, target)
+                newest = target.stat().st_mtime
+        except (OSError, sandbox.UnsafeOutput):
+            logger.warning("job %s: a leftover checkpoint was refused", job.pk, exc_info=True)
+        leftover.remove()
+
+
+def _max_wall_s(job: TrainingJob) -> float:
+    """The job's wall-time limit in seconds (0: none): the workspace's policy."""
+    from training.services import job_max_wall_s
+
+    return float(job_max_wall_s(job))
+
+
+def _node_fault(job: TrainingJob, why: str) -> str:
+    """The node itself failed this attempt (not the job): count it towards a cordon and give
+    the job back to the scheduler, which places it again (on another node if this one is
+    cordoned meanwhile)."""
+    from training.services import job_transition
+
+    logger.error("job %s: node fault: %s", job.pk, why)
+    Node.objects.filter(pk=job.node_id).update(failure_count=F("failure_count") + 1)
+    job = _refresh(job)
+    if job.state != JobState.RUNNING:
+        return job.state
+    to = JobState.PENDING if job.attempts < job.max_attempts else JobState.FAILED
+    with_retry(
+        job_transition,
+        job=job,
+        to=to,
+        expect=JobState.RUNNING,
+        reason=f"node fault: {why}"[:500],
+        **({"node": None, "assigned_gpus": []} if to == JobState.PENDING else {}),
+    )
+    return job.state
+
+
 def _supervise(job: TrainingJob, spec, spec_path: Path, work: Path, tracker: Tracker) -> str:
+    try:
+        scratch = sandbox.prepare(job.pk)
+    except OSError as exc:
+        tracker.finish("FAILED")
+        return _node_fault(job, f"cannot prepare the sandbox: {exc}")
+    try:
+        try:
+            child_spec_path = _stage(job, spec, scratch, work)
+        except OSError as exc:
+            tracker.finish("FAILED")
+            return _node_fault(job, f"cannot stage the job's inputs: {exc}")
+        return _run_child(job, work, tracker, scratch, child_spec_path, spec)
+    finally:
+        scratch.remove()
+
+
+def _run_child(
+    job: TrainingJob, work: Path, tracker: Tracker, scratch, child_spec_path: Path, spec
+) -> str:
     from training.services import job_record_progress
 
-    env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = _gpu_env(job)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", str(max(1, job.cpu_milli // 1000)))
+    env = sandbox.child_environment(
+        scratch, gpus=_gpu_env(job), threads=max(1, job.cpu_milli // 1000)
+    )
     log = open(work / LOG_FILE, "ab")  # noqa: SIM115 - closed below, after the child exits
     log.write(f"--- attempt {job.attempts} at {timezone.now().isoformat()}\n".encode())
+    isolation = f"sandbox: {scratch.isolation}"
+    if scratch.uid is not None:
+        isolation += f" (uid {scratch.uid})"
+    elif scratch.why_not_uid:
+        isolation += f" ({scratch.why_not_uid})"
+    log.write(f"{isolation}; environment from an allow-list; a private folder\n".encode())
     log.flush()
-    child = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-        [sys.executable, "-m", "training.runner", str(spec_path)],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-        cwd=str(settings.BASE_DIR),
-    )
+    try:
+        child = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+            [sys.executable, "-m", "training.runner", str(child_spec_path)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            **sandbox.child_popen_args(scratch),
+        )
+    except OSError as exc:
+        log.close()
+        tracker.finish("FAILED")
+        return _node_fault(job, f"cannot start the training child: {exc}")
+    sandbox.limit_child(child.pid)
     (work / PID_FILE).write_text(str(child.pid))
     events: queue_module.Queue = queue_module.Queue()
 
@@ -548,7 +722,12 @@ def _supervise(job: TrainingJob, spec, spec_path: Path, work: Path, tracker: Tra
     reader = threading.Thread(target=read, name=f"job-{job.pk}-reader", daemon=True)
     reader.start()
     usage = Usage(pid=child.pid)
-    state = _Progress()
+    state = _Progress(
+        collect=lambda: _collect_checkpoint(scratch, work),
+        checkpoint_path=_relative(work / CHECKPOINT_FILE),
+    )
+    max_wall_s = _max_wall_s(job)
+    started = time.monotonic()
     signalled = ""
     last_poll = last_flush = 0.0
     reader_done = False
@@ -576,6 +755,10 @@ def _supervise(job: TrainingJob, spec, spec_path: Path, work: Path, tracker: Tra
                 )
                 if not wanted and SHUTTING_DOWN.is_set():
                     wanted = "shutdown"
+                if not wanted and max_wall_s and now - started > max_wall_s:
+                    wanted = "wall_time"
+                if not wanted and state.error:
+                    wanted = "unsafe_output"
                 if wanted:
                     signalled = wanted
                     with contextlib.suppress(OSError):
@@ -587,17 +770,39 @@ def _supervise(job: TrainingJob, spec, spec_path: Path, work: Path, tracker: Tra
             break
     state.flush(job.pk, tracker, usage, job_record_progress)
     code = child.wait()
+    if code == 0 and state.done is not None:
+        try:
+            state.done["model_path"] = str(
+                sandbox.collect_tree(scratch, MODEL_DIR, work / MODEL_DIR)
+            )
+        except (OSError, sandbox.UnsafeOutput) as exc:
+            state.done, state.error, code = None, f"the model was refused: {exc}", 1
+    if signalled == "wall_time":
+        state.error = f"the job ran past its wall-time limit of {max_wall_s:g} s"
     log.write(f"--- child exited with {code}\n".encode())
+    if state.error:
+        log.write(f"{state.error}\n".encode())
     log.close()
     with contextlib.suppress(OSError):
         (work / PID_FILE).unlink()
     return _finish(_refresh(job), code, state, usage, tracker, spec, signalled)
 
 
+def _collect_checkpoint(scratch, work: Path) -> str:
+    """Copy the child's newest checkpoint into the job's folder; returns the error, if any."""
+    try:
+        sandbox.collect_file(scratch, CHECKPOINT_FILE, work / CHECKPOINT_FILE)
+    except (OSError, sandbox.UnsafeOutput) as exc:
+        return f"the checkpoint was refused: {exc}"
+    return ""
+
+
 class _Progress:
     """Events from the child, batched for the database and MLflow."""
 
-    def __init__(self) -> None:
+    def __init__(self, collect=None, checkpoint_path: str = "") -> None:
+        self.collect = collect
+        self.checkpoint_path = checkpoint_path
         self.fields: dict[str, Any] = {}
         self.metrics: list[tuple[int, str, float]] = []
         self.done: dict[str, Any] | None = None
@@ -626,9 +831,13 @@ class _Progress:
         elif kind == "metric" and event.get("value") is not None:
             self.metrics.append((int(event["step"]), str(event["name"]), float(event["value"])))
         elif kind == "checkpoint":
+            # The child's own path is never trusted: the agent copies the file it knows.
+            problem = self.collect() if self.collect is not None else ""
+            if problem:
+                self.error = problem
+                return
             self.fields.update(
-                checkpoint_path=_relative(Path(event["path"])),
-                checkpoint_step=int(event["step"]),
+                checkpoint_path=self.checkpoint_path, checkpoint_step=int(event["step"])
             )
             self.metrics.append((int(event["step"]), "checkpoint", float(event["step"])))
         elif kind == "done":
@@ -720,11 +929,13 @@ def _finish(
             stop_requested="",
         )
         return job.state
+    # The job failed on its own (its code, its data, its limits): the node is not at fault and
+    # keeps serving every workspace (see training.scheduler.failover._failures).
     reason = state.error or f"training child exited with {code}"
-    Node.objects.filter(pk=job.node_id).update(failure_count=F("failure_count") + 1)
     if job.state != JobState.RUNNING:
         return job.state
-    if job.attempts < job.max_attempts and not job.stop_requested:
+    final = signalled in {"wall_time", "unsafe_output"}
+    if job.attempts < job.max_attempts and not job.stop_requested and not final:
         tracker.finish("FAILED")
         with_retry(
             job_transition,

@@ -289,6 +289,21 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     return 0
 
 
+def _stop_with_agent() -> None:
+    """Ask the kernel for SIGTERM when the agent that started this child dies (SIGKILL
+    included): the child then checkpoints and exits, and the restarted agent resumes from that
+    checkpoint instead of finding a stray process. Linux only; elsewhere a no-op."""
+    parent = os.environ.get("RANKOPS_AGENT_PID", "")
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    if os.getppid() != int(parent):  # the agent died before the request took effect
+        signal.raise_signal(signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     from training.data import JobSpec
 
@@ -299,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     job = JobSpec.from_json(Path(args[0]).read_text())
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
+    _stop_with_agent()
     out = sys.stdout
     # Anything a library prints goes to stderr (the log); stdout carries only events.
     sys.stdout = sys.stderr

@@ -100,6 +100,13 @@ def job_work_dir(job: TrainingJob) -> Path:
     return Path(settings.ARTIFACT_ROOT) / JOBS_DIR / f"ws={job.workspace_id}" / f"job={job.pk}"
 
 
+def job_max_wall_s(job: TrainingJob) -> float:
+    """How long one attempt of ``job`` may run, in seconds (0: no limit): the workspace's policy
+    (``TRAINING_MAX_JOB_WALL_S`` when the workspace sets none). The node agent stops a child
+    that runs past it and the job ends failed."""
+    return float(getattr(settings, "TRAINING_MAX_JOB_WALL_S", 24 * 3600))
+
+
 def _known_templates() -> set[str]:
     import training.templates  # noqa: F401
     from training.bundle import TEMPLATES

@@ -3,8 +3,8 @@
 Three layers: a node whose heartbeat is older than ``NODE_LOST_AFTER`` is marked ``lost`` (no new
 work); its placed/running jobs go back to ``pending`` and resume from their last checkpoint on
 another node, until ``max_attempts`` is used up, after which they end ``failed`` with the reason.
-A node on which jobs failed ``CORDON_AFTER`` times (since it was last cordoned) is cordoned; an
-admin makes it ready again in the admin console.
+A node with ``CORDON_AFTER`` node faults (since it was last cordoned) is cordoned; an admin makes
+it ready again in the admin console. A job's own failures never cordon a node (see ``_failures``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from workspaces.exceptions import ConflictError
 
 NODE_LOST_AFTER = timedelta(seconds=getattr(settings, "SCHEDULER_NODE_LOST_AFTER_S", 30))
 CORDON_AFTER = getattr(settings, "SCHEDULER_CORDON_AFTER_FAILURES", 3)
-FAILURE_WINDOW = timedelta(hours=1)
 
 
 def _set_node_state(node: Node, state: str, reason: str) -> None:
@@ -113,18 +112,11 @@ def reconcile(now=None) -> dict:
 
 
 def _failures(node: Node, now) -> int:
-    """New failures on a node since it was last cordoned: the agent's counter beyond what was
-    acknowledged, or the jobs that ended failed here in the last hour (whichever is more)."""
+    """Node faults since the node was last cordoned: the agent's counter beyond what was
+    acknowledged. The counter grows only for faults of the node itself (the agent could not
+    prepare, stage or start a child: disk, permissions, devices), never for a job that failed on
+    its own (an exception, an exit code, the kernel's OOM killer): one tenant's failing job must
+    not take a shared node away from every workspace."""
     health = NodeHealth.objects.filter(node=node).first()
-    since = now - FAILURE_WINDOW
-    acknowledged = 0
-    if health is not None:
-        acknowledged = health.acknowledged_failures
-        if health.cordoned_at and health.cordoned_at > since:
-            since = health.cordoned_at
-    failed_here = (
-        TrainingJob.objects.unscoped()
-        .filter(node=node, state=JobState.FAILED, finished_at__gt=since)
-        .count()
-    )
-    return max(int(node.failure_count or 0) - acknowledged, failed_here)
+    acknowledged = health.acknowledged_failures if health is not None else 0
+    return max(int(node.failure_count or 0) - acknowledged, 0)

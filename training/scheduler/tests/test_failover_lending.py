@@ -56,17 +56,26 @@ def test_retries_are_bounded(workspace):
     assert "gave up after 2 attempts" in job.state_reason
 
 
-def test_node_that_fails_jobs_repeatedly_is_cordoned(workspace):
-    bad = make_node(gpus=1, name="flaky")
-    for _ in range(3):
-        job = run_on(make_job(workspace, gpu_count=1), bad, [(0, 1000)])
-        job_transition(job=job, to=JobState.FAILED, reason="child crashed")
+def test_node_with_repeated_node_faults_is_cordoned(workspace):
+    bad = make_node(gpus=1, name="flaky", failure_count=3)  # the agent counts node faults only
     summary = reconcile()
     assert summary["cordoned"] == 1
     assert reload(bad).state == NodeState.CORDONED
     waiting = make_job(workspace, gpu_count=1)
     schedule_tick()
     assert reload(waiting).state == JobState.ADMITTED  # no new work on a cordoned node
+
+
+def test_jobs_failing_on_their_own_never_cordon_the_node(workspace, other_workspace):
+    node = make_node(gpus=1, name="shared")
+    for _ in range(5):
+        job = run_on(make_job(workspace, gpu_count=1), node, [(0, 1000)])
+        job_transition(job=job, to=JobState.FAILED, reason="training child exited with 1")
+    assert reconcile()["cordoned"] == 0
+    assert reload(node).state == NodeState.READY
+    theirs = make_job(other_workspace, gpu_count=1)
+    schedule_tick()
+    assert reload(theirs).state == JobState.PLACED and reload(theirs).node == node
 
 
 def test_lending_windows():
