@@ -707,7 +707,6 @@ def _run_child(
         log.close()
         tracker.finish("FAILED")
         return _node_fault(job, f"cannot start the training child: {exc}")
-    sandbox.limit_child(child.pid)
     (work / PID_FILE).write_text(str(child.pid))
     events: queue_module.Queue = queue_module.Queue()
 
@@ -757,7 +756,7 @@ def _run_child(
                     wanted = "shutdown"
                 if not wanted and max_wall_s and now - started > max_wall_s:
                     wanted = "wall_time"
-                if not wanted and state.error:
+                if not wanted and state.refused:
                     wanted = "unsafe_output"
                 if wanted:
                     signalled = wanted
@@ -779,6 +778,8 @@ def _run_child(
             state.done, state.error, code = None, f"the model was refused: {exc}", 1
     if signalled == "wall_time":
         state.error = f"the job ran past its wall-time limit of {max_wall_s:g} s"
+    elif signalled == "unsafe_output":
+        state.error = state.refused
     log.write(f"--- child exited with {code}\n".encode())
     if state.error:
         log.write(f"{state.error}\n".encode())
@@ -807,6 +808,7 @@ class _Progress:
         self.metrics: list[tuple[int, str, float]] = []
         self.done: dict[str, Any] | None = None
         self.error = ""
+        self.refused = ""  # an output of the child the agent would not take
         self.gpu_memory_peak_mb = 0
 
     def handle(self, event: dict[str, Any], log) -> None:
@@ -834,7 +836,7 @@ class _Progress:
             # The child's own path is never trusted: the agent copies the file it knows.
             problem = self.collect() if self.collect is not None else ""
             if problem:
-                self.error = problem
+                self.error = self.refused = problem
                 return
             self.fields.update(
                 checkpoint_path=self.checkpoint_path, checkpoint_step=int(event["step"])

@@ -290,9 +290,14 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
 
 
 def _stop_with_agent() -> None:
-    """Ask the kernel for SIGTERM when the agent that started this child dies (SIGKILL
-    included): the child then checkpoints and exits, and the restarted agent resumes from that
-    checkpoint instead of finding a stray process. Linux only; elsewhere a no-op."""
+    """Lower this child's process limit, and ask the kernel for SIGTERM when the agent that
+    started it dies (SIGKILL included): the child then checkpoints and exits, and the restarted
+    agent resumes from that checkpoint instead of finding a stray process. Linux only."""
+    limit = os.environ.get("RANKOPS_MAX_PROCESSES", "")
+    if limit.isdigit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(limit), int(limit)))
     parent = os.environ.get("RANKOPS_AGENT_PID", "")
     if not parent.isdigit() or not sys.platform.startswith("linux"):
         return

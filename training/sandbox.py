@@ -16,11 +16,12 @@ What the node agent does for every attempt of a job (``prepare``, then ``child_p
   credentials and writes the job's rows and MLflow run.
 * **Its own uid.** When the agent runs as root, each job runs as uid
   ``TRAINING_SANDBOX_UID_BASE + job_id % TRAINING_SANDBOX_UID_SPAN`` (no passwd entry needed),
-  with no supplementary groups, umask 077 and a process limit. The platform's state folders
-  (``VAR_DIR``, ``ARTIFACT_ROOT``, the MLflow store, a SQLite database) are closed to other users
-  (``harden_state_dirs``), so that uid can open neither the database file nor another
-  workspace's artifacts. Under Kubernetes the same job runs in a pod with its own service account
-  and a NetworkPolicy (platform/k8s/training-job-sandbox.yaml).
+  with no supplementary groups, umask 077 and a process limit (the runner sets it on itself).
+  The platform's state folders (``VAR_DIR``, ``ARTIFACT_ROOT``, the MLflow store, a SQLite
+  database) are closed to other users (``harden_state_dirs``), so that uid can open neither the
+  database file nor another workspace's artifacts. Under Kubernetes the agent container is root
+  with only the capabilities this needs, and a NetworkPolicy lets its pod reach nothing but the
+  database, Redis and DNS (platform/k8s/gpu-node-agent.yaml).
 
 ``isolation`` says which of these held for an attempt (``uid`` or ``env``: an agent that is not
 root cannot change uid); the agent writes it into the job's log.
@@ -247,6 +248,9 @@ def child_environment(scratch: Scratch, *, gpus: str, threads: int) -> dict[str,
             "OMP_NUM_THREADS": str(max(1, threads)),
             "RANKOPS_AGENT_PID": str(os.getpid()),
             "RANKOPS_SANDBOX": scratch.isolation,
+            # The runner lowers its own process limit to this before it imports user code
+            # (the uid is the job's own, so the count is the job's).
+            "RANKOPS_MAX_PROCESSES": str(int(_setting("TRAINING_SANDBOX_MAX_PROCESSES", 512))),
         }
     )
     return env
@@ -258,17 +262,6 @@ def child_popen_args(scratch: Scratch) -> dict:
     if scratch.uid is not None:
         args.update(user=scratch.uid, group=scratch.uid, extra_groups=[])
     return args
-
-
-def limit_child(pid: int) -> None:
-    """Bound what one child may start (the uid is the job's own, so the count is the job's)."""
-    import resource
-
-    processes = int(_setting("TRAINING_SANDBOX_MAX_PROCESSES", 512))
-    try:
-        resource.prlimit(pid, resource.RLIMIT_NPROC, (processes, processes))
-    except (OSError, ValueError):
-        logger.warning("could not limit the processes of child %s", pid, exc_info=True)
 
 
 class UnsafeOutput(Exception):

@@ -31,7 +31,7 @@ CANARY = f"canary-{uuid.uuid4().hex}"
 # Read from the environment only when settings load (the worker keeps running on its own).
 SECRETS = ("SECRET_KEY", "DATABASE_URL", "AWS_SECRET_ACCESS_KEY", "RANKOPS_API_TOKEN")
 
-PROBE = r'''
+PROBE = r"""
 import json, os, sys, urllib.request, urllib.error
 
 TARGETS = json.loads({targets!r})
@@ -63,7 +63,7 @@ except OSError as exc:
 print("PROBE " + json.dumps(found), file=sys.stderr, flush=True)
 
 from training.templates.logreg import build  # noqa: E402,F401  (the job itself trains)
-'''
+"""
 
 
 def _probe_report(job) -> dict:
@@ -181,6 +181,7 @@ def test_the_child_environment_is_an_allow_list(tmp_path, monkeypatch):
         "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH",
         "PYTHONNOUSERSITE", "HOME", "TMPDIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR",
         "MPLCONFIGDIR", "OMP_NUM_THREADS", "RANKOPS_AGENT_PID", "RANKOPS_SANDBOX",
+        "RANKOPS_MAX_PROCESSES",
     }  # fmt: skip
 
 

@@ -1,0 +1,177 @@
+"""A tenant's failing job never takes a shared node away, and a killed agent loses no job
+(issue 14), with real Celery workers and real training children."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+from django.db import connection
+
+from config.celery import app
+from training import agent
+from training.models import JobMetric, JobState, Node, NodeState, TrainingJob
+from training.scheduler.failover import reconcile
+from training.scheduler.tick import schedule_tick
+from training.services import entry_point_register, job_create, job_work_dir
+from training.tasks import run_job
+from training.tests.factories import FAST, make_demo_dataset, place
+
+pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+
+FAILING = b"raise RuntimeError('this model is broken on purpose')\n"
+
+
+def _job(pk) -> TrainingJob:
+    return TrainingJob.objects.unscoped().get(pk=pk)
+
+
+def _wait(predicate, *, timeout: float, what: str, tick: bool = False):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tick:
+            reconcile()
+            schedule_tick()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_a_job_failing_five_times_leaves_the_node_ready_for_other_workspaces(
+    workspace, other_workspace
+):
+    dataset = make_demo_dataset(workspace, scale=0.02)
+    entry_point_register(actor=None, workspace=workspace, name="broken", script=FAILING)
+    broken = job_create(
+        actor=None, workspace=workspace, name="broken", dataset=dataset, entry_point="broken",
+        params=FAST, cpu_milli=1000, memory_mb=256, max_attempts=5,
+    )  # fmt: skip
+    name = f"f{uuid.uuid4().hex[:10]}"
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
+            node = _wait(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
+            _wait(lambda: _job(broken.pk).is_terminal, timeout=240, what="five attempts", tick=True)
+            broken = _job(broken.pk)
+            assert broken.state == JobState.FAILED and broken.attempts == 5
+            assert "broken on purpose" in broken.state_reason
+            reconcile()
+            node.refresh_from_db()
+            assert node.state == NodeState.READY, node.state_reason
+            assert node.failure_count == 0
+            theirs = job_create(
+                actor=None, workspace=other_workspace,
+                name="theirs", dataset=make_demo_dataset(other_workspace, scale=0.02),
+                template="logreg", params=FAST, cpu_milli=1000, memory_mb=256,
+            )  # fmt: skip
+            _wait(lambda: _job(theirs.pk).is_terminal, timeout=120, what="their job", tick=True)
+    finally:
+        agent.HEARTBEATS.shutdown()  # the embedded test worker sends no worker_shutdown
+    theirs = _job(theirs.pk)
+    assert theirs.state == JobState.SUCCEEDED, theirs.state_reason
+    assert theirs.node_id == node.pk
+
+
+def _worker_env() -> dict[str, str]:
+    """The settings a separate worker process needs to share this test's database, broker,
+    artifacts, MLflow store and sandbox."""
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_ENV": "development",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+        f"/{db['NAME']}",
+        "ARTIFACT_ROOT": str(settings.ARTIFACT_ROOT),
+        "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
+        "MLFLOW_ARTIFACT_ROOT": settings.MLFLOW_ARTIFACT_ROOT,
+        "TRAINING_SANDBOX_ROOT": str(settings.TRAINING_SANDBOX_ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+    return env
+
+
+def _start_worker(queue: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo"),
+            *("--queues", queue, "--without-mingle", "--without-gossip", "--loglevel", "INFO"),
+        ],
+        cwd=settings.BASE_DIR,
+        env=_worker_env(),
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="a second worker process shares the test database only on a server (DATABASE_URL)",
+)
+def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoint(
+    workspace, tmp_path
+):
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    slow = {**FAST, "epochs": 4, "batch_size": 32, "step_sleep_s": 0.05}
+    slow["checkpoint_every_steps"] = 5
+    job = job_create(
+        actor=None, workspace=workspace, name="survivor", dataset=dataset, template="logreg",
+        params=slow, cpu_milli=1000, memory_mb=256,
+    )  # fmt: skip
+    name = f"k{uuid.uuid4().hex[:10]}"
+    queue = f"node.{name}"
+    log = tmp_path / "worker.log"
+    first = _start_worker(queue, log)
+    second = None
+    try:
+        node = _wait(lambda: Node.objects.filter(name=name).first(), timeout=60, what="node")
+        place(job, node)
+        run_job.apply_async(args=[job.pk], queue=queue)
+        _wait(
+            lambda: _job(job.pk).state == JobState.RUNNING and _job(job.pk).checkpoint_step >= 10,
+            timeout=120,
+            what="a checkpoint",
+        )
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        checkpointed = _job(job.pk).checkpoint_step
+        second = _start_worker(queue, log)  # restarted at once, well within 5 s
+        work = job_work_dir(job)
+        _wait(
+            lambda: "resumed from checkpoint at step" in (work / agent.LOG_FILE).read_text(),
+            timeout=30,
+            what="the resumed attempt",
+        )
+        _wait(lambda: _job(job.pk).is_terminal, timeout=120, what="the job to finish")
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+    job = _job(job.pk)
+    assert job.state == JobState.SUCCEEDED, (job.state_reason, log.read_text()[-3000:])
+    assert job.attempts == 2 and job.step == job.total_steps
+    text = (job_work_dir(job) / agent.LOG_FILE).read_text()
+    resumed_at = int(text.split("resumed from checkpoint at step ")[1].split()[0])
+    assert resumed_at >= checkpointed > 0
+    steps = list(
+        JobMetric.objects.for_workspace(workspace)
+        .filter(job=job, name="loss")
+        .order_by("id")
+        .values_list("step", flat=True)
+    )
+    assert max(steps) == job.total_steps
+    assert any(s > resumed_at for s in steps)
