@@ -47,6 +47,7 @@ from serving.models import (
 )
 from serving.registry import _alias_set
 from serving.routing import publish
+from training import sandbox as user_code
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
@@ -188,26 +189,40 @@ class LocalSupervisor:
                 self._stop(current.pop())
             while len(current) < want:
                 port = _free_port()
-                proc = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-                    [
-                        sys.executable,
-                        "-m",
-                        "serving.model_server",
-                        "serve",
-                        "--path",
-                        str(path),
-                        "--port",
-                        str(port),
-                        "--name",
-                        dep.name,
-                        "--version",
-                        str(dep.version.version),
-                    ],
-                    cwd=str(settings.BASE_DIR),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                # A replica loads a user artifact: as a uid of its own, from a private copy,
+                # with no platform credential in its environment (training.sandbox).
+                scratch, staged = user_code.prepare_server(path, owner_id=dep.version_id)
+                try:
+                    proc = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+                        [
+                            sys.executable,
+                            "-m",
+                            "serving.model_server",
+                            "serve",
+                            "--path",
+                            str(staged),
+                            "--port",
+                            str(port),
+                            "--name",
+                            dep.name,
+                            "--version",
+                            str(dep.version.version),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        **user_code.server_popen_args(scratch),
+                    )
+                except BaseException:
+                    scratch.remove()
+                    raise
+                current.append(
+                    {
+                        "proc": proc,
+                        "port": port,
+                        "version_id": dep.version_id,
+                        "scratch": scratch,
+                    }
                 )
-                current.append({"proc": proc, "port": port, "version_id": dep.version_id})
             return [{"pid": e["proc"].pid, "port": e["port"]} for e in current]
 
     @staticmethod
@@ -219,6 +234,9 @@ class LocalSupervisor:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+        if entry.get("scratch") is not None:
+            entry["scratch"].remove()
 
     def stop_all(self) -> None:
         with self._lock:

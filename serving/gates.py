@@ -148,24 +148,32 @@ def performance_check(version: ModelVersion, *, seconds: float | None = None) ->
 
         measured = sandbox(load_version(version), candidates=candidates, seconds=seconds)
     else:
-        proc = subprocess.run(  # noqa: S603 - our own module, fixed arguments
-            [
-                sys.executable,
-                "-m",
-                "serving.model_server",
-                "sandbox",
-                "--path",
-                str(path),
-                "--candidates",
-                str(candidates),
-                "--seconds",
-                str(seconds),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=str(settings.BASE_DIR),
-        )
+        from training import sandbox as user_code
+
+        # The server loads a user artifact: as a uid of its own, from a private copy, with no
+        # platform credential in its environment (training.sandbox).
+        scratch, staged = user_code.prepare_server(path, owner_id=version.pk)
+        try:
+            proc = subprocess.run(  # noqa: S603 - our own module, fixed arguments
+                [
+                    sys.executable,
+                    "-m",
+                    "serving.model_server",
+                    "sandbox",
+                    "--path",
+                    str(staged),
+                    "--candidates",
+                    str(candidates),
+                    "--seconds",
+                    str(seconds),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                **user_code.server_popen_args(scratch),
+            )
+        finally:
+            scratch.remove()
         if proc.returncode != 0:
             return {
                 "status": GateStatus.FAILED,

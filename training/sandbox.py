@@ -200,8 +200,7 @@ class Scratch:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def prepare(job_id: int) -> Scratch:
-    """A fresh scratch folder for one attempt of ``job_id`` (the sandbox root made if needed)."""
+def _new_scratch(prefix: str, uid: int) -> Scratch:
     root = sandbox_root()
     root.mkdir(parents=True, exist_ok=True)
     info = root.lstat()
@@ -214,18 +213,50 @@ def prepare(job_id: int) -> Scratch:
         os.chmod(folder, 0o711)  # noqa: S103 - the children traverse it; nobody lists it
     harden_state_dirs()
     possible, why = uid_switch_possible()
-    path = root / f"job-{int(job_id)}-{secrets.token_hex(12)}"
+    path = root / f"{prefix}-{secrets.token_hex(12)}"
     path.mkdir(mode=0o700)
     (path / SCRATCH_INPUTS).mkdir(mode=0o700)
     (path / "tmp").mkdir(mode=0o700)
     scratch = Scratch(
         path=path,
-        uid=job_uid(job_id) if possible else None,
+        uid=uid if possible else None,
         isolation=ISOLATION_UID if possible else ISOLATION_ENV,
         why_not_uid=why,
     )
     scratch.own(path)
     return scratch
+
+
+def prepare(job_id: int) -> Scratch:
+    """A fresh scratch folder for one attempt of ``job_id`` (the sandbox root made if needed)."""
+    return _new_scratch(f"job-{int(job_id)}", job_uid(job_id))
+
+
+def server_uid(owner_id: int) -> int:
+    """Model servers run as uids of their own, above every job's."""
+    base = int(_setting("TRAINING_SANDBOX_UID_BASE", 200_000))
+    span = int(_setting("TRAINING_SANDBOX_UID_SPAN", 100_000))
+    return base + span + int(owner_id) % span
+
+
+def prepare_server(bundle: Path, *, owner_id: int) -> tuple[Scratch, Path]:
+    """A private folder holding a copy of ``bundle`` for a model-server process (a release
+    gate's sandbox run, a local deployment's replica): the server loads user artifacts under
+    the same rules as a training child. Returns the folder and the staged bundle's path."""
+    scratch = _new_scratch(f"server-{int(owner_id)}", server_uid(owner_id))
+    try:
+        return scratch, scratch.stage_tree(bundle, "bundle")
+    except BaseException:
+        scratch.remove()
+        raise
+
+
+def server_popen_args(scratch: Scratch) -> dict:
+    """``subprocess`` keywords for a model server: its own uid, folder and allow-listed
+    environment (no database, cache or broker URL, no secret key)."""
+    env = child_environment(scratch, gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""), threads=1)
+    env.pop("RANKOPS_AGENT_PID", None)
+    return {**child_popen_args(scratch), "env": env}
 
 
 def child_environment(scratch: Scratch, *, gpus: str, threads: int) -> dict[str, str]:

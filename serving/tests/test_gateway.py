@@ -1,7 +1,9 @@
 """The gateway: predict (features fetched by the gateway, one batch), routing with experiments,
 the prediction log, OIP v2, /metrics, the UI pages and bad inputs."""
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from serving.models import Backend, PredictionLog
 from serving.predlog import predlog_flush
 from serving.routing import TABLES, bucket, route, routing_experiment_clear, routing_experiment_set
 from serving.tests.helpers import deployed, predict_body
+from training import sandbox
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 
@@ -329,6 +332,16 @@ def test_local_backend_supervises_model_server_processes(workspace, members):
             except OSError:
                 assert time.monotonic() < deadline, "model server never became ready"
                 time.sleep(0.2)
+        # The replica loads a user artifact without the platform's credentials, as its own uid.
+        pid = procs[0]["pid"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        names = {item.split(b"=", 1)[0].decode() for item in environ if item}
+        assert not names & {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "MLFLOW_TRACKING_URI"}
+        assert "PATH" in names and "PYTHONPATH" in names
+        if sandbox.uid_switch_possible()[0]:
+            status = Path(f"/proc/{pid}/status").read_text()
+            uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+            assert int(uid) == sandbox.server_uid(v1.pk) != os.geteuid()
         # A dead replica is restarted by the reconciler.
         SUPERVISOR.procs[dep.pk][0]["proc"].kill()
         SUPERVISOR.procs[dep.pk][0]["proc"].wait()
