@@ -82,7 +82,8 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
     serializer_class = ModelVersionSerializer
     queryset = ModelVersion.objects.none()  # the model, for the schema; requests use the scoped one
     lookup_value_regex = "[0-9]+"
-    action_roles = {"create": Role.DEVELOPER, "gates": Role.DEVELOPER}
+    # Re-running the gates can change whether a version may be (or stay) released.
+    action_roles = {"create": Role.DEVELOPER, "gates": Role.MAINTAINER}
 
     def get_workspace_queryset(self) -> QuerySet:
         qs = ModelVersion.objects.for_workspace(self.workspace).select_related("model")

@@ -104,7 +104,7 @@ ENDPOINTS = [
     Endpoint(
         "POST",
         WS + "/model-versions/{pk}/gates/",
-        role=Role.DEVELOPER,
+        role=Role.MAINTAINER,
         setup=_version_kwargs,
         has_object=True,
     ),
