@@ -1,4 +1,6 @@
-"""Body-reference rows of the experiments API: the deployment and the treatment versions."""
+"""Body-reference rows of the experiments API: the deployment and the treatment versions.
+
+``layer`` names a layer of the caller's workspace, created on first use (never another's)."""
 
 from __future__ import annotations
 

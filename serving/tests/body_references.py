@@ -1,4 +1,8 @@
-"""Body-reference rows of the serving API: jobs, model versions and MLflow import sources."""
+"""Body-reference rows of the serving API: jobs, model versions and MLflow import sources.
+
+``auto_deploy`` (model-versions) names a deployment of the caller's workspace that is created on
+first use, so another workspace's name only makes one of its own; one serving another model is
+refused before anything is written (test_version_register_refs.py)."""
 
 from __future__ import annotations
 
