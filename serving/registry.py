@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
+from django.http import Http404
 
 from serving import artifacts
 from serving.models import ModelVersion, RegisteredModel, VersionSource, name_validator
@@ -315,33 +318,121 @@ def model_alias_set(*, actor, workspace: Workspace, model: RegisteredModel, alia
 # Import from the stock MLflow client
 
 
-def _download(source: str, dst: Path) -> Path:
-    import mlflow
+# A source is imported only when it is proven to belong to the caller's workspace: training jobs
+# log to the experiment ``rankops/<slug>`` (artifacts under ``MLFLOW_ARTIFACT_ROOT/<slug>``, tag
+# ``rankops.workspace``) and the registry names models ``<slug>.<name>``. Anything else, including
+# a run, model or path that does not exist, answers the same 404.
+SOURCE_NOT_FOUND = "No such MLflow run, model or artifact directory in this workspace."
+_RUN_ID = re.compile(r"[A-Za-z0-9][\w-]{0,255}")
+_MODEL_URI = re.compile(r"(?P<name>[^/@]+)(?:/(?P<version>[0-9]+)|@(?P<alias>[A-Za-z0-9_-]+))/?")
 
-    scheme, rest = artifacts.check_source_uri(source)
-    mlflow.set_tracking_uri(settings.MLFLOW_TRACKING_URI)
-    if scheme == "file":
-        local = Path(rest)
-        if not local.is_dir():
-            raise ValidationError({"source": "no such artifact directory"})
-        return local
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _workspace_mlflow_root(workspace: Workspace) -> Path:
+    return (Path(settings.MLFLOW_ARTIFACT_ROOT) / workspace.slug).resolve()
+
+
+def _owned_dir(path: Path, roots: list[Path]) -> Path:
+    """``path`` with every symlink resolved, when it is a directory inside one of ``roots``."""
+    resolved = path.resolve()
+    if not any(_inside(resolved, root) for root in roots) or not resolved.is_dir():
+        raise Http404(SOURCE_NOT_FOUND)
+    return resolved
+
+
+def _owned_run(workspace: Workspace, run_id: str):
+    """The MLflow run, when it lives in the workspace's experiment (and says so if it is tagged)."""
+    from mlflow.exceptions import MlflowException
+
+    if not _RUN_ID.fullmatch(run_id):
+        raise Http404(SOURCE_NOT_FOUND)
+    client = mlflow_client()
     try:
-        out = mlflow.artifacts.download_artifacts(
-            artifact_uri=f"{scheme}:/{rest}",
-            dst_path=str(dst),
-            tracking_uri=settings.MLFLOW_TRACKING_URI,
-        )
-    except Exception as exc:
+        run = client.get_run(run_id)
+        experiment = client.get_experiment(run.info.experiment_id)
+    except MlflowException as exc:  # a missing or malformed run id
+        raise Http404(SOURCE_NOT_FOUND) from exc
+    tag = run.data.tags.get("rankops.workspace")
+    if (
+        experiment.name != f"rankops/{workspace.slug}"
+        or (tag is not None and tag != workspace.slug)
+        or run.info.lifecycle_stage != "active"
+    ):
+        raise Http404(SOURCE_NOT_FOUND)
+    return run
+
+
+def _run_dir(workspace: Workspace, run, path: str) -> Path:
+    """A directory of the run's artifacts, inside the workspace's MLflow artifact folder (a run
+    whose artifacts live anywhere else, a remote store included, cannot be proven ours)."""
+    location = urlsplit(run.info.artifact_uri)
+    if location.scheme not in ("file", "") or location.netloc not in ("", "localhost"):
+        raise Http404(SOURCE_NOT_FOUND)
+    base = Path(unquote(location.path))
+    return _owned_dir(base / path if path else base, [_workspace_mlflow_root(workspace)])
+
+
+def _owned_model_version_dir(workspace: Workspace, rest: str) -> tuple[Path, Any]:
+    """``models:/<slug>.<name>/<version>`` or ``...@<alias>``: its files and its run (or None)."""
+    match = _MODEL_URI.fullmatch(rest)
+    if match is None:
         raise ValidationError(
-            {"source": f"could not read the MLflow artifacts: {str(exc)[:200]}"}
-        ) from exc
-    return Path(out)
+            {"source": "use models:/<workspace>.<model>/<version> or .../<model>@<alias>"}
+        )
+    name = match["name"]
+    slug, dot, _ = name.partition(".")
+    if slug != workspace.slug or not dot:
+        raise Http404(SOURCE_NOT_FOUND)
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client()
+    try:
+        registered = client.get_registered_model(name)
+        if match["version"] is not None:
+            version = client.get_model_version(name, match["version"])
+        else:
+            version = client.get_model_version_by_alias(name, match["alias"])
+    except MlflowException as exc:
+        raise Http404(SOURCE_NOT_FOUND) from exc
+    tag = (registered.tags or {}).get("rankops.workspace")
+    if tag is not None and tag != workspace.slug:
+        raise Http404(SOURCE_NOT_FOUND)
+    run = _owned_run(workspace, version.run_id) if version.run_id else None
+    source = urlsplit(version.source or "")
+    if source.scheme == "runs":
+        run_id, _, path = f"{source.netloc}{source.path}".lstrip("/").partition("/")
+        run = _owned_run(workspace, run_id)
+        return _run_dir(workspace, run, path.strip("/")), run
+    if source.scheme in ("file", "") and source.netloc in ("", "localhost") and source.path:
+        # The platform registers its own versions from ARTIFACT_ROOT/<workspace id>/.
+        roots = [
+            _workspace_mlflow_root(workspace),
+            (artifacts.artifact_root() / str(workspace.pk)).resolve(),
+        ]
+        return _owned_dir(Path(unquote(source.path)), roots), run
+    raise Http404(SOURCE_NOT_FOUND)
+
+
+def _owned_source(workspace: Workspace, source: str) -> tuple[Path, Any]:
+    """The local directory a source names and its MLflow run (or None), proven to belong to
+    ``workspace``; 400 for a malformed source, 404 for one that cannot be proven ours."""
+    scheme, rest = artifacts.check_source_uri(source)
+    if scheme == "file":
+        return _owned_dir(Path(rest), [_workspace_mlflow_root(workspace)]), None
+    if scheme == "runs":
+        run_id, _, path = rest.partition("/")
+        run = _owned_run(workspace, run_id)
+        return _run_dir(workspace, run, path.strip("/")), run
+    return _owned_model_version_dir(workspace, rest)
 
 
 def _find(root: Path, names: tuple[str, ...]) -> Path | None:
     for name in names:
         for found in sorted(root.rglob(name)):
-            if found.is_symlink():
+            if found.is_symlink() or not _inside(found.resolve(), root):
                 raise ValidationError({"source": f"{found.name} is a symlink; refused"})
             if found.is_file():
                 return found
@@ -363,53 +454,45 @@ def model_version_import_mlflow(
 
     from training.bundle import BundleSpec, build_model, save_bundle
 
-    scheme, rest = artifacts.check_source_uri(source)
-    run_id = rest.split("/")[0] if scheme == "runs" else ""
-    with tempfile.TemporaryDirectory(prefix="mlflow-import-") as tmp:
-        local = _download(source, Path(tmp) / "download")
-        spec_file = _find(local, ("spec.json",))
-        if spec_file is None:
-            raise ValidationError(
-                {
-                    "source": "no spec.json: log the bundle spec with mlflow.log_dict; pickled "
-                    "models without a spec are not loaded"
-                }
-            )
-        weights = _find(local, ("state_dict.pth", "weights.pt"))
-        if weights is None:
-            raise ValidationError(
-                {
-                    "source": "no state dict (state_dict.pth / weights.pt); pickled full models "
-                    "(model.pth, python_model.pkl) are refused"
-                }
-            )
-        try:
-            spec = BundleSpec.from_json(json.loads(spec_file.read_text()))
-            model = build_model(spec)
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-            model.load_state_dict(state)
-        except ValidationError:
-            raise
-        except Exception as exc:
-            raise ValidationError(
-                {
-                    "source": f"model refused (only tensors-only state dicts are loaded): "
-                    f"{type(exc).__name__}: {str(exc)[:200]}"
-                }
-            ) from exc
-        staging = (
-            artifacts.artifact_root()
-            / str(workspace.pk)
-            / "imports"
-            / next(tempfile._get_candidate_names())
+    local, run = _owned_source(workspace, source)
+    spec_file = _find(local, ("spec.json",))
+    if spec_file is None:
+        raise ValidationError(
+            {
+                "source": "no spec.json: log the bundle spec with mlflow.log_dict; pickled "
+                "models without a spec are not loaded"
+            }
         )
-        save_bundle(staging, model, spec)
-    metrics: dict[str, Any] = {}
-    if run_id:
-        try:
-            metrics = dict(mlflow_client().get_run(run_id).data.metrics)
-        except Exception:  # noqa: BLE001
-            metrics = {}
+    weights = _find(local, ("state_dict.pth", "weights.pt"))
+    if weights is None:
+        raise ValidationError(
+            {
+                "source": "no state dict (state_dict.pth / weights.pt); pickled full models "
+                "(model.pth, python_model.pkl) are refused"
+            }
+        )
+    try:
+        spec = BundleSpec.from_json(json.loads(spec_file.read_text()))
+        model = build_model(spec)
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except ValidationError:
+        raise
+    except Exception as exc:
+        raise ValidationError(
+            {
+                "source": f"model refused (only tensors-only state dicts are loaded): "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            }
+        ) from exc
+    staging = (
+        artifacts.artifact_root()
+        / str(workspace.pk)
+        / "imports"
+        / next(tempfile._get_candidate_names())
+    )
+    save_bundle(staging, model, spec)
+    metrics = dict(run.data.metrics) if run is not None else {}
     try:
         return model_version_register(
             actor=actor,
@@ -419,7 +502,7 @@ def model_version_import_mlflow(
             source=VersionSource.MLFLOW_IMPORT,
             metrics=metrics,
             description=description or f"Imported from {source}",
-            mlflow_run_id=run_id,
+            mlflow_run_id=run.info.run_id if run is not None else "",
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)

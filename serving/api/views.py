@@ -108,6 +108,18 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
         data = body.validated_data
         if ("job_id" in data) == ("source" in data):
             raise ValidationError({"job_id": "give either job_id or an MLflow source"})
+        target = data.get("auto_deploy") or ""
+        serving = (
+            Deployment.objects.for_workspace(self.workspace)
+            .filter(name=target)
+            .values_list("model__name", flat=True)
+            .first()
+        )
+        if serving is not None and serving != data["model"]:
+            # Refused before anything is registered, not after the version is written.
+            raise ValidationError(
+                {"auto_deploy": f"deployment '{target}' serves model '{serving}'"}
+            )
         if "job_id" in data:
             job = get_object_or_404(
                 TrainingJob.objects.for_workspace(self.workspace), pk=data["job_id"]

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from serving import registry
 from serving.deployments import deployment_create
 from serving.gates import version_gates_run
@@ -23,3 +25,49 @@ def deployed(workspace, actor, *, versions: int = 2, name: str = "main"):
 def predict_body(scene, *, request_id: str, user: str = "u1", deployment: str = "main", n=None):
     items = scene.item_ids if n is None else (scene.item_ids * 10)[:n]
     return {"request_id": request_id, "deployment": deployment, "user": user, "candidates": items}
+
+
+def workspace_experiment(workspace) -> str:
+    """The MLflow experiment the workspace's training jobs log to, made the way
+    ``training.agent.Tracker`` makes it: ``rankops/<slug>``, artifacts under ``<root>/<slug>``."""
+    import mlflow
+    from django.conf import settings
+
+    client = mlflow.MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI)
+    name = f"rankops/{workspace.slug}"
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = (Path(settings.MLFLOW_ARTIFACT_ROOT) / workspace.slug).as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def log_stock_run(workspace, spec, state: dict, *, tags: dict | None = None) -> str:
+    """A run logged with the stock MLflow client in the workspace's experiment: the bundle spec
+    and a state dict under ``model/`` and an ``auc`` metric; returns the run id."""
+    import mlflow
+    from django.conf import settings
+
+    mlflow.set_tracking_uri(settings.MLFLOW_TRACKING_URI)
+    run_tags = {"rankops.workspace": workspace.slug, **(tags or {})}
+    with mlflow.start_run(experiment_id=workspace_experiment(workspace), tags=run_tags) as run:
+        mlflow.log_dict(spec.to_json(), "model/spec.json")
+        mlflow.pytorch.log_state_dict(state, "model")
+        mlflow.log_metric("auc", 0.73)
+    return run.info.run_id
+
+
+def register_stock_model(workspace, name: str, run_id: str) -> str:
+    """``<slug>.<name>`` registered with the stock client from the run's ``model/`` artifacts;
+    returns its ``models:/`` URI."""
+    import mlflow
+    from django.conf import settings
+
+    client = mlflow.MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI)
+    full = f"{workspace.slug}.{name}"
+    try:
+        client.get_registered_model(full)
+    except mlflow.exceptions.MlflowException:
+        client.create_registered_model(full)
+    version = client.create_model_version(full, source=f"runs:/{run_id}/model", run_id=run_id)
+    return f"models:/{full}/{version.version}"

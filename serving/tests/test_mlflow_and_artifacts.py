@@ -2,7 +2,6 @@
 imports; a planted pickle is refused and never unpickled; traversal and SSRF inputs get 400."""
 
 import json
-import os
 import pickle
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from django.conf import settings
 from serving import registry
 from serving.models import ModelVersion
 from serving.tests.factories import make_bundle, make_job, make_scene, make_spec
+from serving.tests.helpers import workspace_experiment
 from training.bundle import build_model
 from workspaces.models import Role
 
@@ -28,18 +28,10 @@ class Planted:
         return (Path.write_text, (Path(self.marker), "pwned"))
 
 
-def _log_with_stock_client(spec, state_or_obj, *, weights_name="state_dict.pth"):
+def _log_with_stock_client(workspace, spec, state_or_obj, *, weights_name="state_dict.pth"):
+    """Logged in the workspace's own experiment: only those runs import into it."""
     mlflow.set_tracking_uri(settings.MLFLOW_TRACKING_URI)
-    name = f"outside-{os.getpid()}"
-    experiment = mlflow.get_experiment_by_name(name)
-    experiment_id = (
-        experiment.experiment_id
-        if experiment
-        else mlflow.create_experiment(
-            name, artifact_location=Path(settings.MLFLOW_ARTIFACT_ROOT).as_uri()
-        )
-    )
-    with mlflow.start_run(experiment_id=experiment_id) as run:
+    with mlflow.start_run(experiment_id=workspace_experiment(workspace)) as run:
         mlflow.log_dict(spec.to_json(), "model/spec.json")
         if isinstance(state_or_obj, dict):
             mlflow.pytorch.log_state_dict(state_or_obj, "model")
@@ -70,7 +62,7 @@ def test_stock_mlflow_client_lists_versions_and_its_models_import(workspace, mem
 
     spec = make_spec(scene)
     model = build_model(spec)
-    run_id = _log_with_stock_client(spec, model.state_dict())
+    run_id = _log_with_stock_client(workspace, spec, model.state_dict())
     client = client_for(actor)
     url = f"/api/v1/workspaces/{workspace.slug}/model-versions/"
     response = client.post(
@@ -95,13 +87,17 @@ def test_planted_pickles_are_refused_and_never_unpickled(workspace, members, cli
     scene = make_scene(workspace, actor, labels=20)
     spec = make_spec(scene)
     # 1. Imported from MLflow: a pickled object where the state dict should be.
-    run_id = _log_with_stock_client(spec, Planted(str(marker)), weights_name="state_dict.pth.pkl")
+    run_id = _log_with_stock_client(
+        workspace, spec, Planted(str(marker)), weights_name="state_dict.pth.pkl"
+    )
     client = client_for(actor)
     url = f"/api/v1/workspaces/{workspace.slug}/model-versions/"
     response = client.post(url, {"model": "evil", "source": f"runs:/{run_id}/model"}, format="json")
     assert response.status_code == 400
     # Named state_dict.pth this time (what the importer does load, with weights_only=True).
-    run_id = _log_with_stock_client(spec, Planted(str(marker)), weights_name="state_dict.pth")
+    run_id = _log_with_stock_client(
+        workspace, spec, Planted(str(marker)), weights_name="state_dict.pth"
+    )
     response = client.post(url, {"model": "evil", "source": f"runs:/{run_id}/model"}, format="json")
     assert response.status_code == 400
     assert "refused" in json.dumps(response.json())
@@ -134,6 +130,8 @@ BAD_SOURCES = [
     "gopher://example.com/x",
     "ftp://example.com/x",
     "runs:/abc/\x00",
+    "no-colon-at-all",
+    "models:/ws.ranker/Production",
 ]
 
 

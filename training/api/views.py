@@ -28,6 +28,29 @@ from workspaces.models import Role
 MAX_METRIC_ROWS = 5000
 
 
+def _check_dataset_params(workspace, params, *, attr: str) -> None:
+    """Dataset ids and names in pipeline params name datasets of this workspace: checked when the
+    run is asked for (400 naming the param, like any body reference), not when its stage runs."""
+    if not isinstance(params, dict):
+        return  # the service says what is wrong with the shape
+    datasets = Dataset.objects.for_workspace(workspace)
+    for key, value in params.items():
+        param = str(key).rsplit(".", 1)[-1]  # "dataset_id" or "<stage>.dataset_id"
+        if param == "dataset_id":
+            number = str(value) if isinstance(value, (int, str)) else ""
+            found = (
+                not isinstance(value, bool)
+                and number.isdigit()
+                and datasets.filter(pk=int(number)).exists()
+            )
+        elif param == "dataset":
+            found = isinstance(value, str) and datasets.filter(name=value).exists()
+        else:
+            continue
+        if not found:
+            raise ValidationError({f"{attr}.{key}": "no such dataset in this workspace"})
+
+
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Training jobs: a template or entry point, a dataset, resources and a priority class."""
 
@@ -135,6 +158,12 @@ class PipelineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspac
         serializer = s.PipelineSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        stages = data.get("stages")
+        for index, stage in enumerate(stages if isinstance(stages, list) else []):
+            if isinstance(stage, dict):
+                _check_dataset_params(
+                    self.workspace, stage.get("params"), attr=f"stages.{index}.params"
+                )
         pipeline = pipelines.pipeline_create(
             actor=request.user,
             workspace=self.workspace,
@@ -150,6 +179,7 @@ class PipelineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspac
         pipeline = self.get_object()
         serializer = s.PipelineRunCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        _check_dataset_params(self.workspace, serializer.validated_data["params"], attr="params")
         run = pipelines.pipeline_run_start(
             actor=request.user, pipeline=pipeline, params=serializer.validated_data["params"]
         )

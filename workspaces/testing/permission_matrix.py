@@ -142,3 +142,67 @@ def api_routes() -> set[tuple[str, str]]:
         for method in _methods_of(pattern):
             routes.add((method, path))
     return routes
+
+
+# ---------------------------------------------------------------------------------------------
+# Body references: every id, name or MLflow source a request body names is resolved inside the
+# URL's workspace. Each app's ``tests/body_references.py`` declares ``REFERENCES`` (one row per
+# body field that names another object) and ``NO_REFERENCES`` (write routes whose bodies name
+# nothing, with the reason); ``workspaces/tests/test_permission_matrix_body_references.py`` runs
+# each row with the object made in another workspace and fails when a write route has neither.
+
+
+@dataclass
+class BodyReference:
+    """One body field that names another object: made in another workspace, the call answers
+    exactly like a call naming a missing object, and writes nothing.
+
+    What a missing object answers follows the route's existing contract: 404 where the route
+    already answered 404 for it (``job_id``, an alias's ``version``) and for MLflow sources, which
+    cannot be told apart from a missing run; 400 naming the field (``attr``) for the ids and names
+    the API has always validated as bad input (``dataset``, ``version_id``, ``label_source`` ...).
+    """
+
+    method: str
+    path: str
+    field: str
+    # Makes the referenced object in ctx.workspace; returns how a body names it (id, name, URI).
+    # In the other workspace, ctx.extra["home"] is the extra of the caller's (what setup left).
+    make: Callable[[MatrixContext], Any]
+    # A body for a call in ctx.workspace that is valid except for naming ``ref``.
+    body: Callable[[MatrixContext, Any], Any]
+    missing: Any  # how a body names an object that exists nowhere
+    setup: Callable[[MatrixContext], PathKwargs] | None = None
+    success: int = 201  # what the same call answers naming an object of its own workspace
+    status: int = 404  # what it answers naming a missing object (and another workspace's)
+    attr: str | None = None  # the field a 400 names; the field itself when not given
+    format: str = "json"
+
+    @property
+    def endpoint_id(self) -> str:
+        return f"{self.method} {self.path}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.endpoint_id} {self.field}"
+
+    def url(self, ctx: MatrixContext) -> str:
+        kwargs = dict(self.setup(ctx)) if self.setup else {}
+        kwargs["ws"] = ctx.workspace.slug
+        return self.path.format(**kwargs)
+
+
+def load_body_references() -> tuple[list[BodyReference], dict[str, str]]:
+    """Every app's body-reference rows, and the write routes declared to name nothing."""
+    references: list[BodyReference] = []
+    exempt: dict[str, str] = {}
+    for app in MATRIX_APPS:
+        try:
+            module = importlib.import_module(f"{app}.tests.body_references")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{app}.tests.body_references":
+                raise
+            continue
+        references.extend(module.REFERENCES)
+        exempt.update(getattr(module, "NO_REFERENCES", {}))
+    return references, exempt

@@ -1,0 +1,156 @@
+"""Body-reference rows of the serving API: jobs, model versions and MLflow import sources.
+
+``auto_deploy`` (model-versions) names a deployment of the caller's workspace that is created on
+first use, so another workspace's name only makes one of its own; one serving another model is
+refused before anything is written (test_version_register_refs.py)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.conf import settings
+
+from serving.tests import matrix
+from serving.tests.helpers import log_stock_run, register_stock_model
+from training.bundle import build_model
+from workspaces.testing.permission_matrix import BodyReference, MatrixContext
+
+WS = "/api/v1/workspaces/{ws}"
+_n = itertools.count(1)
+MISSING_RUN = "0" * 32
+
+
+def _run(ctx: MatrixContext) -> str:
+    spec = matrix.BundleSpec(
+        template="logreg",
+        features=[
+            matrix.FeatureSpec(ref="ctx:hour", column="ctx__hour", dtype="float", entity="context")
+        ],
+    )
+    return log_stock_run(ctx.workspace, spec, build_model(spec).state_dict())
+
+
+def _run_folder(ctx: MatrixContext) -> str:
+    import mlflow
+
+    uri = mlflow.MlflowClient(settings.MLFLOW_TRACKING_URI).get_run(_run(ctx)).info.artifact_uri
+    return (Path(unquote(urlsplit(uri).path)) / "model").as_uri()
+
+
+def _import(ctx: MatrixContext, source: str) -> dict:
+    return {"model": f"imported-{next(_n)}", "source": source}
+
+
+def _platform_model(ctx: MatrixContext) -> str:
+    version = matrix._version(ctx, name=f"plat-{next(_n)}")
+    return f"models:/{ctx.workspace.slug}.{version.model.name}/{version.version}"
+
+
+def _model_with_versions(ctx: MatrixContext) -> dict:
+    """A model of the caller's workspace with one version; other workspaces get its name."""
+    ctx.extra["model"] = f"aliased-{next(_n)}"
+    matrix._version(ctx, name=ctx.extra["model"])
+    return {"name": ctx.extra["model"]}
+
+
+def _model_name(ctx: MatrixContext) -> str:
+    """The name setup() gave the caller's model (read from the other workspace too)."""
+    return ctx.extra.get("home", ctx.extra)["model"]
+
+
+def _next_version_number(ctx: MatrixContext) -> int:
+    """Two more versions of the same model name in ctx's workspace; the number of the last."""
+    matrix._version(ctx, name=_model_name(ctx))
+    return matrix._version(ctx, name=_model_name(ctx)).version
+
+
+def _deployment(ctx: MatrixContext) -> dict:
+    kwargs = matrix._deployment(ctx)
+    ctx.extra["model"] = ctx.extra["deployment"].model.name
+    return kwargs
+
+
+def _version_of_the_deployed_model(ctx: MatrixContext) -> int:
+    return matrix._version(ctx, name=_model_name(ctx)).pk
+
+
+REFERENCES = [
+    BodyReference(
+        "POST",
+        WS + "/model-versions/",
+        "job_id",
+        make=lambda ctx: matrix._job(ctx).pk,
+        body=lambda ctx, ref: {"model": f"from-job-{next(_n)}", "job_id": ref},
+        missing=999_999,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/model-versions/",
+        "source runs:/",
+        make=lambda ctx: f"runs:/{_run(ctx)}/model",
+        body=_import,
+        missing=f"runs:/{MISSING_RUN}/model",
+    ),
+    BodyReference(
+        "POST",
+        WS + "/model-versions/",
+        "source models:/ (stock client)",
+        make=lambda ctx: register_stock_model(ctx.workspace, f"stock-{next(_n)}", _run(ctx)),
+        body=_import,
+        missing="models:/no-such-workspace.ranker/1",
+    ),
+    BodyReference(
+        "POST",
+        WS + "/model-versions/",
+        "source models:/ (platform registry)",
+        make=_platform_model,
+        body=_import,
+        missing="models:/no-such-workspace.ranker/1",
+    ),
+    BodyReference(
+        "POST",
+        WS + "/model-versions/",
+        "source file://",
+        make=_run_folder,
+        body=_import,
+        missing=(Path(settings.MLFLOW_ARTIFACT_ROOT) / "no-such-workspace" / "model").as_uri(),
+    ),
+    BodyReference(
+        "POST",
+        WS + "/models/{name}/alias/",
+        "version",
+        setup=_model_with_versions,
+        make=_next_version_number,
+        body=lambda ctx, ref: {"alias": "staging", "version": ref},
+        missing=999,
+        success=200,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/deployments/",
+        "version_id",
+        make=lambda ctx: matrix._version(ctx).pk,
+        body=lambda ctx, ref: {"name": f"refdep-{next(_n)}", "version_id": ref},
+        missing=999_999,
+        status=400,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/deployments/{name}/release/",
+        "version_id",
+        setup=_deployment,
+        make=_version_of_the_deployed_model,
+        body=lambda ctx, ref: {"version_id": ref, "reason": "body reference"},
+        missing=999_999,
+        status=400,
+        success=200,
+    ),
+]
+
+NO_REFERENCES = {
+    "POST " + WS + "/model-versions/{pk}/gates/": "no body; the version is in the URL",
+    "POST " + WS + "/deployments/{name}/rollback/": "a reason only",
+    "POST " + WS + "/deployments/{name}/scale/": "replicas and a scaling policy only",
+}

@@ -1,0 +1,125 @@
+"""Body-reference rows of the training API: datasets, base jobs, entry points, pipeline params."""
+
+from __future__ import annotations
+
+import itertools
+
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from training.models import TrainingJob
+from training.tests import matrix
+from workspaces.testing.permission_matrix import BodyReference, MatrixContext
+
+WS = "/api/v1/workspaces/{ws}"
+_n = itertools.count(1)
+
+
+def _dataset_id(ctx: MatrixContext) -> int:
+    return matrix._dataset(ctx).pk
+
+
+def _succeeded_job_id(ctx: MatrixContext) -> int:
+    """A finished job with a model (what an incremental job may start from)."""
+    from training.models import JobState
+
+    pk = matrix._job(ctx)["pk"]
+    TrainingJob.objects.for_workspace(ctx.workspace).filter(pk=pk).update(
+        state=JobState.SUCCEEDED, model_path="matrix/base"
+    )
+    return pk
+
+
+def _entry_point(ctx: MatrixContext) -> str:
+    return matrix._entry_point(ctx)["name"]
+
+
+def _job_body(ctx: MatrixContext, **refs) -> dict:
+    return {
+        "name": f"ref-job-{next(_n)}",
+        "template": "logreg",
+        "dataset": _dataset_id(ctx),
+        **refs,
+    }
+
+
+def _candidate_body(ctx: MatrixContext, ref) -> dict:
+    return {
+        "name": f"ref-cand-{next(_n)}",
+        "dataset": ref,
+        "key_column": "user_id",
+        "file": SimpleUploadedFile("v.csv", b"user_id,value\nu0001,1.5\n"),
+    }
+
+
+def _pipeline(ctx: MatrixContext) -> dict:
+    return matrix._pipeline(ctx)
+
+
+REFERENCES = [
+    BodyReference(
+        "POST",
+        WS + "/training-jobs/",
+        "dataset",
+        make=_dataset_id,
+        body=lambda ctx, ref: _job_body(ctx, dataset=ref),
+        missing=999_999,
+        status=400,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/training-jobs/",
+        "base_job",
+        make=_succeeded_job_id,
+        body=lambda ctx, ref: _job_body(ctx, base_job=ref),
+        missing=999_999,
+        status=400,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/training-jobs/",
+        "entry_point",
+        make=_entry_point,
+        body=lambda ctx, ref: _job_body(ctx, template="", entry_point=ref),
+        missing="no-such-entry-point",
+        status=400,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/candidate-evaluations/",
+        "dataset",
+        make=_dataset_id,
+        body=_candidate_body,
+        missing=999_999,
+        status=400,
+        format="multipart",
+    ),
+    BodyReference(
+        "POST",
+        WS + "/pipelines/{name}/run/",
+        "params.dataset_id",
+        setup=_pipeline,
+        make=_dataset_id,
+        body=lambda ctx, ref: {"params": {"dataset_id": ref}},
+        missing=999_999,
+        status=400,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/pipelines/",
+        "stages.params.dataset_id",
+        make=_dataset_id,
+        body=lambda ctx, ref: {
+            "name": f"ref-pipeline-{next(_n)}",
+            "stages": [{"name": "samples", "kind": "build_samples", "params": {"dataset_id": ref}}],
+        },
+        missing=999_999,
+        status=400,
+        attr="stages.0.params.dataset_id",
+    ),
+]
+
+NO_REFERENCES = {
+    "POST " + WS + "/training-jobs/{pk}/cancel/": "no body; the job is in the URL",
+    "POST " + WS + "/entry-points/": "a name and code only",
+    "POST " + WS + "/pipeline-runs/{pk}/retry/": "no body; the run is in the URL",
+}
