@@ -142,7 +142,7 @@ def uid_switch_possible() -> tuple[bool, str]:
     uid = job_uid(0)
     try:
         probe = subprocess.run(
-            [sys.executable, "-c", "import torch, training.runner"],
+            [sys.executable, "-c", "import numpy, training.runner"],
             user=uid,
             group=uid,
             extra_groups=[],
