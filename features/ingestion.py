@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import threading
@@ -37,6 +38,8 @@ from features.registry import touch_ingested
 from workspaces.api.parsers import parse_strict_json
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError
+
+logger = logging.getLogger(__name__)
 
 MAX_ERRORS = 10
 MAX_ROWS = 1_000_000
@@ -605,8 +608,20 @@ def batch_ingest(
     if prepared is not None:
         # After commit: the batch is acknowledged once it is durable offline; if this write
         # fails, materialisation rebuilds the online rows from the Parquet record.
-        rows = prepared.result()
-        online_rows = 0 if rows is None else online_store.get_online_store().write_prepared(rows)
+        # The producer is told it was stored either way: answering 500 for a batch that was
+        # committed invites a retry that a replay answers anyway, and says the opposite of what
+        # happened. The batch stays ``online_written=False`` until materialisation writes it.
+        try:
+            rows = prepared.result()
+            store = online_store.get_online_store()
+            online_rows = 0 if rows is None else store.write_prepared(rows)
+        except Exception:
+            logger.warning(
+                "batch %s stored; its online write failed and waits for materialisation",
+                batch.pk,
+                exc_info=True,
+            )
+            return IngestResult(batch=batch, replayed=False, online_rows=0, files=files)
         Batch.objects.filter(pk=batch.pk, workspace=group.workspace).update(online_written=True)
         batch.online_written = True
     return IngestResult(batch=batch, replayed=False, online_rows=online_rows, files=files)

@@ -343,3 +343,27 @@ def test_a_key_written_by_an_earlier_chunk_of_the_same_write_is_compared(monkeyp
     )
     lookup = online_store.Lookup(namespace="chunks", entities=["a", "b", "c"], counter="chunks")
     assert [row["v"] for row in store.read([lookup])[0]] == [expected, "b", "c"]
+
+
+def test_a_stored_batch_answers_201_when_the_online_write_fails_and_materialises_later(
+    client_for, group, producer, settings, tmp_path
+):
+    from features.materialization import materialize_pending
+
+    working = (settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH)
+    if settings.REDIS_URL:
+        settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    else:
+        settings.ONLINE_STORE_SQLITE_PATH = tmp_path  # a folder: SQLite cannot open it
+    response = push(client_for(producer), group, [user_row(i) for i in range(3)])
+    assert response.status_code == 201, response.content
+    batch = Batch.objects.for_workspace(group.workspace).get(pk=response.json()["id"])
+    assert batch.rows == 3 and not batch.online_written
+    settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH = working
+    materialize_pending()
+    batch.refresh_from_db()
+    assert batch.online_written
+    looked_up = online_lookup(
+        workspace=group.workspace, entities=["u2"], features=["user_profile:age"]
+    )
+    assert looked_up["rows"] == [[22]]
