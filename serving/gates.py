@@ -17,6 +17,7 @@ import fcntl
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,78 @@ def version_gates_run(*, actor, workspace, version: ModelVersion) -> ModelVersio
             },
         )
     return version
+
+
+RUN_KEY = "run"
+# A queued or running request older than this is taken as lost (its worker died) and may be
+# asked for again.
+GATES_RUN_STALE_S = 600
+
+
+def version_gates_request(*, actor, workspace, version: ModelVersion) -> ModelVersion:
+    """Ask for the release gates of ``version`` to run again, on a worker: the sandbox run
+    takes many seconds and does not belong inside a request. ``gates["run"]`` says where the
+    request stands (queued, running); its results replace the gates when it is done. A second
+    request while one is under way is a conflict, not a second measurement."""
+    from serving.tasks import run_gates
+
+    now = timezone.now()
+    with transaction.atomic():
+        locked = (
+            ModelVersion.objects.for_workspace(workspace).select_for_update().get(pk=version.pk)
+        )
+        run = (locked.gates or {}).get(RUN_KEY) or {}
+        if run.get("state") in {"queued", "running"}:
+            since = datetime.fromisoformat(run["requested_at"])
+            if (now - since).total_seconds() < GATES_RUN_STALE_S:
+                raise ConflictError(
+                    f"the release gates of version {locked.version} are already {run['state']} "
+                    f"(asked for at {run['requested_at']})",
+                    attr="gates",
+                )
+        locked.gates = {
+            **(locked.gates or {}),
+            RUN_KEY: {
+                "state": "queued",
+                "requested_at": now.isoformat(),
+                "requested_by": getattr(actor, "username", "") or "",
+            },
+        }
+        ModelVersion.objects.for_workspace(workspace).filter(pk=locked.pk).update(
+            gates=locked.gates
+        )
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="serving.model_version.gates_requested",
+            refs=[Ref.to(locked)],
+            payload={"version": locked.version},
+        )
+        actor_id = actor.pk if getattr(actor, "is_authenticated", False) else None
+        transaction.on_commit(lambda: run_gates.delay(locked.pk, actor_id))
+    return locked
+
+
+def version_gates_run_requested(*, version_id: int, actor_id: int | None) -> str:
+    """The worker's side of ``version_gates_request``: run the gates once (a redelivered task
+    finds the request done and does nothing)."""
+    from django.contrib.auth import get_user_model
+
+    with transaction.atomic():
+        version = (
+            ModelVersion.objects.unscoped()
+            .select_for_update()
+            .select_related("workspace")
+            .filter(pk=version_id)
+            .first()
+        )
+        if version is None:
+            return "missing"
+        run = (version.gates or {}).get(RUN_KEY) or {}
+        if run.get("state") != "queued":
+            return run.get("state") or "done"
+        version.gates = {**version.gates, RUN_KEY: {**run, "state": "running"}}
+        ModelVersion.objects.unscoped().filter(pk=version.pk).update(gates=version.gates)
+    actor = get_user_model().objects.filter(pk=actor_id).first() if actor_id else None
+    version = version_gates_run(actor=actor, workspace=version.workspace, version=version)
+    return version.gate_status

@@ -41,3 +41,11 @@ def deployments_reconcile() -> int:
         elif dep.backend == Backend.LOCAL:
             SUPERVISOR.reconcile(dep)
     return changed
+
+
+@shared_task(name="serving.run_gates", acks_late=True, ignore_result=True)
+def run_gates(version_id: int, actor_id: int | None = None) -> str:
+    """Release gates asked for through the API or a page (``version_gates_request``)."""
+    from serving.gates import version_gates_run_requested
+
+    return version_gates_run_requested(version_id=int(version_id), actor_id=actor_id)

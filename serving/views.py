@@ -71,7 +71,8 @@ def version_detail(request: HttpRequest, workspace, name: str, version: int) -> 
             version=found,
             metrics_rows=metrics_rows,
             importance=importance,
-            gates=sorted((found.gates or {}).items()),
+            gates=sorted((k, v) for k, v in (found.gates or {}).items() if k != "run"),
+            gates_run=(found.gates or {}).get("run"),
         ),
     )
 

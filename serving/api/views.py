@@ -25,7 +25,7 @@ from serving.api.serializers import (
     ScaleSerializer,
     VersionRegisterSerializer,
 )
-from serving.gates import version_gates_run
+from serving.gates import version_gates_request
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
 from serving.routing import routing_table
@@ -150,12 +150,16 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
             )
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: ModelVersionSerializer})
+    @extend_schema(request=None, responses={202: ModelVersionSerializer})
     @action(detail=True, methods=["post"])
     def gates(self, request: Request, ws: str, pk: str) -> Response:
+        """Run the release gates again on a worker; ``gates.run`` follows the request and the
+        results replace the gates when it is done (409 while a run is under way)."""
         version = self.get_object()
-        version = version_gates_run(actor=request.user, workspace=self.workspace, version=version)
-        return Response(ModelVersionSerializer(version).data)
+        version = version_gates_request(
+            actor=request.user, workspace=self.workspace, version=version
+        )
+        return Response(ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
 
 
 class DeploymentViewSet(WorkspaceScopedViewSet):

@@ -105,6 +105,7 @@ ENDPOINTS = [
         "POST",
         WS + "/model-versions/{pk}/gates/",
         role=Role.MAINTAINER,
+        success=202,
         setup=_version_kwargs,
         has_object=True,
     ),

@@ -82,3 +82,44 @@ def test_sandbox_runs_one_model_server_process_and_checks_limits(workspace, memb
     assert "p50" in version.gates["performance"]["detail"]
     with pytest.raises(Exception, match="performance gate"):
         deployment_create(actor=actor, workspace=workspace, name="x", version=version)
+
+
+@pytest.mark.django_db
+def test_gates_rerun_through_the_api_is_queued_once_and_runs_on_a_worker(
+    workspace, members, client_for
+):
+    from serving.tasks import run_gates
+
+    actor = members[Role.MAINTAINER]
+    scene = make_scene(workspace, actor, labels=20)
+    version = registry.model_version_register(
+        actor=actor,
+        workspace=workspace,
+        name="rk",
+        job=make_job(scene, make_bundle(make_spec(scene))),
+    )
+    url = f"/api/v1/workspaces/{workspace.slug}/model-versions/{version.pk}/gates/"
+    assert client_for(members[Role.DEVELOPER]).post(url).status_code == 403
+    client = client_for(actor)
+    queued = client.post(url)
+    assert queued.status_code == 202, queued.content
+    assert queued.json()["gates"]["run"]["state"] == "queued"
+    again = client.post(url)
+    assert again.status_code == 409 and again.json()["attr"] == "gates"
+    assert "already queued" in again.json()["detail"]
+    run_gates(version.pk, actor.pk)  # what the worker runs
+    version.refresh_from_db()
+    assert set(version.gates) == {"consistency", "performance"}
+    assert version.gate_status == GateStatus.PASSED
+    assert run_gates(version.pk, actor.pk) == "done"  # a redelivery measures nothing again
+    assert client.post(url).status_code == 202
+    verbs = list(
+        Event.objects.filter(workspace=workspace, verb__startswith="serving.model_version.gates")
+        .order_by("id")
+        .values_list("verb", flat=True)
+    )
+    assert verbs[-3:] == [
+        "serving.model_version.gates_requested",
+        "serving.model_version.gates_passed",
+        "serving.model_version.gates_requested",
+    ]
