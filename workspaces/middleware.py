@@ -7,8 +7,9 @@ import logging
 import re
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
+from typing import Any
 
 from django.conf import settings
 from django.core.signals import got_request_exception, request_finished
@@ -29,6 +30,18 @@ _UNCAUGHT = "_rankops_uncaught_exception"
 def current_request_id() -> str | None:
     """The id of the request being served here, or None outside a request."""
     return _current_request_id.get()
+
+
+def begin_request_id(meta: Mapping[str, Any]) -> str:
+    """The id of the request with this WSGI environ (or ``request.META``): its X-Request-ID when
+    that is a sane token, else a new one; log lines name it from now until request_finished.
+
+    For entry points that answer before the middleware chain (``features.wsgi``,
+    ``serving.wsgi``): they set the same ``X-Request-ID`` response header with it."""
+    incoming = meta.get("HTTP_X_REQUEST_ID", "")
+    request_id = incoming if SANE_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+    _current_request_id.set(request_id)
+    return request_id
 
 
 class RequestIdLogFilter(logging.Filter):
@@ -72,10 +85,8 @@ class RequestIdMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        incoming = request.META.get("HTTP_X_REQUEST_ID", "")
-        request_id = incoming if SANE_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        request_id = begin_request_id(request.META)
         request.request_id = request_id
-        _current_request_id.set(request_id)
         response = self.get_response(request)
         if hasattr(request, _UNCAUGHT) and request.path.startswith(API_PREFIX):
             from workspaces.api.errors import uncaught_exception_response
