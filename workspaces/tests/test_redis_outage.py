@@ -16,6 +16,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from django.core.cache import cache
+from django.http import JsonResponse
+from django.urls import include, path
+from rest_framework.test import APIClient
 
 from workspaces import access_cache
 from workspaces.models import ApiToken, Role
@@ -25,6 +29,17 @@ pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
 
 REDIS_SERVER = shutil.which("redis-server")
 TOKENS = "/api/v1/auth/tokens/"
+
+
+def cache_reading_view(request):
+    """A plain Django view under /api/ (no DRF exception handler) that needs the cache."""
+    return JsonResponse({"value": cache.get("some-key")})
+
+
+urlpatterns = [
+    path("api/test/cache-read/", cache_reading_view),
+    path("", include("config.urls")),
+]
 
 
 def _free_port() -> int:
@@ -185,3 +200,14 @@ def test_a_redis_that_accepts_but_never_answers_fails_the_request_not_hangs_it(
         _assert_unavailable(client.post(TOKENS, {"name": "during"}, format="json"))
         assert client.get(f"/api/v1/workspaces/{workspace.slug}/").status_code == 200
         assert client.get("/readyz").status_code == 503
+
+
+@pytest.mark.urls(__name__)
+def test_outside_drf_a_dead_cache_also_answers_the_503_envelope(throwaway_redis, cache_on):
+    cache_on(throwaway_redis.url)
+    client = APIClient(raise_request_exception=False)
+    assert client.get("/api/test/cache-read/").json() == {"value": None}
+    throwaway_redis.kill()
+    _assert_unavailable(client.get("/api/test/cache-read/"))
+    throwaway_redis.start()
+    assert client.get("/api/test/cache-read/").status_code == 200
