@@ -110,6 +110,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: every response (probes included) carries X-Request-ID, and an uncaught exception
+    # under /api/ answers the API's error body instead of an HTML page.
+    "workspaces.middleware.RequestIdMiddleware",
     "workspaces.middleware.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "workspaces.middleware.RequestBodyLimitMiddleware",
@@ -174,12 +177,21 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 CACHE_KEY_PREFIX = (
     f"rankops-test-{os.getpid()}" if TESTING else os.environ.get("CACHE_KEY_PREFIX", "rankops")
 )
+# A cache that is down must fail a request fast (503 within a second), never hang it: short
+# connect and read timeouts and no retries (redis-py's pool default), so one attempt per call.
+REDIS_CACHE_OPTIONS = {
+    "socket_connect_timeout": float(os.environ.get("REDIS_CONNECT_TIMEOUT", "0.25")),
+    "socket_timeout": float(os.environ.get("REDIS_SOCKET_TIMEOUT", "0.5")),
+    # Dead pooled connections (a restarted Redis) are found before a command is sent on them.
+    "health_check_interval": 30,
+}
 if REDIS_URL:
     CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": CACHE_KEY_PREFIX,
+            "OPTIONS": REDIS_CACHE_OPTIONS,
         }
     }
 else:
@@ -412,8 +424,19 @@ WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Every line names the request it belongs to ("-" outside one): the X-Request-ID a client
+    # quotes from a 500 body finds the traceback.
+    "filters": {"request_id": {"()": "workspaces.middleware.RequestIdLogFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["request_id"],
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -9,14 +9,27 @@ Environment:
   WEB_CONCURRENCY       worker processes (default 2 * CPUs + 1, capped by WEB_CONCURRENCY_MAX=8)
   GUNICORN_THREADS      threads per worker (default 4)
   GUNICORN_TIMEOUT      seconds before a silent worker is killed (default 60)
-  GUNICORN_GRACEFUL_TIMEOUT  seconds to finish requests on shutdown (default 30)
-  GUNICORN_KEEPALIVE    keep-alive seconds (default 5; keep below the proxy's idle timeout)
-  GUNICORN_MAX_REQUESTS recycle a worker after N requests (default 1000, 0 disables)
+  GUNICORN_GRACEFUL_TIMEOUT  seconds a leaving worker (shutdown or recycling) has to finish the
+                        requests it holds (default 30; below the pod's termination grace period)
+  GUNICORN_KEEPALIVE    keep-alive seconds (default 5). Behind a proxy that pools connections to
+                        gunicorn, keep it above the proxy's idle timeout for them (nginx's
+                        upstream keepalive_timeout: 60 s), so the proxy closes idle connections,
+                        never gunicorn under a request the proxy is sending.
+  GUNICORN_MAX_REQUESTS recycle a worker after about N requests (default 10000, 0 disables)
+  GUNICORN_MAX_REQUESTS_JITTER  up to this many more, per worker (default a fifth of N), so
+                        workers do not recycle together
   GUNICORN_LOG_LEVEL    default info
   FORWARDED_ALLOW_IPS   proxies trusted for X-Forwarded-* (default 127.0.0.1,::1)
 """
 
+import contextlib
 import os
+import selectors
+import time
+from concurrent import futures
+from functools import partial
+
+from gunicorn.workers.gthread import ThreadWorker
 
 
 def _env_int(name: str, default: int) -> int:
@@ -56,22 +69,146 @@ def _available_cpus() -> int:
     return max(1, cpus)
 
 
+class DrainingThreadWorker(ThreadWorker):
+    """gunicorn's gthread worker, except that a leaving worker drops no request.
+
+    The stock worker leaves (max_requests served, or SIGTERM) by closing at once every connection
+    it holds: those accepted but not read from yet, the idle keep-alive ones, even one whose
+    response has just told the client to keep it open. A request the client sends on one of them
+    right then is lost (a reset, or a 502 from the proxy). This one, when it leaves, stops
+    accepting (the master and the other workers keep the listening socket and its backlog), lets
+    the requests in progress finish, keeps every connection it promised to keep open for the
+    keep-alive period, answers what arrives on them with ``Connection: close``, and exits when it
+    holds nothing more, within graceful_timeout in all.
+    """
+
+    def init_process(self) -> None:
+        self._unfinished = 0  # requests submitted whose connection is not settled yet
+        self._poller_closed = False
+        super().init_process()
+
+    def run(self) -> None:
+        for listener in self.sockets:
+            listener.setblocking(False)
+            # Named once: during shutdown a closed listener could no longer say its name.
+            acceptor = partial(self.accept, listener.getsockname())
+            self.poller.register(listener, selectors.EVENT_READ, acceptor)
+        while self.alive and self.is_parent_alive():
+            self._turn(wait=1.0, poll=self.nr_conns < self.worker_connections)
+        self._drain()
+
+    def _wrap_future(self, fs, conn) -> None:
+        with self._lock:
+            self._unfinished += 1
+        super()._wrap_future(fs, conn)
+
+    def finish_request(self, fs) -> None:
+        try:
+            if not self.alive and self._keep_promise(fs):
+                return
+            super().finish_request(fs)
+        finally:
+            with self._lock:
+                self._unfinished -= 1
+
+    def _keep_promise(self, fs) -> bool:
+        """While leaving: put back a connection whose response said keep-alive (decided before
+        the worker started to leave), so that the client's next request on it is answered."""
+        if fs.cancelled() or fs.exception() is not None:
+            return False
+        keepalive, conn = fs.result()
+        if not keepalive:
+            return False
+        conn.sock.setblocking(False)
+        conn.set_timeout()
+        with self._lock:
+            if self._poller_closed:
+                return False
+            self._keep.append(conn)
+            self.poller.register(
+                conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
+            )
+        return True
+
+    def _turn(self, *, wait: float, poll: bool = True) -> None:
+        """One pass of the event loop: new requests to the pool, finished ones reaped, idle
+        keep-alive connections closed when their time is up."""
+        self.notify()
+        if poll:
+            for key, _ in self.poller.select(wait):
+                key.data(key.fileobj)
+            done = futures.wait(self.futures, timeout=0, return_when=futures.FIRST_COMPLETED)
+        else:
+            done = futures.wait(self.futures, timeout=wait, return_when=futures.FIRST_COMPLETED)
+        for finished in done.done:
+            self.futures.remove(finished)
+        self.murder_keepalived()
+
+    def _held_connections(self) -> list:
+        """Connections waiting in the poller for a request: accepted or kept alive."""
+        with self._lock:
+            return [
+                key.data.args[0]
+                for key in self.poller.get_map().values()
+                if isinstance(key.data, partial) and key.data.func == self.on_client_socket_readable
+            ]
+
+    def _drain(self) -> None:
+        for listener in self.sockets:
+            with self._lock, contextlib.suppress(KeyError, ValueError):
+                self.poller.unregister(listener)
+            listener.close()
+        started = time.monotonic()
+        deadline = started + self.cfg.graceful_timeout
+        # Keep-alive connections close when their keep-alive period is over (murder_keepalived);
+        # an accepted connection that never sent a request gets as long from now.
+        fresh_until = started + min(max(self.cfg.keepalive, 1), self.cfg.graceful_timeout)
+        while time.monotonic() < deadline:
+            held = self._held_connections()
+            if time.monotonic() >= fresh_until and any(not c.initialized for c in held):
+                self._turn(wait=0)  # a request that has just arrived is still served
+                self._close_silent(c for c in self._held_connections() if not c.initialized)
+                held = self._held_connections()
+            with self._lock:
+                unfinished = self._unfinished
+            if not held and not unfinished:
+                break
+            self._turn(wait=0.05)
+        with self._lock:
+            self._poller_closed = True
+        self.tpool.shutdown(wait=False)
+        self.poller.close()
+
+    def _close_silent(self, connections) -> None:
+        for conn in connections:
+            with self._lock:
+                try:
+                    self.poller.unregister(conn.sock)
+                except (KeyError, ValueError, OSError):
+                    continue  # a request arrived on it meanwhile: it is being served
+            self.nr_conns -= 1
+            conn.close()
+
+
 bind = [f"{os.environ.get('HOST', '0.0.0.0')}:{_env_int('PORT', 8000)}"]
 
 workers = _env_int("WEB_CONCURRENCY", 0) or min(
     2 * _available_cpus() + 1, _env_int("WEB_CONCURRENCY_MAX", 8)
 )
-worker_class = "gthread"
+# gthread (threads serve requests, keep-alive connections wait in an event loop), draining
+# before it exits; a class, not a name: this file is loaded by path, not imported.
+worker_class = DrainingThreadWorker
 threads = _env_int("GUNICORN_THREADS", 4)
 
 timeout = _env_int("GUNICORN_TIMEOUT", 60)
 graceful_timeout = _env_int("GUNICORN_GRACEFUL_TIMEOUT", 30)
 keepalive = _env_int("GUNICORN_KEEPALIVE", 5)
 
-# Recycle workers periodically to bound memory growth; jitter avoids all
-# workers restarting at once.
-max_requests = _env_int("GUNICORN_MAX_REQUESTS", 1000)
-max_requests_jitter = max(0, max_requests // 10)
+# Recycle workers now and then to bound memory growth: every 10000 requests or so (at 1000 a
+# worker under load recycled about every 40 s), with a jitter of a fifth so that workers leave
+# one at a time; a leaving worker finishes what it holds (DrainingThreadWorker).
+max_requests = max(0, _env_int("GUNICORN_MAX_REQUESTS", 10000))
+max_requests_jitter = max(0, _env_int("GUNICORN_MAX_REQUESTS_JITTER", max_requests // 5))
 
 # Heartbeat files on tmpfs: an overlay/disk-backed /tmp can stall the
 # heartbeat and get healthy workers killed.
@@ -86,7 +223,10 @@ forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
 accesslog = "-"
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
-access_log_format = '%({x-forwarded-for}i)s %(h)s "%(r)s" %(s)s %(B)s %(M)sms "%(f)s" "%(a)s"'
+# The response's X-Request-ID last: the id a client quotes finds the request's log lines.
+access_log_format = (
+    '%({x-forwarded-for}i)s %(h)s "%(r)s" %(s)s %(B)s %(M)sms "%(f)s" "%(a)s" %({x-request-id}o)s'
+)
 
 # Don't fork with an open database connection: the app is imported per worker.
 preload_app = False

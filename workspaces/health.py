@@ -1,5 +1,9 @@
 """Liveness and readiness probes: /healthz answers while the process serves; /readyz checks the
-database, the cache and the Celery broker, and reports when a worker last beat."""
+database, the cache and the Celery broker, and reports when a worker last beat.
+
+/readyz answers 503 while any of them is down, quickly (one connection attempt each, with a short
+timeout), so the orchestrator stops routing to the pod; /healthz stays 200 (the process is fine,
+restarting it would not bring Redis back)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 WORKER_HEARTBEAT_KEY = "worker-heartbeat"
+# Seconds the broker check may spend connecting.
+BROKER_CONNECT_TIMEOUT = 1.0
 
 
 def _check_database() -> None:
@@ -32,8 +38,9 @@ def _check_cache() -> None:
 def _check_broker() -> None:
     from config.celery import app
 
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, timeout=2)
+    with app.connection_for_write(connect_timeout=BROKER_CONNECT_TIMEOUT) as conn:
+        # One attempt: a probe that retries only delays the answer the orchestrator acts on.
+        conn.ensure_connection(max_retries=0, timeout=BROKER_CONNECT_TIMEOUT)
 
 
 @never_cache
@@ -56,7 +63,12 @@ def readyz(request: HttpRequest) -> JsonResponse:
             checks[name] = "ok"
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             checks[name] = f"error: {type(exc).__name__}"
-    last_beat = cache.get(WORKER_HEARTBEAT_KEY)
+    last_beat = None
+    if checks["cache"] == "ok":
+        try:
+            last_beat = cache.get(WORKER_HEARTBEAT_KEY)
+        except Exception:  # noqa: BLE001 - the cache went away since its check
+            checks["cache"] = "error: unreachable"
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(
         {

@@ -1,7 +1,11 @@
 """One error body for the whole API: ``{"type", "code", "detail", "attr"}``.
 
 ``errors`` carries every field error when a request has several; ``detail`` and ``attr`` are the
-first of them.
+first of them. A 5xx body also carries ``request_id``, the ``X-Request-ID`` of the response and of
+the server's log lines about it. A service the request needs being down (Redis as the cache or the
+broker, the database) answers 503 ``service_unavailable``; any other unhandled exception under
+/api/ answers 500 ``server_error`` (``workspaces.middleware.RequestIdMiddleware``), never an HTML
+page.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404
+from django.db import InterfaceError as DatabaseInterfaceError
+from django.db import OperationalError as DatabaseOperationalError
+from django.http import Http404, HttpRequest, JsonResponse
+from kombu.exceptions import OperationalError as BrokerOperationalError
+from redis import exceptions as redis_exceptions
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import exception_handler
+from rest_framework.views import exception_handler, set_rollback
 
+from workspaces.access_cache import AccessCacheUnavailable
 from workspaces.exceptions import ConflictError
 from workspaces.scoping import UnscopedQueryError
 
@@ -33,6 +42,24 @@ TYPES_BY_STATUS = {
     413: "too_large",
     415: "unsupported_media_type",
     429: "throttled",
+    503: "service_unavailable",
+}
+# Seconds a client is asked to wait before retrying a 503.
+RETRY_AFTER_SECONDS = 5
+# What a service being down raises, and the code each answers with (the first match wins).
+UNAVAILABLE = (
+    (AccessCacheUnavailable, "cache_unavailable"),
+    (redis_exceptions.ConnectionError, "cache_unavailable"),
+    (redis_exceptions.TimeoutError, "cache_unavailable"),
+    (redis_exceptions.ReadOnlyError, "cache_unavailable"),
+    (BrokerOperationalError, "broker_unavailable"),
+    (DatabaseOperationalError, "database_unavailable"),
+    (DatabaseInterfaceError, "database_unavailable"),
+)
+UNAVAILABLE_DETAILS = {
+    "cache_unavailable": "The cache is unavailable; retry shortly.",
+    "broker_unavailable": "The task queue is unavailable; retry shortly.",
+    "database_unavailable": "The database is unavailable; retry shortly.",
 }
 
 
@@ -47,6 +74,46 @@ def error_body(
     }
     body.update(extra)
     return body
+
+
+def unavailable_code(exc: BaseException) -> str | None:
+    """The 503 code when ``exc`` says a service the request needs is down, else None."""
+    for kind, code in UNAVAILABLE:
+        if isinstance(exc, kind):
+            return code
+    return None
+
+
+def request_id_of(request: Any) -> str | None:
+    """The request id the middleware gave this (Django or DRF) request."""
+    request = getattr(request, "_request", request)
+    return getattr(request, "request_id", None)
+
+
+def unavailable_body(*, code: str, request_id: str | None) -> dict[str, Any]:
+    return error_body(
+        status_code=503, code=code, detail=UNAVAILABLE_DETAILS[code], request_id=request_id
+    )
+
+
+def server_error_body(*, request_id: str | None) -> dict[str, Any]:
+    return error_body(
+        status_code=500,
+        code="server_error",
+        detail="Internal error; quote the request id when reporting it.",
+        request_id=request_id,
+    )
+
+
+def uncaught_exception_response(request: HttpRequest, exc: BaseException | None) -> JsonResponse:
+    """The envelope for an exception Django caught outside a DRF view (middleware, rendering)."""
+    request_id = request_id_of(request)
+    code = unavailable_code(exc) if exc is not None else None
+    if code is not None:
+        response = JsonResponse(unavailable_body(code=code, request_id=request_id), status=503)
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+    return JsonResponse(server_error_body(request_id=request_id), status=500)
 
 
 def _flatten(detail: Any, prefix: str | None = None) -> list[dict[str, Any]]:
@@ -78,6 +145,16 @@ def _django_validation_to_drf(exc: DjangoValidationError) -> exceptions.Validati
 
 
 def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    unavailable = unavailable_code(exc)
+    if unavailable is not None:
+        request_id = request_id_of(context.get("request"))
+        logger.warning("%s: %s: %s", unavailable, type(exc).__name__, exc)
+        set_rollback()
+        return Response(
+            unavailable_body(code=unavailable, request_id=request_id),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
     if isinstance(exc, ConflictError):
         return Response(
             error_body(status_code=409, code="conflict", detail=str(exc), attr=exc.attr),
@@ -94,7 +171,12 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         # A programming error: fail closed and loudly, never leak other tenants' rows.
         logger.error("unscoped query blocked: %s", exc)
         return Response(
-            error_body(status_code=500, code="unscoped_query", detail="Internal error."),
+            error_body(
+                status_code=500,
+                code="unscoped_query",
+                detail="Internal error.",
+                request_id=request_id_of(context.get("request")),
+            ),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     if isinstance(exc, Http404):
