@@ -156,6 +156,12 @@ if DATABASE_URL:
             DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60), conn_health_checks=True
         )
     }
+    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        # A server that drops packets must not hold a request for minutes: give up and answer
+        # 503 (workspaces.api.errors) after a few seconds.
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+            "connect_timeout", env_int("DB_CONNECT_TIMEOUT", 3)
+        )
 else:
     DATABASES = {
         "default": {
@@ -252,6 +258,15 @@ else:
     CELERY_RESULT_BACKEND = os.environ.get(
         "CELERY_RESULT_BACKEND", (VAR_DIR / "celery-results").as_uri()
     )
+# Publishing while the broker is down gives up within about a second instead of retrying for
+# long inside a request; the beat and the reconcilers catch up with anything left unqueued.
+CELERY_BROKER_CONNECTION_TIMEOUT = env_int("CELERY_BROKER_CONNECTION_TIMEOUT", 2)
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -36,7 +36,11 @@ from django.http import HttpResponse  # noqa: E402
 from django.middleware.security import SecurityMiddleware  # noqa: E402
 
 from features.fastpath import DECLINED, ROUTE, OnlineLookupMiddleware  # noqa: E402
-from workspaces.middleware import body_limit_for  # noqa: E402
+from workspaces.middleware import (  # noqa: E402
+    REQUEST_ID_HEADER,
+    begin_request_id,
+    body_limit_for,
+)
 
 logger = logging.getLogger("features.wsgi")
 
@@ -78,7 +82,9 @@ def _fast(environ) -> HttpResponse | None:
             environ["wsgi.input"] = io.BytesIO(body)
     if response is None:
         return None
-    return security.process_response(request, response)
+    response = security.process_response(request, response)
+    response[REQUEST_ID_HEADER] = begin_request_id(environ)
+    return response
 
 
 def application(environ, start_response):

@@ -23,6 +23,12 @@ from django.core.handlers.wsgi import WSGIRequest  # noqa: E402
 
 from serving import gateway  # noqa: E402
 from workspaces import access_cache  # noqa: E402
+from workspaces.api.errors import (  # noqa: E402
+    RETRY_AFTER_SECONDS,
+    UNAVAILABLE_DETAILS,
+    unavailable_code,
+)
+from workspaces.middleware import REQUEST_ID_HEADER, begin_request_id  # noqa: E402
 
 PREDICT = re.compile(r"^/api/v1/workspaces/(?P<ws>[a-z0-9-]+)/predict/$")
 INFER = re.compile(r"^/v2/models/(?P<name>[^/]+)/infer$")
@@ -46,19 +52,28 @@ def application(environ, start_response):
     if target is None:
         return django_application(environ, start_response)
     view, kwargs = target
+    request_id = begin_request_id(environ)
     signals.request_started.send(sender=__name__, environ=environ)
     try:
         access_cache._request.generation = None
         access_cache._request.generation = access_cache.current_generation()
         response = view(WSGIRequest(environ), **kwargs)
-    except Exception:
+    except Exception as exc:
         import logging
 
-        logging.getLogger("serving.gateway").exception("gateway error on %s", environ["PATH_INFO"])
-        response = gateway._error(500, "error", "Internal error.")
+        down = unavailable_code(exc)
+        if down:
+            response = gateway._error(503, down, UNAVAILABLE_DETAILS[down])
+            response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        else:
+            logging.getLogger("serving.gateway").exception(
+                "gateway error on %s", environ["PATH_INFO"]
+            )
+            response = gateway._error(500, "error", "Internal error.")
     finally:
         access_cache._request.generation = None
         signals.request_finished.send(sender=__name__)
+    response[REQUEST_ID_HEADER] = request_id
     start_response(
         f"{response.status_code} {response.reason_phrase}",
         [*response.items(), ("Content-Length", str(len(response.content)))],

@@ -94,6 +94,27 @@ class RequestIdMiddleware:
             response = uncaught_exception_response(request, getattr(request, _UNCAUGHT))
             # Django logged the exception with its traceback already; not again for this body.
             response._has_been_logged = True
+        elif (
+            response.status_code in (404, 405)
+            and request.path.startswith(API_PREFIX)
+            and response.get("Content-Type", "").startswith("text/html")
+        ):
+            # No route under /api/ (Django's HTML page): the API's error body instead.
+            from django.http import JsonResponse
+
+            from workspaces.api.errors import error_body
+
+            found = response.status_code == 405
+            response = JsonResponse(
+                error_body(
+                    status_code=response.status_code,
+                    code="method_not_allowed" if found else "not_found",
+                    detail=f"No API operation answers {request.method} {request.path}."
+                    if found
+                    else f"No API resource at {request.path}.",
+                ),
+                status=response.status_code,
+            )
         response[REQUEST_ID_HEADER] = request_id
         return response
 

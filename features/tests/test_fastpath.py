@@ -22,6 +22,7 @@ def url(workspace, query: str = "") -> str:
 
 def post(client, workspace, body, *, query: str = "", raw: bool = False, **headers):
     data = body if raw else json.dumps(body)
+    headers.setdefault("HTTP_X_REQUEST_ID", "compare-1")  # the same id on both paths
     return client.generic(
         "POST", url(workspace, query), data, content_type="application/json", **headers
     )

@@ -36,6 +36,7 @@ def _environ(path, body, *, key=None, method="POST", content_length=None) -> dic
         "wsgi.input": io.BytesIO(data),
         "SERVER_NAME": "testserver",
         "SERVER_PORT": "80",
+        "HTTP_X_REQUEST_ID": "compare-1",
         "wsgi.url_scheme": "http",
         "HTTP_HOST": "testserver",
         **({"HTTP_AUTHORIZATION": f"Token {key}"} if key else {}),

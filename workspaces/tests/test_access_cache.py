@@ -98,3 +98,17 @@ def test_hot_path_runs_no_queries_once_warm(client_for, workspace, django_assert
     # The body's own reads (workspace with quota, the caller's role); none for auth or access.
     with django_assert_num_queries(2):
         assert detail(client, workspace).status_code == 200
+
+
+def test_a_login_stamp_leaves_the_generation_alone(workspace, django_capture_on_commit_callbacks):
+    from django.contrib.auth.models import update_last_login
+
+    user = make_member(workspace, Role.VIEWER)
+    before = access_cache.current_generation()
+    with django_capture_on_commit_callbacks(execute=True):
+        update_last_login(None, user)
+    assert access_cache.current_generation() == before
+    with django_capture_on_commit_callbacks(execute=True):
+        user.is_active = False
+        user.save(update_fields=["is_active", "last_login"])
+    assert access_cache.current_generation() != before

@@ -155,3 +155,14 @@ def test_a_browser_page_keeps_the_html_error_page_without_a_traceback(client):
     assert b"secret internals" not in response.content
     assert b"Traceback" not in response.content
     assert len(response["X-Request-ID"]) == 32
+
+
+@pytest.mark.django_db
+def test_an_unknown_api_url_answers_the_error_body_not_an_html_page(client):
+    response = client.get("/api/v1/no-such-thing/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("application/json")
+    assert response.json()["type"] == "not_found" and response.json()["code"] == "not_found"
+    assert response["X-Request-ID"]
+    page = client.get("/no-such-page/")
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
