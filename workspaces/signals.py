@@ -8,7 +8,6 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from workspaces import access_cache
 
-
 # Saves that change nothing about who may do what (a login stamps ``last_login``): they must
 # neither flush every process's access cache nor fail while the cache is down.
 ACCESS_NEUTRAL_FIELDS = frozenset({"last_login", "last_used_at"})
