@@ -27,7 +27,7 @@ BUNDLE_FILES = ("spec.json", "weights.pt")
 FORBIDDEN_CHARS = set("\\?#;\x00")
 # Look-alikes of '/' and '.' (fraction slash, division slash, full-width forms, one-dot leader...).
 LOOKALIKES = set("\u2044\u2215\uff0f\u29f8\u2024\uff0e\u3002\ufe52\u0338\u2571")
-ALLOWED_SOURCE_SCHEMES = {"runs", "models", "file", ""}
+ALLOWED_SOURCE_SCHEMES = {"runs", "models", "file"}
 
 
 def artifact_root() -> Path:
@@ -171,8 +171,10 @@ def check_source_uri(value: object, *, attr: str = "source") -> tuple[str, str]:
         raise ValidationError(
             {attr: "remote http(s) sources are not allowed; use runs:/ or models:/"}
         )
-    if scheme not in ALLOWED_SOURCE_SCHEMES or (scheme == "" and text.startswith("/")):
-        raise ValidationError({attr: f"scheme '{scheme or 'absolute path'}' is not allowed"})
+    if scheme == "":  # no colon at all, or a bare path
+        raise ValidationError({attr: "give a runs:/, models:/ or file:// URI"})
+    if scheme not in ALLOWED_SOURCE_SCHEMES:
+        raise ValidationError({attr: f"scheme '{scheme}' is not allowed"})
     if parts.query or parts.fragment or ";" in text:
         raise ValidationError({attr: "source must not have a query, fragment or ';'"})
     if scheme == "file":
@@ -187,6 +189,4 @@ def check_source_uri(value: object, *, attr: str = "source") -> tuple[str, str]:
     for piece in rest.split("/"):
         if piece in ("..", "."):
             raise ValidationError({attr: "'..' is not allowed in sources"})
-    if scheme == "":
-        raise ValidationError({attr: "give a runs:/ or models:/ URI"})
     return scheme, rest
