@@ -365,7 +365,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.CappedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "workspaces.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "workspaces.api.errors.error_envelope_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "DEFAULT_THROTTLE_RATES": {

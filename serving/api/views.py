@@ -266,7 +266,7 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
         return Response(deployment_stats(dep))
 
     @extend_schema(responses={200: DeploymentChangeSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def history(self, request: Request, ws: str, name: str) -> Response:
         dep = self.get_object()
         changes = (

@@ -104,7 +104,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
         parameters=[OpenApiParameter("name", str, description="Only this metric (e.g. loss).")],
         responses={200: s.JobMetricSerializer(many=True)},
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def metrics(self, request: Request, ws: str, pk: str) -> Response:
         job = self.get_object()
         rows = JobMetric.objects.for_workspace(self.workspace).filter(job=job)

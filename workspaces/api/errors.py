@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError as DatabaseInterfaceError
 from django.db import OperationalError as DatabaseOperationalError
@@ -166,6 +166,12 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         return Response(
             error_body(status_code=413, code="too_large", detail=str(exc)),
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    if isinstance(exc, SuspiciousOperation):
+        # TooManyFieldsSent, TooManyFilesSent and the like, raised while DRF parses the body.
+        return Response(
+            error_body(status_code=400, code="bad_request", detail=str(exc)),
+            status=status.HTTP_400_BAD_REQUEST,
         )
     if isinstance(exc, UnscopedQueryError):
         # A programming error: fail closed and loudly, never leak other tenants' rows.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -44,6 +44,7 @@ class QueueViewSet(WorkspaceScopedViewSet):
     """The workspace's scheduling queue: waiting jobs in order, then running ones, with reasons."""
 
     serializer_class = QueueEntrySerializer
+    pagination_class = None  # the whole queue, in order
 
     def get_workspace_queryset(self) -> QuerySet:
         return WorkspaceQuota.objects.for_workspace(self.workspace)
@@ -53,6 +54,7 @@ class QueueViewSet(WorkspaceScopedViewSet):
         return Response(QueueEntrySerializer(rows, many=True).data)
 
 
+@extend_schema_serializer(many=False)  # `list` answers one recommendation, not a page
 class RecommendationSerializer(serializers.Serializer):
     template = serializers.CharField()
     dataset_rows = serializers.IntegerField()
@@ -121,6 +123,8 @@ class QuotaViewSet(WorkspaceScopedViewSet):
 
     def get_workspace_queryset(self) -> QuerySet:
         return WorkspaceQuota.objects.for_workspace(self.workspace)
+
+    pagination_class = None  # one row per GPU type, never a page
 
     def list(self, request: Request, *args, **kwargs) -> Response:
         return Response(
