@@ -419,8 +419,6 @@ POLICY_DEFAULTS: dict[str, int] = {
     "max_job_wall_s": 24 * 3600,
     # Worker slots one workspace's heavy tasks may hold at once.
     "max_concurrent_tasks": 1,
-    # Write requests (POST/PUT/PATCH/DELETE) per minute per user in one workspace.
-    "write_rate_per_minute": 600,
 }
 
 
@@ -445,9 +443,6 @@ class WorkspacePolicy(models.Model):
         null=True, blank=True, validators=[MinValueValidator(1)], help_text="Seconds."
     )
     max_concurrent_tasks = models.PositiveSmallIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)]
-    )
-    write_rate_per_minute = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]
     )
     updated_at = models.DateTimeField(auto_now=True)

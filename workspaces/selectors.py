@@ -137,7 +137,6 @@ class Policy:
     max_job_steps: int
     max_job_wall_s: int
     max_concurrent_tasks: int
-    write_rate_per_minute: int
 
 
 def policy_defaults() -> dict[str, int]:

@@ -341,7 +341,6 @@ POLICY_FIELDS = (
     "max_job_steps",
     "max_job_wall_s",
     "max_concurrent_tasks",
-    "write_rate_per_minute",
 )
 
 
