@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     # Events applied per projection batch (one transaction each).
     "LINEAGE_BATCH_SIZE": 2000,
     # Refs of one OpenLineage event applied per transaction; a bigger event takes several.
-    "LINEAGE_REFS_PER_SLICE": 200,
+    "LINEAGE_REFS_PER_SLICE": 100,
     # Seconds one projection task works before it re-enqueues itself for the rest, so a backlog
     # (or one huge event) never holds a worker slot for long.
     "LINEAGE_TASK_BUDGET_SECONDS": 2.0,

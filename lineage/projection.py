@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count, prefetch_related_objects
 from django.utils import timezone
 
 from lineage.conf import RESOURCE_KEYS, setting
@@ -584,6 +585,15 @@ def _sliced(event: Event) -> bool:
     return event.verb.startswith("lineage.openlineage.")
 
 
+def _slice_refs(event: Event, done: int, size: int) -> tuple[list, list]:
+    """An event's subject refs and its other refs from ``done`` on, ``size`` of them and one
+    more (which tells that more follow)."""
+    refs = EventRef.objects.filter(event=event).order_by("id")
+    subjects = list(refs.filter(role=EventRef.RefRole.SUBJECT))
+    others = list(refs.exclude(role=EventRef.RefRole.SUBJECT)[done : done + size + 1])
+    return subjects, others
+
+
 def _apply_slice(
     projector: Projector, cursor: Cursor, event: Event, subjects: list, others: list
 ) -> bool:
@@ -621,18 +631,27 @@ def _project_batch(
             event = (
                 Event.objects.unscoped().select_related("workspace").get(pk=cursor.partial_event_id)
             )
-            refs = EventRef.objects.filter(event=event).order_by("id")
-            done = cursor.partial_refs_done
-            subjects = list(refs.filter(role=EventRef.RefRole.SUBJECT))
-            others = list(refs.exclude(role=EventRef.RefRole.SUBJECT)[done : done + size + 1])
+            subjects, others = _slice_refs(event, cursor.partial_refs_done, size)
             return int(_apply_slice(projector, cursor, event, subjects, others)), True
         events = list(
             Event.objects.unscoped()
             .filter(id__gt=cursor.last_event_id)
             .select_related("workspace")
-            .prefetch_related("refs")
             .order_by("id")[:batch_size]
         )
+        # Large events are read a slice at a time, never whole; the rest have their refs
+        # prefetched as usual.
+        large = {
+            event_id
+            for event_id, count in EventRef.objects.filter(
+                event_id__in=[e.id for e in events if _sliced(e)]
+            )
+            .values("event_id")
+            .annotate(count=Count("id"))
+            .values_list("event_id", "count")
+            if count > size + 1
+        }
+        prefetch_related_objects([e for e in events if e.id not in large], "refs")
         settle = timezone.now() - timedelta(seconds=gap_wait)
         expected = cursor.last_event_id + 1
         applied = 0
@@ -641,12 +660,10 @@ def _project_batch(
             if event.id != expected and gap_wait > 0 and event.created_at > settle:
                 stopped = True  # an earlier id may still be committing
                 break
-            refs = list(event.refs.all())
-            if _sliced(event) and len(refs) > size + 1:
+            if event.id in large:
                 if applied:
                     break  # the large event starts a transaction of its own
-                subjects = [r for r in refs if r.role == EventRef.RefRole.SUBJECT]
-                others = [r for r in refs if r.role != EventRef.RefRole.SUBJECT][: size + 1]
+                subjects, others = _slice_refs(event, 0, size)
                 return int(_apply_slice(projector, cursor, event, subjects, others)), True
             if event.workspace_id is not None:
                 projector.apply(event)
@@ -664,6 +681,16 @@ def _project_batch(
     return applied, more and not stopped
 
 
+@dataclass(frozen=True)
+class ProjectionRun:
+    """What one bounded projection run did: events applied, whether events are left, and
+    whether it stopped because another process holds the cursor."""
+
+    applied: int
+    more: bool
+    busy: bool = False
+
+
 def project_for(
     *,
     seconds: float | None = None,
@@ -671,24 +698,23 @@ def project_for(
     gap_wait: float | None = None,
     emit: bool = True,
     wait: bool = True,
-) -> tuple[int, bool]:
-    """Apply events after the cursor for at most ``seconds`` (and ``limit`` events); returns
-    (events applied, more may follow: events are left, or another process holds the cursor).
-    Each batch or slice is one short transaction."""
+) -> ProjectionRun:
+    """Apply events after the cursor for at most ``seconds`` (and ``limit`` events). Each
+    batch or slice is one short transaction."""
     batch_size = int(setting("LINEAGE_BATCH_SIZE"))
     gap = float(setting("LINEAGE_GAP_WAIT_SECONDS") if gap_wait is None else gap_wait)
     deadline = None if seconds is None else time.monotonic() + seconds
     total = 0
-    more = True
+    more: bool | None = True
     while limit is None or total < limit:
         size = batch_size if limit is None else min(batch_size, limit - total)
         applied, more = _project_batch(size, gap, emit, wait)
         total += applied
         if more is None:
-            return total, True  # another process is projecting; it or a follow-up goes on
+            return ProjectionRun(total, more=True, busy=True)
         if not more or (deadline is not None and time.monotonic() >= deadline):
             break
-    return total, more
+    return ProjectionRun(total, more=bool(more))
 
 
 def project(
@@ -701,7 +727,7 @@ def project(
     """Apply the events after the cursor (at most ``limit``); returns how many were applied.
 
     ``wait=False`` returns at once when another process holds the cursor (it is projecting)."""
-    return project_for(limit=limit, gap_wait=gap_wait, emit=emit, wait=wait)[0]
+    return project_for(limit=limit, gap_wait=gap_wait, emit=emit, wait=wait).applied
 
 
 def catch_up() -> None:
@@ -747,7 +773,6 @@ def schedule_after_commit(sender: Any, instance: Event, created: bool, **kwargs:
 
 
 def _enqueue_projection() -> None:
-    from lineage.tasks import project_events
+    from lineage.tasks import enqueue_projection_once
 
-    queue = setting("LINEAGE_QUEUE")
-    project_events.apply_async(**({"queue": queue} if queue else {}))
+    enqueue_projection_once()

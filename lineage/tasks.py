@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from celery import shared_task
 
-# At most one follow-up projection run is queued at a time (it expires in case it is lost).
-FOLLOW_UP_KEY = "lineage:project-events:follow-up"
-FOLLOW_UP_SECONDS = 30
-# A short pause before the follow-up, so that a run that found the cursor held retries after
-# the holder's current slice instead of spinning.
+# At most one projection run is queued at a time, however many events commit (the key expires
+# in case the queued run is lost; beat's catch-up covers that too).
+FOLLOW_UP_KEY = "lineage:project-events:queued"
+FOLLOW_UP_SECONDS = 15
+# A short pause before the follow-up of a run that found the cursor held, so that it retries
+# after the holder's current slice instead of spinning.
 FOLLOW_UP_DELAY = 0.5
 
 
@@ -20,30 +21,41 @@ def project_events() -> int:
     rest, so a backlog or one huge event never holds a worker slot for long and other tasks
     (scheduling, pipelines) run in between. When another worker holds the cursor it returns at
     once instead of waiting on the lock, after making sure one follow-up run is queued (the
-    holder may have read the log before this task's event committed)."""
+    holder may have read the log before this task's event committed). Runs are coalesced: at
+    most one waits in the queue (``enqueue_projection_once``)."""
     from django.core.cache import cache
 
     from lineage.conf import setting
     from lineage.projection import project_for
 
-    cache.delete(FOLLOW_UP_KEY)  # this is the follow-up (or makes it unnecessary)
-    applied, more = project_for(seconds=float(setting("LINEAGE_TASK_BUDGET_SECONDS")), wait=False)
-    if more:
-        _enqueue_follow_up()
-    return applied
+    # Started: events committed from now on need another run.
+    cache.delete(queued_key(setting("LINEAGE_QUEUE")))
+    run = project_for(seconds=float(setting("LINEAGE_TASK_BUDGET_SECONDS")), wait=False)
+    if run.more:
+        enqueue_projection_once(countdown=FOLLOW_UP_DELAY if run.busy else None)
+    return run.applied
 
 
-def _enqueue_follow_up() -> None:
-    """Queue one more projection run, unless one is already queued (at most one at a time).
-    It goes to the back of the queue, behind whatever other work arrived meanwhile."""
+def queued_key(queue: str) -> str:
+    """The cache key that says a projection run waits in ``queue``."""
+    return f"{FOLLOW_UP_KEY}:{queue or 'default'}"
+
+
+def enqueue_projection_once(*, countdown: float | None = None) -> None:
+    """Queue a projection run, unless one is queued and has not started yet (it will see
+    everything committed before it starts). So a burst of events, or a large event, keeps at
+    most one projection task waiting in the queue, behind whatever other work arrived first."""
     from django.core.cache import cache
 
     from lineage.conf import setting
 
-    if not cache.add(FOLLOW_UP_KEY, "1", timeout=FOLLOW_UP_SECONDS):
-        return
     queue = setting("LINEAGE_QUEUE")
-    project_events.apply_async(countdown=FOLLOW_UP_DELAY, **({"queue": queue} if queue else {}))
+    if not cache.add(queued_key(queue), "1", timeout=FOLLOW_UP_SECONDS):
+        return
+    options = {"queue": queue} if queue else {}
+    if countdown:
+        options["countdown"] = countdown
+    project_events.apply_async(**options)
 
 
 @shared_task(name="lineage.tasks.audit_scan", ignore_result=True)

@@ -78,7 +78,9 @@ def test_a_huge_event_is_projected_in_slices_while_another_workspaces_job_is_pla
             )
             # ... when the scheduler tick for the other workspace arrives behind it.
             started = time.monotonic()
-            tick.apply_async(queue=queue)
+            # A connection of its own: the in-process worker's pooled ones are not shared.
+            with app.connection_for_write() as connection:
+                tick.apply_async(queue=queue, connection=connection)
             _poll(
                 lambda: TrainingJob.objects.unscoped().get(pk=job.pk).state == JobState.PLACED,
                 timeout=PLACEMENT_BOUND_S,

@@ -202,3 +202,63 @@ def test_a_large_event_is_applied_in_slices_with_the_same_graph(workspace, setti
     rebuild()
     assert _graph(workspace) == sliced
     assert Node.objects.for_workspace(after).count() == 3  # its job, input and output
+
+
+@pytest.fixture
+def eager_celery():
+    from config.celery import app
+
+    before = (app.conf.task_always_eager, app.conf.task_eager_propagates)
+    app.conf.task_always_eager = app.conf.task_eager_propagates = True
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = before
+
+
+def test_the_task_works_one_budget_then_queues_itself_for_the_rest(
+    workspace, settings, eager_celery
+):
+    from django.core.cache import cache
+
+    from lineage.conf import setting
+    from lineage.tasks import project_events, queued_key
+
+    settings.LINEAGE_REFS_PER_SLICE = 40
+    settings.LINEAGE_TASK_BUDGET_SECONDS = 0  # one batch or slice per run
+    project()
+    event = _big_event(workspace, 100)
+    cache.delete(queued_key(setting("LINEAGE_QUEUE")))
+    runs = []
+    original = project_events.run
+
+    def counted():
+        runs.append(Cursor.objects.get(name=CURSOR).partial_refs_done)
+        return original()
+
+    project_events.run = counted
+    try:
+        project_events.delay()
+    finally:
+        project_events.run = original
+    # Three slices, each its own run, and a last run that finds nothing left, ending the chain.
+    assert runs == [0, 40, 80, 0]
+    assert Cursor.objects.get(name=CURSOR).last_event_id == event.pk
+    assert len(_graph(workspace)) == 101
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_events_keeps_one_projection_run_in_the_queue(settings):
+    from config.celery import app
+    from lineage.tests.helpers import record
+    from workspaces.events import Ref
+
+    queue = f"test-{uuid.uuid4().hex[:12]}"  # no worker reads it
+    settings.LINEAGE_QUEUE = queue
+    workspace = make_workspace()
+    for index in range(5):  # five transactions, each queueing the projection after commit
+        record(workspace, "serving.deployment.created", [Ref("deployment", index, "d")])
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        try:
+            assert channel.queue_declare(queue=queue, passive=True).message_count == 1
+        finally:
+            channel.queue_purge(queue)
