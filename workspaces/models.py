@@ -488,3 +488,25 @@ class QuotaRequest(models.Model):
 
     def __str__(self) -> str:
         return f"quota request {self.pk} of {self.workspace.slug} ({self.status})"
+
+
+class TaskSlot(models.Model):
+    """One of the worker slots a workspace's heavy tasks may hold at once (policy
+    ``max_concurrent_tasks``): a row per held slot, unique per workspace and slot number, so
+    taking one is an INSERT that either wins or fails, on SQLite and PostgreSQL alike. A slot
+    whose holder died is free again after ``expires_at``."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    slot = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=60, help_text="The task, e.g. features.materialize.")
+    expires_at = models.DateTimeField()
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "slot"], name="taskslot_one_holder")
+        ]
+
+    def __str__(self) -> str:
+        return f"slot {self.slot} of {self.workspace_id} ({self.kind})"
