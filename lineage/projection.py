@@ -752,7 +752,9 @@ def rebuild() -> int:
     Reach.objects.unscoped().delete()
     Edge.objects.unscoped().delete()
     Node.objects.unscoped().delete()
-    Cursor.objects.update_or_create(name=CURSOR, defaults={"last_event_id": 0})
+    Cursor.objects.update_or_create(
+        name=CURSOR, defaults={"last_event_id": 0, "partial_event_id": 0, "partial_refs_done": 0}
+    )
     return project(gap_wait=0, emit=False)
 
 

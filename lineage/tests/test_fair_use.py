@@ -262,3 +262,15 @@ def test_a_burst_of_events_keeps_one_projection_run_in_the_queue(settings):
             assert channel.queue_declare(queue=queue, passive=True).message_count == 1
         finally:
             channel.queue_purge(queue)
+
+
+def test_a_rebuild_in_the_middle_of_a_large_event_starts_from_scratch(workspace, settings):
+    settings.LINEAGE_REFS_PER_SLICE = 40
+    project()
+    event = _big_event(workspace, 100)
+    assert _project_batch(2000, 0.0, False) == (0, True)
+    assert Cursor.objects.get(name=CURSOR).partial_event_id == event.pk
+    rebuild()
+    cursor = Cursor.objects.get(name=CURSOR)
+    assert (cursor.last_event_id, cursor.partial_event_id) == (event.pk, 0)
+    assert len(_graph(workspace)) == 101
