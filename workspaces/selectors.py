@@ -144,10 +144,11 @@ def policy_defaults() -> dict[str, int]:
     return {**POLICY_DEFAULTS, **getattr(settings, "WORKSPACE_POLICY_DEFAULTS", {})}
 
 
-def workspace_policy(workspace: Workspace | int) -> Policy:
-    """The workspace's policy: its own values where a platform admin set them, else defaults."""
+def workspace_policy(workspace: Workspace | int | None) -> Policy:
+    """The workspace's policy: its own values where a platform admin set them, else defaults
+    (only the defaults for None: an object not yet saved in a workspace)."""
     values = policy_defaults()
-    row = WorkspacePolicy.objects.for_workspace(workspace).first()
+    row = None if workspace is None else WorkspacePolicy.objects.for_workspace(workspace).first()
     if row is not None:
         for name in values:
             own = getattr(row, name)
@@ -170,7 +171,9 @@ class PolicyLimitExceeded(exceptions.APIException):
         )
 
 
-def policy_check(*, workspace: Workspace | int, limit_name: str, attr: str, asked: int) -> None:
+def policy_check(
+    *, workspace: Workspace | int | None, limit_name: str, attr: str, asked: int
+) -> None:
     """Raise PolicyLimitExceeded when ``asked`` is over the workspace's ``limit_name``."""
     limit = getattr(workspace_policy(workspace), limit_name)
     if asked > limit:
