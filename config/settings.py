@@ -368,8 +368,13 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "workspaces.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "workspaces.api.errors.error_envelope_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Writes (POST/PUT/PATCH/DELETE) per user and workspace; reads are not throttled.
+    "DEFAULT_THROTTLE_CLASSES": ["workspaces.api.throttling.WorkspaceWriteThrottle"],
     "DEFAULT_THROTTLE_RATES": {
-        "auth": os.environ.get("AUTH_THROTTLE_RATE", "10000/minute" if TESTING else "30/minute")
+        "auth": os.environ.get("AUTH_THROTTLE_RATE", "10000/minute" if TESTING else "30/minute"),
+        "workspace_write": os.environ.get(
+            "WRITE_THROTTLE_RATE", "100000/minute" if TESTING else "600/minute"
+        ),
     },
 }
 

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +39,7 @@ from features.registry import touch_ingested
 from workspaces.api.parsers import parse_strict_json
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError
+from workspaces.selectors import policy_check
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,11 @@ def parse_event_time(value: Any, *, now: datetime) -> datetime:
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise ValueError("must be finite")
+        # Range first: fromtimestamp overflows (OverflowError, not ValueError) on e.g. 1e20.
+        if value < 0:
+            raise ValueError("is before 1970")
+        if value > (now + FUTURE_TOLERANCE).timestamp():
+            raise ValueError("is more than a day in the future")
         moment = datetime.fromtimestamp(value, tz=UTC)
     elif isinstance(value, str):
         try:
@@ -152,12 +159,26 @@ def _schema(group: FeatureGroup, version: FeatureGroupVersion) -> pa.Schema:
     return pa.schema(fields)
 
 
+# Control characters (NUL first of all) in an entity key break the stores' key encodings and
+# every tool that shows the key; keys are identifiers, not text.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _key_text(value: Any) -> str | None:
-    if isinstance(value, str) and 0 < len(value) <= 256:
+    if isinstance(value, str) and 0 < len(value) <= 256 and not _CONTROL.search(value):
         return value
     if _is_int(value):
         return str(value)
     return None
+
+
+def _rows_check(count: int, group: FeatureGroup) -> None:
+    """At most MAX_ROWS rows, and at most the workspace policy's ``max_batch_rows`` (413)."""
+    if count > MAX_ROWS:
+        raise BatchRejected([_problem(None, "rows", f"at most {MAX_ROWS} rows per batch")])
+    policy_check(
+        workspace=group.workspace_id, limit_name="max_batch_rows", attr="rows", asked=count
+    )
 
 
 def table_from_rows(
@@ -168,8 +189,7 @@ def table_from_rows(
         raise BatchRejected([_problem(None, "rows", "must be a list of objects")])
     if not rows:
         raise BatchRejected([_problem(None, "rows", "the batch is empty")])
-    if len(rows) > MAX_ROWS:
-        raise BatchRejected([_problem(None, "rows", f"at most {MAX_ROWS} rows per batch")])
+    _rows_check(len(rows), group)
     problems: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
@@ -194,7 +214,12 @@ def table_from_rows(
         for index, text in enumerate(texts):
             if text is None:
                 problems.append(
-                    _problem(index, key, "entity key must be a non-empty string or an integer")
+                    _problem(
+                        index,
+                        key,
+                        "entity key must be an integer or a string of 1-256 characters "
+                        "without control characters",
+                    )
                 )
                 if len(problems) >= MAX_ERRORS:
                     raise BatchRejected(problems)
@@ -236,8 +261,7 @@ def table_from_arrow(
     """Validate an uploaded Parquet/CSV table column by column and cast it to the schema."""
     if table.num_rows == 0:
         raise BatchRejected([_problem(None, "rows", "the batch is empty")])
-    if table.num_rows > MAX_ROWS:
-        raise BatchRejected([_problem(None, "rows", f"at most {MAX_ROWS} rows per batch")])
+    _rows_check(table.num_rows, group)
     schema = _schema(group, version)
     unknown = sorted(set(table.column_names) - set(schema.names))
     if unknown:
@@ -279,6 +303,16 @@ def _arrow_keys(column: pa.Array, name: str) -> pa.Array:
     bad = _first_index(pc.or_kleene(pc.is_null(texts), pc.equal(pc.utf8_length(texts), 0)))
     if bad is not None:
         raise BatchRejected([_problem(bad, name, "entity key is missing or empty")])
+    bad = _first_index(
+        pc.or_kleene(
+            pc.match_substring_regex(texts, _CONTROL.pattern),
+            pc.greater(pc.utf8_length(texts), 256),
+        )
+    )
+    if bad is not None:
+        raise BatchRejected(
+            [_problem(bad, name, "entity key has control characters or over 256 characters")]
+        )
     return texts
 
 
@@ -293,6 +327,14 @@ def _arrow_times(column: pa.Array, name: str, *, now: datetime) -> pa.Array:
         bad = _first_index(pc.invert(pc.is_finite(seconds)))
         if bad is not None:
             raise BatchRejected([_problem(bad, name, "event time must be finite")])
+        bad = _first_index(pc.less(seconds, 0))
+        if bad is not None:
+            raise BatchRejected([_problem(bad, name, "event time is before 1970")])
+        bad = _first_index(pc.greater(seconds, (now + FUTURE_TOLERANCE).timestamp()))
+        if bad is not None:
+            raise BatchRejected(
+                [_problem(bad, name, "event time is more than a day in the future")]
+            )
         times = pc.multiply(seconds, 1_000_000).cast(pa.int64()).cast(target)
     elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         parsed = []

@@ -10,6 +10,7 @@ from django.core.cache import cache
 
 from features import health, materialization
 from features.models import FeatureGroup
+from workspaces.task_slots import SLOT_RETRY_SECONDS, workspace_task_slot
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,19 @@ def materialize_online(group_ids: list[int] | None = None) -> dict[str, int]:
             .filter(pk__in=group_ids, online=True)
             .select_related("workspace")
         )
-        done = [materialization.group_materialize(group=group) for group in groups]
+        done, deferred = [], []
+        for group in groups:
+            # A rebuild holds one of its workspace's task slots; at the limit it waits in the
+            # queue, not in a worker slot.
+            with workspace_task_slot(
+                workspace_id=group.workspace_id, kind="features.materialize"
+            ) as held:
+                if held:
+                    done.append(materialization.group_materialize(group=group))
+                else:
+                    deferred.append(group.pk)
+        if deferred:
+            materialize_online.apply_async(args=[deferred], countdown=SLOT_RETRY_SECONDS)
     else:
         if not cache.add(MATERIALIZE_LOCK_KEY, "1", timeout=LOCK_SECONDS):
             return {"skipped": 1}
@@ -58,6 +71,7 @@ def materialize_online(group_ids: list[int] | None = None) -> dict[str, int]:
         finally:
             cache.delete(MATERIALIZE_LOCK_KEY)
     return {
+        **({"deferred": len(deferred)} if group_ids and deferred else {}),
         "groups": len(done),
         "rows_written": sum(d.rows_written for d in done),
         "batches": sum(d.batches for d in done),

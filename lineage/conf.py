@@ -31,6 +31,13 @@ DEFAULTS: dict[str, Any] = {
     "LINEAGE_GAP_WAIT_SECONDS": 5.0,
     # Events applied per projection batch (one transaction each).
     "LINEAGE_BATCH_SIZE": 2000,
+    # Refs of one OpenLineage event applied per transaction; a bigger event takes several.
+    "LINEAGE_REFS_PER_SLICE": 100,
+    # Seconds one projection task works before it re-enqueues itself for the rest, so a backlog
+    # (or one huge event) never holds a worker slot for long.
+    "LINEAGE_TASK_BUDGET_SECONDS": 2.0,
+    # Seconds a read spends bringing the graph up to date before it answers (at least a batch).
+    "LINEAGE_CATCH_UP_SECONDS": 0.5,
     # Deepest traversal the API allows.
     "LINEAGE_MAX_DEPTH": 10,
     # Most nodes one traversal returns.

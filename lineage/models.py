@@ -101,6 +101,10 @@ class Cursor(models.Model):
 
     name = models.CharField(max_length=40, primary_key=True)
     last_event_id = models.BigIntegerField(default=0)
+    # An event with many refs is applied in slices, one transaction each: the event being
+    # applied and how many of its refs are done (0, 0 when none is half-applied).
+    partial_event_id = models.BigIntegerField(default=0)
+    partial_refs_done = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

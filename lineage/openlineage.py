@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.http import Http404
 from django.utils import timezone
 
 from lineage.conf import setting
@@ -121,9 +123,52 @@ def emit_run_events(pending: list) -> int:
 # --- in --------------------------------------------------------------------------------------
 
 
+# How far ahead of the server's clock an eventTime may be (producers' clocks drift).
+MAX_CLOCK_SKEW = timedelta(days=1)
+EARLIEST_EVENT_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _event_time(raw: Any) -> str:
+    """The eventTime as ISO 8601 with a time zone, between 1970 and a day from now."""
+    if not isinstance(raw, str) or not raw or len(raw) > 64:
+        raise ValidationError({"eventTime": "Give the event time as ISO 8601 with a time zone."})
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValidationError(
+            {"eventTime": "Give the event time as ISO 8601 with a time zone."}
+        ) from None
+    if when.tzinfo is None:
+        raise ValidationError({"eventTime": "The event time needs a time zone (e.g. Z)."})
+    if when < EARLIEST_EVENT_TIME or when > timezone.now() + MAX_CLOCK_SKEW:
+        raise ValidationError({"eventTime": "The event time must lie between 1970 and now."})
+    return when.isoformat()
+
+
+def _run_id(body: dict[str, Any]) -> str:
+    """The run's UUID; a RunEvent (one with an eventType or a run) must have one."""
+    run = body.get("run")
+    if run is None and "eventType" not in body:
+        return ""  # a JobEvent or DatasetEvent has no run
+    if not isinstance(run, dict):
+        raise ValidationError({"run": "A RunEvent needs a run object with a runId."})
+    raw = run.get("runId")
+    try:
+        if isinstance(raw, str) and len(raw) <= 64:
+            return str(uuid.UUID(raw))
+    except ValueError:
+        pass
+    raise ValidationError({"run.runId": "The runId must be a UUID."})
+
+
 def _datasets(body: dict[str, Any], key: str) -> list[tuple[str, str]]:
     found = []
-    for item in body.get(key) or []:
+    items = body.get(key)
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise ValidationError({key: "Give a list of datasets."})
+    for item in items:
         if not isinstance(item, dict):
             raise ValidationError({key: "Each dataset is an object with namespace and name."})
         namespace, name = item.get("namespace"), item.get("name")
@@ -148,16 +193,19 @@ def parse_event(body: Any) -> dict[str, Any]:
     event_type = body.get("eventType") or "OTHER"
     if event_type not in EVENT_TYPES:
         raise ValidationError({"eventType": f"Use one of {', '.join(sorted(EVENT_TYPES))}."})
-    run = body.get("run") if isinstance(body.get("run"), dict) else {}
-    outputs = _datasets(body, "outputs")
-    if isinstance(dataset, dict):
-        outputs += _datasets({"d": [dataset]}, "d")
+    event_time = _event_time(body.get("eventTime"))
+    run_id = _run_id(body)
+    if job is not None:
+        inputs, outputs = _datasets(body, "inputs"), _datasets(body, "outputs")
+    else:
+        # A DatasetEvent describes one dataset; it has no inputs or outputs to link.
+        inputs, outputs = [], _datasets({"dataset": [dataset]}, "dataset")
     return {
         "event_type": event_type,
-        "event_time": str(body.get("eventTime", ""))[:64],
-        "run_id": str(run.get("runId", ""))[:64],
+        "event_time": event_time,
+        "run_id": run_id,
         "job": (str(job["namespace"])[:100], str(job["name"])[:200]) if job else None,
-        "inputs": _datasets(body, "inputs"),
+        "inputs": inputs,
         "outputs": outputs,
         "producer": str(body.get("producer", ""))[:300],
     }
@@ -168,6 +216,32 @@ def namespace_workspace_slug(parsed: dict[str, Any]) -> str:
     if parsed["job"]:
         return parsed["job"][0]
     return parsed["outputs"][0][0] if parsed["outputs"] else ""
+
+
+def _slug_named_by(namespace: str) -> str:
+    """The workspace slug a dataset namespace names: ``<slug>`` or our ``<prefix>/<slug>``."""
+    prefix = f"{setting('OPENLINEAGE_NAMESPACE_PREFIX')}/"
+    return namespace[len(prefix) :] if namespace.startswith(prefix) else namespace
+
+
+def openlineage_scope_check(*, workspace: Workspace, parsed: dict[str, Any]) -> None:
+    """Refuse an event whose datasets sit in another workspace's namespace (404, as for any
+    other workspace's object), and one with more datasets than the workspace's policy allows
+    (413), before anything is written."""
+    from workspaces.selectors import policy_check
+
+    policy_check(
+        workspace=workspace,
+        limit_name="max_lineage_datasets",
+        attr="inputs+outputs",
+        asked=len(parsed["inputs"]) + len(parsed["outputs"]),
+    )
+    named = {
+        _slug_named_by(namespace) for key in ("inputs", "outputs") for namespace, _ in parsed[key]
+    }
+    named.discard(workspace.slug)
+    if named and Workspace.objects.filter(slug__in=named).exists():
+        raise Http404("A dataset's namespace is another workspace; send it to that workspace.")
 
 
 @transaction.atomic

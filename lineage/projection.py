@@ -20,12 +20,14 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count, prefetch_related_objects
 from django.utils import timezone
 
 from lineage.conf import RESOURCE_KEYS, setting
@@ -47,7 +49,7 @@ from lineage.reach import (
     reach_node_revived,
     reach_owner_changed,
 )
-from workspaces.models import Event
+from workspaces.models import Event, EventRef
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ IGNORED_KINDS = {
     "node",
     "quota",
     "workspace_quota",
+    "quota_request",
     "batch",
     "prediction",
 }
@@ -544,10 +547,12 @@ class Projector:
             },
         )
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, raw_refs: list | None = None, *, first: bool = True) -> None:
+        """Apply one event (or, with ``raw_refs``, one slice of its refs; ``first`` on the
+        slice that starts it)."""
         refs = [
             R(canonical_kind(r.kind), r.object_id, r.label, r.role)
-            for r in event.refs.all()
+            for r in (event.refs.all() if raw_refs is None else raw_refs)
             if canonical_kind(r.kind) not in IGNORED_KINDS
         ]
         matched = [r for r in _RULES if fnmatch.fnmatchcase(event.verb, r.pattern)]
@@ -560,7 +565,8 @@ class Projector:
                     self.set_status(event, ref, state)
         for registered in matched:
             registered.rule(event, refs, self)
-        self.usage(event, refs)
+        if first:
+            self.usage(event, refs)
         if self.emit and event.verb.startswith("training.job."):
             self.run_events.append((event, refs))
 
@@ -573,22 +579,79 @@ def _cursor_locked(*, wait: bool = True) -> Cursor | None:
     return Cursor.objects.select_for_update(skip_locked=not wait).filter(name=CURSOR).first()
 
 
+def _sliced(event: Event) -> bool:
+    """Whether an event is applied in slices of its refs (only OpenLineage events, whose rule
+    treats each input or output on its own, can be large)."""
+    return event.verb.startswith("lineage.openlineage.")
+
+
+def _slice_refs(event: Event, done: int, size: int) -> tuple[list, list]:
+    """An event's subject refs and its other refs from ``done`` on, ``size`` of them and one
+    more (which tells that more follow)."""
+    refs = EventRef.objects.filter(event=event).order_by("id")
+    subjects = list(refs.filter(role=EventRef.RefRole.SUBJECT))
+    others = list(refs.exclude(role=EventRef.RefRole.SUBJECT)[done : done + size + 1])
+    return subjects, others
+
+
+def _apply_slice(
+    projector: Projector, cursor: Cursor, event: Event, subjects: list, others: list
+) -> bool:
+    """Apply the next slice of a sliced event: its subject refs and the next
+    ``LINEAGE_REFS_PER_SLICE`` of the others, given from the slice's start (one more tells that
+    more follow). Returns whether the event is now fully applied."""
+    size = max(1, int(setting("LINEAGE_REFS_PER_SLICE")))
+    done = cursor.partial_refs_done if cursor.partial_event_id == event.id else 0
+    if event.workspace_id is not None:
+        projector.apply(event, subjects + others[:size], first=done == 0)
+    finished = len(others) <= size
+    if finished:
+        cursor.last_event_id, cursor.partial_event_id, cursor.partial_refs_done = event.id, 0, 0
+    else:
+        cursor.partial_event_id, cursor.partial_refs_done = event.id, done + size
+    cursor.save(
+        update_fields=["last_event_id", "partial_event_id", "partial_refs_done", "updated_at"]
+    )
+    return finished
+
+
 def _project_batch(
     batch_size: int, gap_wait: float, emit: bool, wait: bool = True
-) -> tuple[int, bool]:
-    """Apply up to ``batch_size`` events; returns (applied, more may follow)."""
+) -> tuple[int, bool | None]:
+    """Apply up to ``batch_size`` events, or one slice of a large event; returns (applied,
+    more may follow), or (0, None) when another process holds the cursor."""
     projector = Projector(emit=emit)
+    size = max(1, int(setting("LINEAGE_REFS_PER_SLICE")))
     with transaction.atomic():
         cursor = _cursor_locked(wait=wait)
         if cursor is None:
-            return 0, False  # another process is projecting right now
+            return 0, None  # another process is projecting right now
+        if cursor.partial_event_id:
+            # Go on with the half-applied event, loading only its refs (a slice at a time).
+            event = (
+                Event.objects.unscoped().select_related("workspace").get(pk=cursor.partial_event_id)
+            )
+            subjects, others = _slice_refs(event, cursor.partial_refs_done, size)
+            return int(_apply_slice(projector, cursor, event, subjects, others)), True
         events = list(
             Event.objects.unscoped()
             .filter(id__gt=cursor.last_event_id)
             .select_related("workspace")
-            .prefetch_related("refs")
             .order_by("id")[:batch_size]
         )
+        # Large events are read a slice at a time, never whole; the rest have their refs
+        # prefetched as usual.
+        large = {
+            event_id
+            for event_id, count in EventRef.objects.filter(
+                event_id__in=[e.id for e in events if _sliced(e)]
+            )
+            .values("event_id")
+            .annotate(count=Count("id"))
+            .values_list("event_id", "count")
+            if count > size + 1
+        }
+        prefetch_related_objects([e for e in events if e.id not in large], "refs")
         settle = timezone.now() - timedelta(seconds=gap_wait)
         expected = cursor.last_event_id + 1
         applied = 0
@@ -597,6 +660,11 @@ def _project_batch(
             if event.id != expected and gap_wait > 0 and event.created_at > settle:
                 stopped = True  # an earlier id may still be committing
                 break
+            if event.id in large:
+                if applied:
+                    break  # the large event starts a transaction of its own
+                subjects, others = _slice_refs(event, 0, size)
+                return int(_apply_slice(projector, cursor, event, subjects, others)), True
             if event.workspace_id is not None:
                 projector.apply(event)
             cursor.last_event_id = event.id
@@ -609,7 +677,44 @@ def _project_batch(
 
             pending = list(projector.run_events)
             transaction.on_commit(lambda: emit_run_events(pending), robust=True)
-    return applied, (len(events) == batch_size and not stopped)
+    more = len(events) == batch_size or applied < len(events)
+    return applied, more and not stopped
+
+
+@dataclass(frozen=True)
+class ProjectionRun:
+    """What one bounded projection run did: events applied, whether events are left, and
+    whether it stopped because another process holds the cursor."""
+
+    applied: int
+    more: bool
+    busy: bool = False
+
+
+def project_for(
+    *,
+    seconds: float | None = None,
+    limit: int | None = None,
+    gap_wait: float | None = None,
+    emit: bool = True,
+    wait: bool = True,
+) -> ProjectionRun:
+    """Apply events after the cursor for at most ``seconds`` (and ``limit`` events). Each
+    batch or slice is one short transaction."""
+    batch_size = int(setting("LINEAGE_BATCH_SIZE"))
+    gap = float(setting("LINEAGE_GAP_WAIT_SECONDS") if gap_wait is None else gap_wait)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    total = 0
+    more: bool | None = True
+    while limit is None or total < limit:
+        size = batch_size if limit is None else min(batch_size, limit - total)
+        applied, more = _project_batch(size, gap, emit, wait)
+        total += applied
+        if more is None:
+            return ProjectionRun(total, more=True, busy=True)
+        if not more or (deadline is not None and time.monotonic() >= deadline):
+            break
+    return ProjectionRun(total, more=bool(more))
 
 
 def project(
@@ -622,22 +727,18 @@ def project(
     """Apply the events after the cursor (at most ``limit``); returns how many were applied.
 
     ``wait=False`` returns at once when another process holds the cursor (it is projecting)."""
-    batch_size = int(setting("LINEAGE_BATCH_SIZE"))
-    gap = float(setting("LINEAGE_GAP_WAIT_SECONDS") if gap_wait is None else gap_wait)
-    total = 0
-    while limit is None or total < limit:
-        size = batch_size if limit is None else min(batch_size, limit - total)
-        applied, more = _project_batch(size, gap, emit, wait)
-        total += applied
-        if not more:
-            break
-    return total
+    return project_for(limit=limit, gap_wait=gap_wait, emit=emit, wait=wait).applied
 
 
 def catch_up() -> None:
-    """Bring the graph up to date before a read; a failure leaves the read merely stale."""
+    """Bring the graph up to date before a read, for a bounded time (a large backlog is the
+    worker's); a failure leaves the read merely stale."""
     try:
-        project(limit=int(setting("LINEAGE_BATCH_SIZE")) * 5, wait=False)
+        project_for(
+            seconds=float(setting("LINEAGE_CATCH_UP_SECONDS")),
+            limit=int(setting("LINEAGE_BATCH_SIZE")) * 5,
+            wait=False,
+        )
     except Exception:  # reads must not fail because the projection did
         logger.exception("lineage projection failed during catch-up")
 
@@ -651,7 +752,9 @@ def rebuild() -> int:
     Reach.objects.unscoped().delete()
     Edge.objects.unscoped().delete()
     Node.objects.unscoped().delete()
-    Cursor.objects.update_or_create(name=CURSOR, defaults={"last_event_id": 0})
+    Cursor.objects.update_or_create(
+        name=CURSOR, defaults={"last_event_id": 0, "partial_event_id": 0, "partial_refs_done": 0}
+    )
     return project(gap_wait=0, emit=False)
 
 
@@ -672,7 +775,6 @@ def schedule_after_commit(sender: Any, instance: Event, created: bool, **kwargs:
 
 
 def _enqueue_projection() -> None:
-    from lineage.tasks import project_events
+    from lineage.tasks import enqueue_projection_once
 
-    queue = setting("LINEAGE_QUEUE")
-    project_events.apply_async(**({"queue": queue} if queue else {}))
+    enqueue_projection_once()

@@ -4,13 +4,58 @@ from __future__ import annotations
 
 from celery import shared_task
 
+# At most one projection run is queued at a time, however many events commit (the key expires
+# in case the queued run is lost; beat's catch-up covers that too).
+FOLLOW_UP_KEY = "lineage:project-events:queued"
+FOLLOW_UP_SECONDS = 15
+# A short pause before the follow-up of a run that found the cursor held, so that it retries
+# after the holder's current slice instead of spinning.
+FOLLOW_UP_DELAY = 0.5
+
 
 @shared_task(name="lineage.tasks.project_events", ignore_result=True)
 def project_events() -> int:
-    """Apply every committed event after the cursor (queued after each commit, and by beat)."""
-    from lineage.projection import project
+    """Apply committed events after the cursor (queued after each commit, and by beat).
 
-    return project()
+    It works for ``LINEAGE_TASK_BUDGET_SECONDS`` at most and then queues itself again for the
+    rest, so a backlog or one huge event never holds a worker slot for long and other tasks
+    (scheduling, pipelines) run in between. When another worker holds the cursor it returns at
+    once instead of waiting on the lock, after making sure one follow-up run is queued (the
+    holder may have read the log before this task's event committed). Runs are coalesced: at
+    most one waits in the queue (``enqueue_projection_once``)."""
+    from django.core.cache import cache
+
+    from lineage.conf import setting
+    from lineage.projection import project_for
+
+    # Started: events committed from now on need another run.
+    cache.delete(queued_key(setting("LINEAGE_QUEUE")))
+    run = project_for(seconds=float(setting("LINEAGE_TASK_BUDGET_SECONDS")), wait=False)
+    if run.more:
+        enqueue_projection_once(countdown=FOLLOW_UP_DELAY if run.busy else None)
+    return run.applied
+
+
+def queued_key(queue: str) -> str:
+    """The cache key that says a projection run waits in ``queue``."""
+    return f"{FOLLOW_UP_KEY}:{queue or 'default'}"
+
+
+def enqueue_projection_once(*, countdown: float | None = None) -> None:
+    """Queue a projection run, unless one is queued and has not started yet (it will see
+    everything committed before it starts). So a burst of events, or a large event, keeps at
+    most one projection task waiting in the queue, behind whatever other work arrived first."""
+    from django.core.cache import cache
+
+    from lineage.conf import setting
+
+    queue = setting("LINEAGE_QUEUE")
+    if not cache.add(queued_key(queue), "1", timeout=FOLLOW_UP_SECONDS):
+        return
+    options = {"queue": queue} if queue else {}
+    if countdown:
+        options["countdown"] = countdown
+    project_events.apply_async(**options)
 
 
 @shared_task(name="lineage.tasks.audit_scan", ignore_result=True)

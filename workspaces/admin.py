@@ -24,6 +24,7 @@ from workspaces.models import (
     ServiceAccount,
     WebhookEndpoint,
     Workspace,
+    WorkspacePolicy,
 )
 
 
@@ -353,3 +354,51 @@ class WebhookEndpointAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     def delete_webhooks(self, request, queryset: QuerySet) -> None:
         for webhook in queryset.select_related("workspace"):
             notifications.webhook_delete(actor=request.user, webhook=webhook)
+
+
+class PlatformAdminOnlyMixin:
+    """Fair-use limits are the platform's, not a workspace's: only superusers change them
+    (staff may look)."""
+
+    def has_add_permission(self, request, *args) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_staff
+
+
+@admin.register(WorkspacePolicy)
+class WorkspacePolicyAdmin(PlatformAdminOnlyMixin, UnscopedAdminMixin, admin.ModelAdmin):
+    """Per-workspace fair-use limits; a blank field is the platform default (shown as help)."""
+
+    list_display = ["workspace", *services.POLICY_FIELDS, "updated_at"]
+    search_fields = ["workspace__slug"]
+    autocomplete_fields = ["workspace"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["workspace", "updated_at"] if obj else ["updated_at"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        from workspaces.selectors import policy_defaults
+
+        form = super().get_form(request, obj, change=change, **kwargs)
+        defaults = policy_defaults()
+        for name in services.POLICY_FIELDS:
+            if name in form.base_fields:
+                default = defaults[name]
+                form.base_fields[name].help_text = f"Blank: the platform default ({default})."
+        return form
+
+    def save_model(self, request, obj: WorkspacePolicy, form, change: bool) -> None:
+        saved = services.workspace_policy_set(
+            actor=request.user,
+            workspace=obj.workspace,
+            **{name: getattr(obj, name) for name in services.POLICY_FIELDS},
+        )
+        obj.pk = saved.pk

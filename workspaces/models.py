@@ -403,3 +403,110 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"webhook {self.pk} of {self.workspace.slug}"
+
+
+# Platform-wide defaults of the per-workspace policy; ``settings.WORKSPACE_POLICY_DEFAULTS``
+# overrides single keys. A policy field left blank falls back to these.
+POLICY_DEFAULTS: dict[str, int] = {
+    # Input plus output datasets of one OpenLineage event.
+    "max_lineage_datasets": 1000,
+    # Rows of one producer batch (JSON, CSV or Parquet).
+    "max_batch_rows": 100_000,
+    # Epochs and optimiser steps of one training job.
+    "max_job_epochs": 1000,
+    "max_job_steps": 10_000_000,
+    # Wall time of one training job (the agent stops a job that runs longer).
+    "max_job_wall_s": 24 * 3600,
+    # Worker slots one workspace's heavy tasks may hold at once.
+    "max_concurrent_tasks": 1,
+}
+
+
+class WorkspacePolicy(models.Model):
+    """How much work one request, event or job of a workspace may ask for (fair use of shared
+    capacity). Blank fields mean the platform default; only platform admins change it."""
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="policy")
+    max_lineage_datasets = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    max_batch_rows = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    max_job_epochs = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    max_job_steps = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    max_job_wall_s = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Seconds."
+    )
+    max_concurrent_tasks = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "workspace policies"
+
+    def __str__(self) -> str:
+        return f"policy of {self.workspace.slug}"
+
+
+class QuotaRequest(models.Model):
+    """A workspace admin's request for a different scheduler quota; a platform admin approves
+    (which applies it) or rejects it in the admin console."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    gpu_type = models.CharField(max_length=40, blank=True, help_text="Blank: all GPU types.")
+    cpu_milli = models.PositiveIntegerField(null=True, blank=True)
+    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    gpu_milli = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_at = models.DateTimeField(default=timezone.now)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"quota request {self.pk} of {self.workspace.slug} ({self.status})"
+
+
+class TaskSlot(models.Model):
+    """One of the worker slots a workspace's heavy tasks may hold at once (policy
+    ``max_concurrent_tasks``): a row per held slot, unique per workspace and slot number, so
+    taking one is an INSERT that either wins or fails, on SQLite and PostgreSQL alike. A slot
+    whose holder died is free again after ``expires_at``."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    slot = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=60, help_text="The task, e.g. features.materialize.")
+    expires_at = models.DateTimeField()
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "slot"], name="taskslot_one_holder")
+        ]
+
+    def __str__(self) -> str:
+        return f"slot {self.slot} of {self.workspace_id} ({self.kind})"

@@ -120,11 +120,11 @@ def _resolve(host: str, port: int) -> list[str]:
 def webhook_url_validate(url: Any) -> WebhookTarget:
     """Check a webhook URL and resolve its host; raises ValidationError naming ``url``.
 
-    Only http and https; no credentials in the URL; the host must resolve, and every address it
-    resolves to must be public (no loopback, link-local such as 169.254.169.254, private, reserved
-    or multicast), unless ``settings.WEBHOOK_ALLOW_PRIVATE`` is on. Decimal, hex and short IPv4
-    forms (``2130706433``, ``0x7f000001``, ``127.1``) resolve to the address they mean and are
-    checked as that address.
+    Only http and https; no credentials in the URL; a port, when given, is 1-65535; the host must
+    resolve, and every address it resolves to must be public (no loopback, link-local such as
+    169.254.169.254, private, reserved or multicast), unless ``settings.WEBHOOK_ALLOW_PRIVATE``
+    is on. Decimal, hex and short IPv4 forms (``2130706433``, ``0x7f000001``, ``127.1``) resolve
+    to the address they mean and are checked as that address.
     """
     if not isinstance(url, str) or not url.strip():
         raise _refused("give an http or https URL")
@@ -145,6 +145,8 @@ def webhook_url_validate(url: Any) -> WebhookTarget:
     host = (parts.hostname or "").rstrip(".").lower()
     if not host:
         raise _refused("the URL has no host")
+    if port == 0:
+        raise _refused("port 0 is no port; give 1-65535 or none")
     port = port or ALLOWED_SCHEMES[scheme]
     allow_private = settings.WEBHOOK_ALLOW_PRIVATE
     if not allow_private and (host in REFUSED_HOSTNAMES or host.endswith(".localhost")):

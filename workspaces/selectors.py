@@ -5,14 +5,19 @@ A workspace the caller cannot see is reported exactly like one that does not exi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 from django.http import Http404
 from guardian.core import ObjectPermissionChecker
 from guardian.shortcuts import get_objects_for_user
+from rest_framework import exceptions, status
 
 from workspaces import access_cache
 from workspaces.models import (
+    POLICY_DEFAULTS,
     ROLE_PERMISSIONS,
     WORKSPACE_PERMISSIONS,
     ApiToken,
@@ -20,6 +25,7 @@ from workspaces.models import (
     Membership,
     Role,
     Workspace,
+    WorkspacePolicy,
 )
 
 Principal = AbstractBaseUser | AnonymousUser
@@ -119,3 +125,56 @@ def events_of(*, workspace: Workspace) -> QuerySet[Event]:
 
 def tokens_of(*, user: Principal) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).prefetch_related("workspaces")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The limits one workspace's requests, events and jobs are held to (see POLICY_DEFAULTS)."""
+
+    max_lineage_datasets: int
+    max_batch_rows: int
+    max_job_epochs: int
+    max_job_steps: int
+    max_job_wall_s: int
+    max_concurrent_tasks: int
+
+
+def policy_defaults() -> dict[str, int]:
+    """Platform-wide defaults: POLICY_DEFAULTS, with settings.WORKSPACE_POLICY_DEFAULTS on top."""
+    return {**POLICY_DEFAULTS, **getattr(settings, "WORKSPACE_POLICY_DEFAULTS", {})}
+
+
+def workspace_policy(workspace: Workspace | int | None) -> Policy:
+    """The workspace's policy: its own values where a platform admin set them, else defaults
+    (only the defaults for None: an object not yet saved in a workspace)."""
+    values = policy_defaults()
+    row = None if workspace is None else WorkspacePolicy.objects.for_workspace(workspace).first()
+    if row is not None:
+        for name in values:
+            own = getattr(row, name)
+            if own is not None:
+                values[name] = int(own)
+    return Policy(**{name: int(values[name]) for name in Policy.__dataclass_fields__})
+
+
+class PolicyLimitExceeded(exceptions.APIException):
+    """A request asks for more than the workspace's policy allows (413 in the error envelope)."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
+
+    def __init__(self, *, attr: str, limit_name: str, asked: int, limit: int) -> None:
+        self.attr, self.limit_name, self.asked, self.limit = attr, limit_name, asked, limit
+        super().__init__(
+            f"{attr}: {asked} is more than this workspace allows ({limit_name} = {limit}).",
+            "too_large",
+        )
+
+
+def policy_check(
+    *, workspace: Workspace | int | None, limit_name: str, attr: str, asked: int
+) -> None:
+    """Raise PolicyLimitExceeded when ``asked`` is over the workspace's ``limit_name``."""
+    limit = getattr(workspace_policy(workspace), limit_name)
+    if asked > limit:
+        raise PolicyLimitExceeded(attr=attr, limit_name=limit_name, asked=asked, limit=limit)

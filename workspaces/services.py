@@ -25,9 +25,11 @@ from workspaces.models import (
     ApiToken,
     Membership,
     Quota,
+    QuotaRequest,
     Role,
     ServiceAccount,
     Workspace,
+    WorkspacePolicy,
     default_workspace_template,
     hash_token_key,
 )
@@ -330,3 +332,79 @@ def service_account_create(
         actor=actor, user=user, name=f"{username} producer", workspaces=[workspace]
     )
     return account, key
+
+
+POLICY_FIELDS = (
+    "max_lineage_datasets",
+    "max_batch_rows",
+    "max_job_epochs",
+    "max_job_steps",
+    "max_job_wall_s",
+    "max_concurrent_tasks",
+)
+
+
+@transaction.atomic
+def workspace_policy_set(
+    *, actor: AbstractBaseUser | None, workspace: Workspace, **limits: int | None
+) -> WorkspacePolicy:
+    """Change a workspace's fair-use limits (None: the platform default). Only platform admins
+    call this (the admin console); every change is recorded."""
+    unknown = set(limits) - set(POLICY_FIELDS)
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: "not a policy limit"})
+    policy, created = WorkspacePolicy.objects.select_for_update().get_or_create(workspace=workspace)
+    before = {name: getattr(policy, name) for name in POLICY_FIELDS}
+    for name, value in limits.items():
+        setattr(policy, name, value)
+    _validate(policy, exclude=["workspace"])
+    policy.save()
+    after = {name: getattr(policy, name) for name in POLICY_FIELDS}
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="workspace.policy.changed",
+        refs=[Ref.to(workspace)],
+        payload={"before": None if created else before, "after": after},
+    )
+    return policy
+
+
+@transaction.atomic
+def quota_request_create(
+    *,
+    actor: AbstractBaseUser,
+    workspace: Workspace,
+    gpu_type: str = "",
+    cpu_milli: int | None = None,
+    memory_mb: int | None = None,
+    gpu_milli: int | None = None,
+    reason: str = "",
+) -> QuotaRequest:
+    """A workspace admin asks the platform admins for a different scheduler quota (recorded;
+    nothing changes until a platform admin approves it)."""
+    request = QuotaRequest(
+        workspace=workspace,
+        gpu_type=gpu_type,
+        cpu_milli=cpu_milli,
+        memory_mb=memory_mb,
+        gpu_milli=gpu_milli,
+        reason=reason,
+        requested_by=actor,
+    )
+    _validate(request, exclude=["workspace", "requested_by", "decided_by"])
+    request.save()
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="quota_request.created",
+        refs=[Ref("quota_request", request.pk, gpu_type or "all GPU types")],
+        payload={
+            "gpu_type": gpu_type,
+            "cpu_milli": cpu_milli,
+            "memory_mb": memory_mb,
+            "gpu_milli": gpu_milli,
+            "reason": reason[:2000],
+        },
+    )
+    return request

@@ -14,7 +14,12 @@ from rest_framework.views import APIView
 
 from lineage import cost, queries
 from lineage.models import Node
-from lineage.openlineage import namespace_workspace_slug, openlineage_event_record, parse_event
+from lineage.openlineage import (
+    namespace_workspace_slug,
+    openlineage_event_record,
+    openlineage_scope_check,
+    parse_event,
+)
 from lineage.projection import catch_up
 from workspaces.api.viewsets import ROLE_PERMISSION, WorkspaceScopedViewSet, request_token
 from workspaces.models import Role
@@ -146,6 +151,8 @@ class OpenLineageIntakeView(APIView):
     its slug; the token needs the developer role there. An event whose namespace is no workspace
     the caller can see is acknowledged and ignored (``200 {"status": "ignored"}``), so a
     producer that also reports unrelated jobs keeps running; a recorded event answers 201.
+    A dataset in another workspace's namespace answers 404; more input and output datasets than
+    the workspace's policy allows (``max_lineage_datasets``) answer 413.
     """
 
     permission_classes = [permissions.IsAuthenticated]
@@ -166,6 +173,7 @@ class OpenLineageIntakeView(APIView):
             from rest_framework.exceptions import PermissionDenied
 
             raise PermissionDenied("Recording lineage needs the developer role.")
+        openlineage_scope_check(workspace=workspace, parsed=parsed)
         event = openlineage_event_record(
             actor=request.user,
             workspace=workspace,

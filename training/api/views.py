@@ -70,7 +70,9 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
 
     @extend_schema(request=s.TrainingJobCreateSerializer, responses={201: s.TrainingJobSerializer})
     def create(self, request: Request, ws: str) -> Response:
-        serializer = s.TrainingJobCreateSerializer(data=request.data)
+        serializer = s.TrainingJobCreateSerializer(
+            data=request.data, context=self.get_serializer_context()
+        )
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()

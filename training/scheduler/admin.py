@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from training.models import NodeState
 from training.scheduler import services
@@ -16,6 +16,7 @@ from training.scheduler.models import (
     OverQuotaJob,
     WorkspaceQuota,
 )
+from workspaces.models import QuotaRequest
 
 
 class UnscopedAdmin(admin.ModelAdmin):
@@ -29,8 +30,78 @@ class UnscopedAdmin(admin.ModelAdmin):
 
 @admin.register(WorkspaceQuota)
 class WorkspaceQuotaAdmin(UnscopedAdmin):
+    """Scheduler quotas: changed by superusers only, through the service (an event each)."""
+
     list_display = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "updated_at")
     list_filter = ("gpu_type",)
+    fields = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli")
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("workspace", "gpu_type") if obj else ()
+
+    def has_add_permission(self, request) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj, form, change: bool) -> None:
+        saved = services.quota_set(
+            actor=request.user,
+            workspace=obj.workspace,
+            gpu_type=obj.gpu_type,
+            cpu_milli=obj.cpu_milli,
+            memory_mb=obj.memory_mb,
+            gpu_milli=obj.gpu_milli,
+        )
+        obj.pk = saved.pk
+
+
+@admin.register(QuotaRequest)
+class QuotaRequestAdmin(UnscopedAdmin):
+    """Workspace admins' quota requests; a superuser approves (the quota is set) or rejects."""
+
+    list_display = (
+        "workspace",
+        "gpu_type",
+        "cpu_milli",
+        "memory_mb",
+        "gpu_milli",
+        "status",
+        "requested_by",
+        "requested_at",
+        "decided_by",
+    )
+    list_filter = ("status",)
+    readonly_fields = [f.name for f in QuotaRequest._meta.fields]
+    actions = ("approve", "reject")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def _decide(self, request, queryset, *, approve: bool) -> None:
+        done = [
+            services.quota_request_decide(actor=request.user, quota_request=item, approve=approve)
+            for item in queryset
+        ]
+        self.message_user(request, f"{len(done)} request(s) decided.", messages.SUCCESS)
+
+    @admin.action(description="Approve (set the quota as asked)", permissions=["change"])
+    def approve(self, request, queryset) -> None:
+        self._decide(request, queryset, approve=True)
+
+    @admin.action(description="Reject", permissions=["change"])
+    def reject(self, request, queryset) -> None:
+        self._decide(request, queryset, approve=False)
 
 
 @admin.register(JobScheduling)

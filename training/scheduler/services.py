@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
 from training.models import TrainingJob
 from training.scheduler.models import JobScheduling, WorkspaceQuota
 from workspaces.events import Ref, event_record
+from workspaces.models import QuotaRequest
 
 
 @transaction.atomic
@@ -20,7 +22,11 @@ def quota_set(
     memory_mb: int | None = None,
     gpu_milli: int | None = None,
 ) -> WorkspaceQuota:
-    """Create or change a workspace's quota (one per GPU type; blank = all types). Recorded (A2)."""
+    """Create or change a workspace's quota (one per GPU type; blank = all types). Recorded (A2).
+
+    Only platform admins (superusers) or the platform itself (``actor=None``) change quotas."""
+    if actor is not None and getattr(actor, "is_authenticated", False) and not actor.is_superuser:
+        raise PermissionDenied("Quotas are changed by platform admins only.")
     quota, created = WorkspaceQuota.objects.for_workspace(workspace).get_or_create(
         workspace=workspace, gpu_type=gpu_type
     )
@@ -44,6 +50,37 @@ def quota_set(
         },
     )
     return quota
+
+
+@transaction.atomic
+def quota_request_decide(*, actor, quota_request: QuotaRequest, approve: bool) -> QuotaRequest:
+    """A platform admin approves (the quota is set as asked) or rejects a pending quota
+    request; both are recorded. A request that was already decided is left as it is."""
+    if not (actor is not None and actor.is_superuser):
+        raise PermissionDenied("Quota requests are decided by platform admins only.")
+    locked = QuotaRequest.objects.unscoped().select_for_update().get(pk=quota_request.pk)
+    if locked.status != QuotaRequest.Status.PENDING:
+        return locked
+    if approve:
+        quota_set(
+            actor=actor,
+            workspace=locked.workspace,
+            gpu_type=locked.gpu_type,
+            cpu_milli=locked.cpu_milli,
+            memory_mb=locked.memory_mb,
+            gpu_milli=locked.gpu_milli,
+        )
+    locked.status = QuotaRequest.Status.APPROVED if approve else QuotaRequest.Status.REJECTED
+    locked.decided_by, locked.decided_at = actor, timezone.now()
+    locked.save(update_fields=["status", "decided_by", "decided_at"])
+    event_record(
+        actor=actor,
+        workspace=locked.workspace,
+        verb=f"quota_request.{locked.status}",
+        refs=[Ref("quota_request", locked.pk, locked.gpu_type or "all GPU types")],
+        payload={"requested_by": locked.requested_by.username if locked.requested_by else ""},
+    )
+    return locked
 
 
 @transaction.atomic

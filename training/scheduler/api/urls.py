@@ -14,5 +14,10 @@ router.register(
     basename="scheduler-recommendation",
 )
 router.register(rf"{WS}/scheduler/quotas", views.QuotaViewSet, basename="scheduler-quota")
+router.register(
+    rf"{WS}/scheduler/quota-requests",
+    views.QuotaRequestViewSet,
+    basename="scheduler-quota-request",
+)
 
 urlpatterns = router.urls

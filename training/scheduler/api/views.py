@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
-from rest_framework import serializers, status
+from rest_framework import exceptions, permissions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -14,8 +14,9 @@ from training.models import JobState, PriorityClass
 from training.scheduler import selectors, services
 from training.scheduler.models import WorkspaceQuota
 from training.scheduler.recommend import recommend
+from workspaces import services as workspace_services
 from workspaces.api.viewsets import WorkspaceScopedViewSet
-from workspaces.models import Role
+from workspaces.models import QuotaRequest, Role
 
 
 class QueueEntrySerializer(serializers.Serializer):
@@ -112,13 +113,30 @@ class SchedulerQuotaSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField(read_only=True)
 
 
+class PlatformAdminWrites(permissions.BasePermission):
+    """Unsafe methods only for platform admins (superusers); workspace admins ask instead."""
+
+    message = (
+        "Quotas are changed by platform admins only; ask for a change with "
+        "POST scheduler/quota-requests/."
+    )
+
+    def has_permission(self, request: Request, view) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return bool(request.user and request.user.is_superuser)
+
+
 class QuotaViewSet(WorkspaceScopedViewSet):
     """Quotas per GPU type (blank: all types) and what the workspace uses of them now.
 
     Work beyond a quota still runs, as preemptible, and is flagged for the admin console.
+    Only platform admins change quotas (each change is an event); a workspace admin files a
+    quota request instead.
     """
 
     serializer_class = SchedulerQuotaSerializer
+    permission_classes = [*WorkspaceScopedViewSet.permission_classes, PlatformAdminWrites]
     action_roles = {"create": Role.ADMIN}
 
     def get_workspace_queryset(self) -> QuerySet:
@@ -133,7 +151,8 @@ class QuotaViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(responses={201: SchedulerQuotaSerializer})
     def create(self, request: Request, *args, **kwargs) -> Response:
-        """Set (create or replace) the quota of one GPU type; recorded in the event log."""
+        """Set (create or replace) the quota of one GPU type (platform admins only); recorded
+        in the event log."""
         body = SchedulerQuotaSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         services.quota_set(actor=request.user, workspace=self.workspace, **body.validated_data)
@@ -143,3 +162,60 @@ class QuotaViewSet(WorkspaceScopedViewSet):
             if r["gpu_type"] == body.validated_data["gpu_type"]
         )
         return Response(SchedulerQuotaSerializer(row).data, status=status.HTTP_201_CREATED)
+
+
+class QuotaRequestSerializer(serializers.ModelSerializer):
+    requested_by = serializers.CharField(source="requested_by.username", read_only=True)
+    decided_by = serializers.CharField(
+        source="decided_by.username", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = QuotaRequest
+        fields = [
+            "id",
+            "gpu_type",
+            "cpu_milli",
+            "memory_mb",
+            "gpu_milli",
+            "reason",
+            "status",
+            "requested_by",
+            "requested_at",
+            "decided_by",
+            "decided_at",
+        ]
+        read_only_fields = ["status", "requested_at", "decided_at"]
+        extra_kwargs = {"reason": {"max_length": 2000}}
+
+
+class QuotaRequestViewSet(WorkspaceScopedViewSet):
+    """Requests for a different scheduler quota: workspace admins file them, platform admins
+    approve (which sets the quota) or reject them in the admin console."""
+
+    serializer_class = QuotaRequestSerializer
+    read_role = Role.ADMIN
+    action_roles = {"create": Role.ADMIN}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return QuotaRequest.objects.for_workspace(self.workspace).select_related(
+            "requested_by", "decided_by"
+        )
+
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(QuotaRequestSerializer(page, many=True).data)
+
+    @extend_schema(responses={201: QuotaRequestSerializer})
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        """Ask for a quota (one GPU type, blank: all types); nothing changes until approved."""
+        body = QuotaRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not any(
+            body.validated_data.get(k) is not None for k in ("cpu_milli", "memory_mb", "gpu_milli")
+        ):
+            raise exceptions.ValidationError({"gpu_milli": "Ask for at least one limit."})
+        made = workspace_services.quota_request_create(
+            actor=request.user, workspace=self.workspace, **body.validated_data
+        )
+        return Response(QuotaRequestSerializer(made).data, status=status.HTTP_201_CREATED)

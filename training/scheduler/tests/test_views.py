@@ -112,7 +112,12 @@ def test_api_queue_recommendation_and_quotas(workspace, members, client_for):
     assert 1200 <= rec["cpu_milli"] <= 1500 + 100
     assert viewer.get(base + "/recommendation/").status_code == 400
     admin = client_for(members[Role.ADMIN])
-    created = admin.post(base + "/quotas/", {"gpu_type": "", "gpu_milli": 2000}, format="json")
+    refused = admin.post(base + "/quotas/", {"gpu_type": "", "gpu_milli": 2000}, format="json")
+    assert refused.status_code == 403  # only platform admins change quotas
+    platform_admin = client_for(UserFactory(is_staff=True, is_superuser=True))
+    created = platform_admin.post(
+        base + "/quotas/", {"gpu_type": "", "gpu_milli": 2000}, format="json"
+    )
     assert created.status_code == 201, created.content
     assert created.json()["gpu_milli"] == 2000
     assert Event.objects.unscoped().filter(verb="scheduler.quota.set").count() == 1
