@@ -101,10 +101,12 @@ def job_work_dir(job: TrainingJob) -> Path:
 
 
 def job_max_wall_s(job: TrainingJob) -> float:
-    """How long one attempt of ``job`` may run, in seconds (0: no limit): the workspace's policy
-    (``TRAINING_MAX_JOB_WALL_S`` when the workspace sets none). The node agent stops a child
-    that runs past it and the job ends failed."""
-    return float(getattr(settings, "TRAINING_MAX_JOB_WALL_S", 24 * 3600))
+    """How long one attempt of ``job`` may run, in seconds: the workspace's policy
+    (``max_job_wall_s``, platform default when the workspace sets none). The node agent stops a
+    child that runs past it and the job ends failed."""
+    from workspaces.selectors import workspace_policy
+
+    return float(workspace_policy(job.workspace_id).max_job_wall_s)
 
 
 def _known_templates() -> set[str]:

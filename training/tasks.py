@@ -29,9 +29,22 @@ def run_job(self, job_id: int) -> str:
 
 @shared_task(name="training.tasks.run_pipeline")
 def run_pipeline(run_id: int) -> str:
+    """Advance a pipeline run while holding one of its workspace's task slots; a workspace at
+    its limit waits in the queue (re-enqueued), not in a worker slot other tenants need."""
     from training import pipelines
+    from training.models import PipelineRun
+    from workspaces.task_slots import SLOT_RETRY_SECONDS, workspace_task_slot
 
-    return pipelines.pipeline_run_advance(run_id)
+    workspace_id = (
+        PipelineRun.objects.unscoped().filter(pk=run_id).values_list("workspace_id", flat=True)
+    ).first()
+    if workspace_id is None:
+        return "missing"
+    with workspace_task_slot(workspace_id=workspace_id, kind="training.pipeline") as held:
+        if held:
+            return pipelines.pipeline_run_advance(run_id)
+    run_pipeline.apply_async(args=[run_id], countdown=SLOT_RETRY_SECONDS)
+    return "deferred"
 
 
 @shared_task(name="training.tasks.run_candidate_evaluation")

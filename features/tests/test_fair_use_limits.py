@@ -63,6 +63,7 @@ def test_more_rows_than_the_policy_allows_answer_413(client_for, group, producer
     error = response.json()
     assert error["type"] == "too_large" and "rows" in error["detail"]
     assert "max_batch_rows = 3" in error["detail"]
+    assert error["attr"] == "rows"
     parquet = client.generic(
         "POST", url, _parquet(4), content_type="application/vnd.apache.parquet"
     )

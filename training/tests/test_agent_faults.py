@@ -81,6 +81,34 @@ def test_a_job_failing_five_times_leaves_the_node_ready_for_other_workspaces(
     assert theirs.node_id == node.pk
 
 
+def test_a_job_past_its_workspace_wall_time_is_stopped_and_fails(workspace):
+    from workspaces.services import workspace_policy_set
+
+    workspace_policy_set(actor=None, workspace=workspace, max_job_wall_s=2)
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    slow = {**FAST, "epochs": 50, "batch_size": 32, "step_sleep_s": 0.05}
+    job = job_create(
+        actor=None, workspace=workspace, name="endless", dataset=dataset, template="logreg",
+        params=slow, cpu_milli=1000, memory_mb=256,
+    )  # fmt: skip
+    name = f"w{uuid.uuid4().hex[:10]}"
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
+            node = _wait(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
+            place(job, node)
+            run_job.apply_async(args=[job.pk], queue=node.queue)
+            _wait(lambda: _job(job.pk).is_terminal, timeout=120, what="the stopped job")
+    finally:
+        agent.HEARTBEATS.shutdown()
+    job = _job(job.pk)
+    assert (
+        job.state == JobState.FAILED and job.attempts == 1
+    )  # not retried: it would run over again
+    assert "wall-time limit of 2 s" in job.state_reason
+    assert job.step < job.total_steps
+    assert Node.objects.get(pk=node.pk).failure_count == 0
+
+
 def _worker_env() -> dict[str, str]:
     """The settings a separate worker process needs to share this test's database, broker,
     artifacts, MLflow store and sandbox."""

@@ -206,5 +206,12 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         return response
     detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
     code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
-    response.data = error_body(status_code=response.status_code, code=code, detail=str(detail))
+    # An exception that knows its field (a policy limit: 413 on ``rows``) names it.
+    attr = getattr(exc, "attr", None)
+    response.data = error_body(
+        status_code=response.status_code,
+        code=code,
+        detail=str(detail),
+        attr=attr if isinstance(attr, str) else None,
+    )
     return response
