@@ -67,8 +67,8 @@ def test_create_job_registers_feature_consumers(workspace, dev, dataset):
         ({"memory_mb": -5}, "memory_mb"),
         ({"priority_class": "urgent"}, "priority_class"),
         ({"name": "Bad Name"}, "name"),
-        ({"entry_point": "missing", "template": ""}, "entry_point"),
-        ({"dataset": 999999}, "dataset"),
+        ({"dataset": "one"}, "dataset"),
+        ({"base_job": "one"}, "base_job"),
         ({"gpu_milli": 1500}, "gpu_milli"),
     ],
 )
@@ -79,6 +79,23 @@ def test_invalid_jobs_are_refused(workspace, dev, dataset, change, attr):
     assert attr in _attrs(response)
 
 
+@pytest.mark.parametrize(
+    ("change", "attr"),
+    [
+        ({"entry_point": "missing", "template": ""}, "entry_point"),
+        ({"dataset": 999999}, "dataset"),
+        ({"base_job": 999999}, "base_job"),
+    ],
+)
+def test_missing_references_are_not_found_naming_the_field(workspace, dev, dataset, change, attr):
+    body = {"name": "ctr", "template": "logreg", "dataset": dataset.pk, **change}
+    response = dev.post(_url(workspace, "training-jobs/"), body, format="json")
+    assert response.status_code == 404, response.content
+    assert response.json()["type"] == "not_found"
+    assert response.json()["attr"] == attr
+    assert not TrainingJob.objects.for_workspace(workspace).exists()
+
+
 def test_dataset_must_be_ready_and_in_the_workspace(workspace, other_workspace, dev, dataset):
     foreign = make_demo_dataset(other_workspace, scale=0.01)
     response = dev.post(
@@ -86,7 +103,8 @@ def test_dataset_must_be_ready_and_in_the_workspace(workspace, other_workspace, 
         {"name": "x", "template": "logreg", "dataset": foreign.pk},
         format="json",
     )
-    assert response.status_code == 400
+    assert response.status_code == 404
+    assert response.json()["attr"] == "dataset"
     dataset.status = DatasetStatus.BUILDING
     dataset.save()
     response = dev.post(

@@ -155,12 +155,8 @@ def api_routes() -> set[tuple[str, str]]:
 @dataclass
 class BodyReference:
     """One body field that names another object: made in another workspace, the call answers
-    exactly like a call naming a missing object, and writes nothing.
-
-    What a missing object answers follows the route's existing contract: 404 where the route
-    already answered 404 for it (``job_id``, an alias's ``version``) and for MLflow sources, which
-    cannot be told apart from a missing run; 400 naming the field (``attr``) for the ids and names
-    the API has always validated as bad input (``dataset``, ``version_id``, ``label_source`` ...).
+    exactly like a call naming a missing object (404 naming the field in ``attr``), and writes
+    nothing. A reference of the wrong type or shape is bad input (400), tested with its route.
     """
 
     method: str
@@ -175,7 +171,7 @@ class BodyReference:
     setup: Callable[[MatrixContext], PathKwargs] | None = None
     success: int = 201  # what the same call answers naming an object of its own workspace
     status: int = 404  # what it answers naming a missing object (and another workspace's)
-    attr: str | None = None  # the field a 400 names; the field itself when not given
+    attr: str | None = None  # the field the 404 names; the field itself when not given
     format: str = "json"
 
     @property

@@ -3,9 +3,9 @@
 Every body field that names another object (an id, a name, a ``models:/``, ``runs:/`` or
 ``file://`` source) is run with that object made in another workspace, by an admin of both
 workspaces (seeing the other workspace must not be enough): the call answers exactly what it
-answers for an object that does not exist, no row and no file is written, and the same call
-naming an object of its own workspace succeeds (so the refusal came from the reference).
-"""
+answers for an object that does not exist (404 naming the field), no row and no file is written,
+and the same call naming an object of its own workspace succeeds (so the refusal came from the
+reference)."""
 
 from __future__ import annotations
 
@@ -89,8 +89,9 @@ def test_another_workspaces_object_in_the_body_answers_like_a_missing_one(
 
     assert response.status_code == ref.status, response.content[:500]
     assert set(response.json()) >= ENVELOPE_KEYS
-    if ref.status == 400:
-        assert response.json()["attr"] == (ref.attr or ref.field), response.json()
+    assert response.json()["attr"] == (ref.attr or ref.field), response.json()
+    if ref.status == 404:
+        assert response.json()["type"] == "not_found", response.json()
     assert written() == before, "a refused reference wrote rows or files"
     absent = call(client, ref, url, missing)
     # The same body (a message may quote the reference the caller sent, nothing else).
