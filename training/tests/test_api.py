@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from features.models import Consumer, DatasetStatus
-from training.models import JobState, TrainingJob
+from training.models import JobState, PipelineRun, TrainingJob
+from training.pipelines import pipeline_create
 from training.services import job_create
 from training.tests.factories import make_demo_dataset
 from workspaces.models import Role
@@ -181,3 +182,26 @@ def test_ui_pages_render(workspace, client, dataset):
     assert client.get(f"{base}pipelines/").status_code == 200
     assert client.get(f"{base}pipelines/runs.json").status_code == 200
     assert client.get(f"/w/{workspace.slug}/training/jobs/999999/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"dataset_id": "one"}, 400),
+        ({"dataset_id": True}, 400),
+        ({"dataset_id": None}, 400),
+        ({"dataset": 5}, 400),
+        ({"dataset_id": 999999}, 404),
+        ({"dataset": "no-such-dataset"}, 404),
+    ],
+)
+def test_pipeline_dataset_params_of_the_wrong_type_are_400_and_unknown_ones_404(
+    workspace, dev, params, status
+):
+    pipeline = pipeline_create(actor=None, workspace=workspace, name="daily")
+    response = dev.post(
+        _url(workspace, f"pipelines/{pipeline.name}/run/"), {"params": params}, format="json"
+    )
+    assert response.status_code == status, response.content
+    assert response.json()["attr"] == f"params.{next(iter(params))}"
+    assert not PipelineRun.objects.for_workspace(workspace).exists()
