@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 from serving import routing
 from serving.models import Deployment, GateStatus, ModelVersion, PredictionLog
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 
@@ -19,7 +19,7 @@ def deployment_of(workspace: Workspace, deployment: Any) -> Deployment:
     if isinstance(deployment, int) and not isinstance(deployment, bool):
         found = Deployment.objects.for_workspace(workspace).filter(pk=deployment).first()
         if found is None:
-            raise ValidationError({"deployment": "no such deployment"})
+            raise ReferenceNotFound(f"no deployment {deployment}", attr="deployment")
         return found
     return routing._deployment(workspace, deployment)
 
@@ -31,7 +31,7 @@ def version_of(workspace: Workspace, version_id: Any) -> ModelVersion:
         raise ValidationError({"treatment_versions": "give model version ids"})
     found = ModelVersion.objects.for_workspace(workspace).filter(pk=version_id).first()
     if found is None:
-        raise ValidationError({"treatment_versions": f"no model version {version_id}"})
+        raise ReferenceNotFound(f"no model version {version_id}", attr="treatment_versions")
     return found
 
 

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from features import online_store
 from features.models import FeatureGroup, FeatureGroupVersion, Lifecycle
 from workspaces import access_cache
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Workspace
 
 MAX_ENTITIES = 1000
@@ -70,16 +71,16 @@ def resolve_refs(
     for index, ref in enumerate(refs):
         group = groups.get(ref.group)
         if group is None:
-            raise ValidationError({f"features.{index}": f"no feature group '{ref.group}'"})
+            raise ReferenceNotFound(f"no feature group '{ref.group}'", attr=f"features.{index}")
         if group.status == Lifecycle.RETIRED:
             raise ValidationError({f"features.{index}": f"feature group '{ref.group}' is retired"})
         version = versions.get((group.pk, ref.version or group.current_version))
         if version is None:
-            raise ValidationError(
-                {f"features.{index}": f"'{ref.group}' has no version {ref.version}"}
+            raise ReferenceNotFound(
+                f"'{ref.group}' has no version {ref.version}", attr=f"features.{index}"
             )
         if ref.feature not in version.feature_map():
-            raise ValidationError({f"features.{index}": f"no feature '{ref}'"})
+            raise ReferenceNotFound(f"no feature '{ref}'", attr=f"features.{index}")
         resolved[(ref.group, ref.version)] = (group, version)
     return resolved
 

@@ -25,7 +25,7 @@ from features.models import (
     name_validator,
 )
 from workspaces.events import Ref, event_record
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 MAX_FEATURES_PER_GROUP = 1000
@@ -368,7 +368,7 @@ def feature_group_link_successor(
 ) -> FeatureGroup:
     """Link a group to the group that upgrades it; its consumers are told (event + notices)."""
     if successor.workspace_id != group.workspace_id:
-        raise ValidationError({"successor": "no such feature group"})
+        raise ReferenceNotFound(f"no feature group '{successor.name}'", attr="successor")
     if successor.pk == group.pk:
         raise ValidationError({"successor": "a group cannot succeed itself"})
     group = (

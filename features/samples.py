@@ -59,7 +59,7 @@ from features.models import (
 from features.offline_store import quote
 from features.registry import consumer_register, consumer_release
 from workspaces.events import Ref, event_record
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 from workspaces.services import workspace_update
 
@@ -166,7 +166,7 @@ def _check_label_source(
     workspace: Workspace, label_group: FeatureGroup, label_columns: Any
 ) -> FeatureGroupVersion:
     if label_group.workspace_id != workspace.pk:
-        raise ValidationError({"label_source": f"no feature group '{label_group.name}'"})
+        raise ReferenceNotFound(f"no feature group '{label_group.name}'", attr="label_source")
     if label_group.status == Lifecycle.RETIRED:
         raise ValidationError({"label_source": f"feature group '{label_group.name}' is retired"})
     version = _current_version(label_group)
@@ -702,6 +702,8 @@ def sample_stream_add_feature(
     )
     try:
         refs, resolved = _check_refs(workspace, label_group, [feature_ref])
+    except ReferenceNotFound as exc:
+        raise ReferenceNotFound(exc.detail, attr="feature") from exc
     except ValidationError as exc:
         raise _relabel(exc, "feature") from exc
     ref = refs[0]

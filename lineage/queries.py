@@ -14,7 +14,6 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Max, Q
-from django.http import Http404
 from django.utils import timezone
 
 from lineage.adjacency import levels, neighbours
@@ -22,6 +21,7 @@ from lineage.conf import setting
 from lineage.links import object_url
 from lineage.models import Edge, EdgeType, Node, Reach
 from lineage.projection import canonical_kind
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Workspace
 
 FEATURE_KINDS = ("feature_group", "feature")
@@ -45,7 +45,8 @@ def node_get(*, workspace: Workspace, key: str) -> Node:
     kind, object_id = parse_node_key(key)
     node = Node.objects.for_workspace(workspace).filter(kind=kind, object_id=object_id).first()
     if node is None:
-        raise Http404(f"No lineage node {kind}:{object_id} in this workspace.")
+        message = f"No lineage node {kind}:{object_id} in this workspace."
+        raise ReferenceNotFound(message, attr="node")
     return node
 
 

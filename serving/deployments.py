@@ -49,7 +49,7 @@ from serving.registry import _alias_set
 from serving.routing import publish
 from training import sandbox as user_code
 from workspaces.events import Ref, event_record
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 log = logging.getLogger(__name__)
@@ -276,18 +276,18 @@ def _warm(version: ModelVersion) -> None:
 def _version(workspace: Workspace, version: Any) -> ModelVersion:
     if isinstance(version, ModelVersion):
         if version.workspace_id != workspace.pk:
-            raise ValidationError({"version_id": "no such model version"})
+            raise ReferenceNotFound("no such model version", attr="version_id")
         return version
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValidationError({"version_id": "give a model version id"})
     found = (
         ModelVersion.objects.for_workspace(workspace)
         .select_related("model")
         .filter(pk=version)
         .first()
-        if isinstance(version, int) and not isinstance(version, bool)
-        else None
     )
     if found is None:
-        raise ValidationError({"version_id": "no such model version"})
+        raise ReferenceNotFound("no such model version", attr="version_id")
     return found
 
 

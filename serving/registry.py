@@ -21,12 +21,11 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
-from django.http import Http404
 
 from serving import artifacts
 from serving.models import ModelVersion, RegisteredModel, VersionSource, name_validator
 from workspaces.events import Ref, event_record
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 log = logging.getLogger(__name__)
@@ -339,7 +338,7 @@ def _owned_dir(path: Path, roots: list[Path]) -> Path:
     """``path`` with every symlink resolved, when it is a directory inside one of ``roots``."""
     resolved = path.resolve()
     if not any(_inside(resolved, root) for root in roots) or not resolved.is_dir():
-        raise Http404(SOURCE_NOT_FOUND)
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
     return resolved
 
 
@@ -348,20 +347,20 @@ def _owned_run(workspace: Workspace, run_id: str):
     from mlflow.exceptions import MlflowException
 
     if not _RUN_ID.fullmatch(run_id):
-        raise Http404(SOURCE_NOT_FOUND)
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
     client = mlflow_client()
     try:
         run = client.get_run(run_id)
         experiment = client.get_experiment(run.info.experiment_id)
     except MlflowException as exc:  # a missing or malformed run id
-        raise Http404(SOURCE_NOT_FOUND) from exc
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source") from exc
     tag = run.data.tags.get("rankops.workspace")
     if (
         experiment.name != f"rankops/{workspace.slug}"
         or (tag is not None and tag != workspace.slug)
         or run.info.lifecycle_stage != "active"
     ):
-        raise Http404(SOURCE_NOT_FOUND)
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
     return run
 
 
@@ -370,7 +369,7 @@ def _run_dir(workspace: Workspace, run, path: str) -> Path:
     whose artifacts live anywhere else, a remote store included, cannot be proven ours)."""
     location = urlsplit(run.info.artifact_uri)
     if location.scheme not in ("file", "") or location.netloc not in ("", "localhost"):
-        raise Http404(SOURCE_NOT_FOUND)
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
     base = Path(unquote(location.path))
     return _owned_dir(base / path if path else base, [_workspace_mlflow_root(workspace)])
 
@@ -385,7 +384,7 @@ def _owned_model_version_dir(workspace: Workspace, rest: str) -> tuple[Path, Any
     name = match["name"]
     slug, dot, _ = name.partition(".")
     if slug != workspace.slug or not dot:
-        raise Http404(SOURCE_NOT_FOUND)
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
     from mlflow.exceptions import MlflowException
 
     client = mlflow_client()
@@ -396,10 +395,10 @@ def _owned_model_version_dir(workspace: Workspace, rest: str) -> tuple[Path, Any
         else:
             version = client.get_model_version_by_alias(name, match["alias"])
     except MlflowException as exc:
-        raise Http404(SOURCE_NOT_FOUND) from exc
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source") from exc
     tag = (registered.tags or {}).get("rankops.workspace")
     if tag is not None and tag != workspace.slug:
-        raise Http404(SOURCE_NOT_FOUND)
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
     run = _owned_run(workspace, version.run_id) if version.run_id else None
     source = urlsplit(version.source or "")
     if source.scheme == "runs":
@@ -413,7 +412,7 @@ def _owned_model_version_dir(workspace: Workspace, rest: str) -> tuple[Path, Any
             (artifacts.artifact_root() / str(workspace.pk)).resolve(),
         ]
         return _owned_dir(Path(unquote(source.path)), roots), run
-    raise Http404(SOURCE_NOT_FOUND)
+    raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
 
 
 def _owned_source(workspace: Workspace, source: str) -> tuple[Path, Any]:

@@ -36,7 +36,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from workspaces.events import Ref, event_record
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 BUCKETS = 10_000
@@ -58,11 +58,11 @@ def _deployment(workspace: Workspace, deployment: Any):
 
     if isinstance(deployment, Deployment):
         if deployment.workspace_id != workspace.pk:
-            raise ValidationError({"deployment": "not a deployment of this workspace"})
+            raise ReferenceNotFound(f"no deployment '{deployment.name}'", attr="deployment")
         return deployment
     found = Deployment.objects.for_workspace(workspace).filter(name=str(deployment)).first()
     if found is None:
-        raise ValidationError({"deployment": f"no deployment '{deployment}'"})
+        raise ReferenceNotFound(f"no deployment '{deployment}'", attr="deployment")
     return found
 
 
@@ -240,7 +240,7 @@ def _check_allocations(allocations: Any, workspace: Workspace) -> list[dict[str,
             raise ValidationError({f"allocations.{i}": f"need 0 <= start < end <= {BUCKETS}"})
         version = ModelVersion.objects.for_workspace(workspace).filter(pk=version_id).first()
         if version is None:
-            raise ValidationError({f"allocations.{i}.version_id": "no such model version"})
+            raise ReferenceNotFound("no such model version", attr=f"allocations.{i}.version_id")
         require_deployable(version)
         clean.append({"arm": arm, "version_id": version_id, "start": start, "end": end})
     ordered = sorted(clean, key=lambda a: a["start"])

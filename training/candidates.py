@@ -26,6 +26,7 @@ from django.utils import timezone
 from features.models import Dataset, DatasetStatus
 from training.models import CandidateEvaluation, RunState
 from workspaces.events import Ref, event_record
+from workspaces.exceptions import ReferenceNotFound
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +74,10 @@ def candidate_evaluation_create(
 ) -> CandidateEvaluation:
     import pyarrow.parquet as pq
 
-    errors: dict[str, str] = {}
     if dataset.workspace_id != workspace.pk:
-        errors["dataset"] = "no such dataset in this workspace"
-    elif dataset.status != DatasetStatus.READY:
+        raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
+    errors: dict[str, str] = {}
+    if dataset.status != DatasetStatus.READY:
         errors["dataset"] = f"dataset is {dataset.status}, not ready"
     elif key_column not in (dataset.label_group.entity_keys or []):
         errors["key_column"] = f"use one of the dataset's keys {dataset.label_group.entity_keys}"

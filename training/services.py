@@ -26,7 +26,7 @@ from training.models import (
     TrainingJob,
 )
 from workspaces.events import Ref, event_record
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 
@@ -127,25 +127,28 @@ def _check_job_input(
     resources: dict[str, Any],
     priority_class: str,
 ) -> None:
+    # What the job names must be of this workspace (404, another's like a missing one) ...
+    if (
+        entry_point
+        and not template
+        and not EntryPoint.objects.for_workspace(workspace).filter(name=entry_point).exists()
+    ):
+        raise ReferenceNotFound("no such entry point in this workspace", attr="entry_point")
+    if dataset is not None and dataset.workspace_id != workspace.pk:
+        raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
+    if base_job is not None and base_job.workspace_id != workspace.pk:
+        raise ReferenceNotFound("no such job in this workspace", attr="base_job")
+    # ... and the rest is bad input (400), every field at once.
     errors: dict[str, str] = {}
     if bool(template) == bool(entry_point):
         errors["template"] = "give either a template or an entry_point"
     elif template and template not in _known_templates():
         errors["template"] = f"unknown template; use one of {sorted(_known_templates())}"
-    elif (
-        entry_point
-        and not EntryPoint.objects.for_workspace(workspace).filter(name=entry_point).exists()
-    ):
-        errors["entry_point"] = "no such entry point in this workspace"
     if dataset is None:
         errors["dataset"] = "required"
-    elif dataset.workspace_id != workspace.pk:
-        errors["dataset"] = "no such dataset in this workspace"
     elif dataset.status != DatasetStatus.READY:
         errors["dataset"] = f"dataset is {dataset.status}, not ready"
-    if base_job is not None and (
-        base_job.workspace_id != workspace.pk or base_job.state != JobState.SUCCEEDED
-    ):
+    if base_job is not None and base_job.state != JobState.SUCCEEDED:
         errors["base_job"] = "must be a succeeded job of this workspace"
     if not isinstance(params, dict):
         errors["params"] = "must be an object"

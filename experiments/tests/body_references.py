@@ -40,7 +40,6 @@ REFERENCES = [
         make=_deployment_name,
         body=lambda ctx, ref: _body(ctx, deployment=ref),
         missing="no-such-deployment",
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -49,7 +48,6 @@ REFERENCES = [
         make=_treatment_id,
         body=lambda ctx, ref: _body(ctx, versions=[ref]),
         missing=999_999,
-        status=400,
     ),
 ]
 

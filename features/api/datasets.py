@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
@@ -15,6 +14,7 @@ from features.lookup import MAX_FEATURES
 from features.models import Dataset
 from features.selectors import datasets_of, feature_groups_of
 from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
 
 
@@ -109,7 +109,9 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
             feature_groups_of(workspace=self.workspace).filter(name=data["label_source"]).first()
         )
         if label_group is None:
-            raise ValidationError({"label_source": f"no feature group '{data['label_source']}'"})
+            raise ReferenceNotFound(
+                f"no feature group '{data['label_source']}'", attr="label_source"
+            )
         dataset = samples.dataset_create(
             actor=request.user,
             workspace=self.workspace,

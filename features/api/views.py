@@ -36,6 +36,7 @@ from features.selectors import (
 )
 from workspaces.api.errors import error_body
 from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
 from workspaces.selectors import role_at_least, role_from_perms
 
@@ -133,7 +134,7 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
                 feature_groups_of(workspace=self.workspace).filter(name=data["successor"]).first()
             )
             if successor is None:
-                raise ValidationError({"successor": f"no feature group '{data['successor']}'"})
+                raise ReferenceNotFound(f"no feature group '{data['successor']}'", attr="successor")
             registry.feature_group_link_successor(
                 actor=request.user, group=group, successor=successor
             )

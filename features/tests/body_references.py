@@ -37,7 +37,6 @@ REFERENCES = [
         make=_label_source,
         body=lambda ctx, ref: _dataset_body(ctx, label_source=ref),
         missing="no_such_group",
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -46,7 +45,6 @@ REFERENCES = [
         make=_feature_ref,
         body=lambda ctx, ref: _dataset_body(ctx, features=[ref]),
         missing="no_such_group:age",
-        status=400,
         attr="features.0",
     ),
     BodyReference(
@@ -56,7 +54,6 @@ REFERENCES = [
         make=_feature_ref,
         body=lambda ctx, ref: {"feature": ref},
         missing="no_such_group:age",
-        status=400,
         success=200,
     ),
     BodyReference(
@@ -66,7 +63,6 @@ REFERENCES = [
         make=lambda ctx: f"{make_group(ctx).name}:age",
         body=lambda ctx, ref: {"entities": ["u1"], "features": [ref]},
         missing="no_such_group:age",
-        status=400,
         attr="features.0",
         success=200,
     ),
@@ -78,7 +74,6 @@ REFERENCES = [
         make=lambda ctx: make_group(ctx).name,
         body=lambda ctx, ref: {"successor": ref},
         missing="no_such_group",
-        status=400,
         success=200,
     ),
 ]

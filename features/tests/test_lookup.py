@@ -62,23 +62,23 @@ def test_many_entities_across_groups_with_composite_keys(client_for, workspace, 
 
 
 @pytest.mark.parametrize(
-    ("body", "attr"),
+    ("body", "status", "attr"),
     [
-        ({"entities": [], "features": ["g:age"]}, "entities"),
-        ({"entities": ["u1"], "features": []}, "features"),
-        ({"entities": ["u1"], "features": ["no-colon"]}, "features.0"),
-        ({"entities": ["u1"], "features": ["missing:age"]}, "features.0"),
-        ({"entities": ["u1"], "features": ["user_profile:nope"]}, "features.0"),
-        ({"entities": ["u1"], "features": ["user_profile@v9:age"]}, "features.0"),
-        ({"entities": [["u1"]], "features": ["user_profile:age"]}, "entities.0"),
-        ({"entities": [True], "features": ["user_profile:age"]}, "entities.0"),
-        ({"entities": ["u"] * 1001, "features": ["user_profile:age"]}, "entities"),
+        ({"entities": [], "features": ["g:age"]}, 400, "entities"),
+        ({"entities": ["u1"], "features": []}, 400, "features"),
+        ({"entities": ["u1"], "features": ["no-colon"]}, 400, "features.0"),
+        ({"entities": ["u1"], "features": ["missing:age"]}, 404, "features.0"),
+        ({"entities": ["u1"], "features": ["user_profile:nope"]}, 404, "features.0"),
+        ({"entities": ["u1"], "features": ["user_profile@v9:age"]}, 404, "features.0"),
+        ({"entities": [["u1"]], "features": ["user_profile:age"]}, 400, "entities.0"),
+        ({"entities": [True], "features": ["user_profile:age"]}, 400, "entities.0"),
+        ({"entities": ["u"] * 1001, "features": ["user_profile:age"]}, 400, "entities"),
     ],
 )
-def test_bad_lookups_name_the_field(client_for, workspace, members, body, attr):
+def test_bad_lookups_name_the_field(client_for, workspace, members, body, status, attr):
     make_group(workspace, name="user_profile")
     response = client_for(members["viewer"]).post(lookup_url(workspace), body, format="json")
-    assert response.status_code == 400, response.content
+    assert response.status_code == status, response.content
     assert response.json()["attr"] == attr
 
 
@@ -92,7 +92,8 @@ def test_another_workspaces_group_is_not_found_by_name(
         {"entities": ["u1"], "features": ["secret_profile:age"]},
         format="json",
     )
-    assert response.status_code == 400
+    assert response.status_code == 404
+    assert response.json()["attr"] == "features.0"
     assert "no feature group" in response.json()["detail"]
 
 

@@ -269,8 +269,9 @@ def test_successor_in_another_workspace_is_not_found(
     response = client_for(members["developer"]).patch(
         f"{groups_url(workspace)}user_profile/", {"successor": "theirs"}, format="json"
     )
-    assert response.status_code == 400
+    assert response.status_code == 404
     assert response.json()["attr"] == "successor"
+    assert FeatureGroup.objects.for_workspace(workspace).get(name="user_profile").successor is None
 
 
 def test_list_search_and_query_bound(client_for, workspace, members, django_assert_max_num_queries):

@@ -444,10 +444,7 @@ BAD_INPUTS = {
         "label_columns.1",
         "duplicate",
     ),
-    "unknown feature": ({"features": ["users:nope"]}, "features.0", "no feature 'users:nope'"),
-    "unknown group": ({"features": ["ghost:age"]}, "features.0", "no feature group 'ghost'"),
     "malformed ref": ({"features": ["users.age"]}, "features.0", "group:feature"),
-    "unknown version": ({"features": ["users@v7:age"]}, "features.0", "no version 7"),
     "retired group": ({"features": ["old_users:age"]}, "features.0", "retired"),
     "label source lacks a join key": (
         {"features": ["users:age", "sessions:length"]},
@@ -455,7 +452,6 @@ BAD_INPUTS = {
         "session_id",
     ),
     "duplicate ref": ({"features": ["users:age", "users:age"]}, "features.1", "users__age"),
-    "unknown label source": ({"label_source": "ghost"}, "label_source", "no feature group"),
     "no features": ({"features": []}, "features", None),
     "no label columns": ({"label_columns": []}, "label_columns", None),
     "bad name": ({"name": "Bad Name"}, "name", None),
@@ -467,6 +463,14 @@ BAD_INPUTS = {
     ),
     "time without zone is not a time": ({"start_time": "yesterday"}, "start_time", None),
     "features not a list": ({"features": "users:age"}, "features", None),
+}
+# References to what the workspace does not have: 404 naming the field (another workspace's
+# object answers the same, test_another_workspaces_groups_are_not_found).
+NOT_FOUND = {
+    "unknown feature": ({"features": ["users:nope"]}, "features.0", "no feature 'users:nope'"),
+    "unknown group": ({"features": ["ghost:age"]}, "features.0", "no feature group 'ghost'"),
+    "unknown version": ({"features": ["users@v7:age"]}, "features.0", "no version 7"),
+    "unknown label source": ({"label_source": "ghost"}, "label_source", "no feature group"),
 }
 
 
@@ -492,6 +496,23 @@ def test_bad_inputs_answer_400_and_write_nothing(
     assert not (artifact_root / "datasets").exists()
 
 
+@pytest.mark.parametrize(("overrides", "attr", "says"), NOT_FOUND.values(), ids=NOT_FOUND)
+def test_unknown_references_answer_404_naming_the_field_and_write_nothing(
+    workspace, members, scene, client_for, artifact_root, overrides, attr, says
+):
+    client = client_for(members[Role.DEVELOPER])
+    before = written()
+
+    response = client.post(url(workspace, "datasets/"), create_body(**overrides), format="json")
+
+    assert response.status_code == 404, response.content
+    assert response.json()["type"] == "not_found"
+    assert response.json()["attr"] == attr
+    assert says in response.json()["detail"]
+    assert written() == before
+    assert not (artifact_root / "datasets").exists()
+
+
 def test_another_workspaces_groups_are_not_found(
     workspace, other_workspace, members, scene, client_for, artifact_root
 ):
@@ -513,12 +534,12 @@ def test_another_workspaces_groups_are_not_found(
         url(workspace, "datasets/"), create_body(features=["foreign_users:age"]), format="json"
     )
 
-    assert as_label.status_code == 400
+    assert as_label.status_code == 404
     assert (as_label.json()["attr"], as_label.json()["detail"]) == (
         "label_source",
         "no feature group 'foreign_labels'",
     )
-    assert as_feature.status_code == 400
+    assert as_feature.status_code == 404
     assert as_feature.json()["attr"] == "features.0"
     assert "no feature group 'foreign_users'" in as_feature.json()["detail"]
     assert (event_count(), Dataset.objects.unscoped().count()) == before
@@ -695,21 +716,23 @@ def test_sample_stream_gains_a_feature_in_one_call(workspace, members, scene, cl
 
 
 @pytest.mark.parametrize(
-    ("feature", "says"),
+    ("feature", "status", "says"),
     [
-        ("users:nope", "no feature 'users:nope'"),
-        ("ghost:age", "no feature group 'ghost'"),
-        ("users age", "group:feature"),
-        ("", None),
+        ("users:nope", 404, "no feature 'users:nope'"),
+        ("ghost:age", 404, "no feature group 'ghost'"),
+        ("users age", 400, "group:feature"),
+        ("", 400, None),
     ],
 )
-def test_sample_stream_refuses_bad_refs(workspace, members, scene, client_for, feature, says):
+def test_sample_stream_refuses_bad_refs(
+    workspace, members, scene, client_for, feature, status, says
+):
     client = client_for(members[Role.DEVELOPER])
     before = event_count()
     response = client.post(
         url(workspace, "sample-stream/features/"), {"feature": feature}, format="json"
     )
-    assert response.status_code == 400
+    assert response.status_code == status
     assert response.json()["attr"] == "feature"
     if says:
         assert says in response.json()["detail"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import Max, QuerySet
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
@@ -30,6 +29,7 @@ from serving.models import Deployment, DeploymentChange, ModelVersion, Registere
 from serving.observability import deployment_stats
 from serving.routing import routing_table
 from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
 
 
@@ -63,9 +63,13 @@ class RegisteredModelViewSet(WorkspaceScopedViewSet):
         number = body.validated_data["version"]
         version = None
         if number is not None:
-            version = get_object_or_404(
-                ModelVersion.objects.for_workspace(self.workspace), model=model, version=number
+            version = (
+                ModelVersion.objects.for_workspace(self.workspace)
+                .filter(model=model, version=number)
+                .first()
             )
+            if version is None:
+                raise ReferenceNotFound(f"'{model.name}' has no version {number}", attr="version")
         registry.model_alias_set(
             actor=request.user,
             workspace=self.workspace,
@@ -121,9 +125,10 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
                 {"auto_deploy": f"deployment '{target}' serves model '{serving}'"}
             )
         if "job_id" in data:
-            job = get_object_or_404(
-                TrainingJob.objects.for_workspace(self.workspace), pk=data["job_id"]
-            )
+            jobs = TrainingJob.objects.for_workspace(self.workspace)
+            job = jobs.filter(pk=data["job_id"]).first()
+            if job is None:
+                raise ReferenceNotFound("no such training job in this workspace", attr="job_id")
             version = registry.model_version_register(
                 actor=request.user,
                 workspace=self.workspace,

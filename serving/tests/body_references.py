@@ -91,6 +91,7 @@ REFERENCES = [
         "source runs:/",
         make=lambda ctx: f"runs:/{_run(ctx)}/model",
         body=_import,
+        attr="source",
         missing=f"runs:/{MISSING_RUN}/model",
     ),
     BodyReference(
@@ -99,6 +100,7 @@ REFERENCES = [
         "source models:/ (stock client)",
         make=lambda ctx: register_stock_model(ctx.workspace, f"stock-{next(_n)}", _run(ctx)),
         body=_import,
+        attr="source",
         missing="models:/no-such-workspace.ranker/1",
     ),
     BodyReference(
@@ -107,6 +109,7 @@ REFERENCES = [
         "source models:/ (platform registry)",
         make=_platform_model,
         body=_import,
+        attr="source",
         missing="models:/no-such-workspace.ranker/1",
     ),
     BodyReference(
@@ -115,6 +118,7 @@ REFERENCES = [
         "source file://",
         make=_run_folder,
         body=_import,
+        attr="source",
         missing=(Path(settings.MLFLOW_ARTIFACT_ROOT) / "no-such-workspace" / "model").as_uri(),
     ),
     BodyReference(
@@ -134,7 +138,6 @@ REFERENCES = [
         make=lambda ctx: matrix._version(ctx).pk,
         body=lambda ctx, ref: {"name": f"refdep-{next(_n)}", "version_id": ref},
         missing=999_999,
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -144,7 +147,6 @@ REFERENCES = [
         make=_version_of_the_deployed_model,
         body=lambda ctx, ref: {"version_id": ref, "reason": "body reference"},
         missing=999_999,
-        status=400,
         success=200,
     ),
 ]

@@ -23,6 +23,7 @@ from training.models import (
     TrainingJob,
 )
 from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
 
 MAX_METRIC_ROWS = 5000
@@ -30,25 +31,27 @@ MAX_METRIC_ROWS = 5000
 
 def _check_dataset_params(workspace, params, *, attr: str) -> None:
     """Dataset ids and names in pipeline params name datasets of this workspace: checked when the
-    run is asked for (400 naming the param, like any body reference), not when its stage runs."""
+    run is asked for (404 naming the param, like any body reference), not when its stage runs. A
+    value of the wrong type is bad input (400)."""
     if not isinstance(params, dict):
         return  # the service says what is wrong with the shape
     datasets = Dataset.objects.for_workspace(workspace)
     for key, value in params.items():
         param = str(key).rsplit(".", 1)[-1]  # "dataset_id" or "<stage>.dataset_id"
+        where = f"{attr}.{key}"
         if param == "dataset_id":
             number = str(value) if isinstance(value, (int, str)) else ""
-            found = (
-                not isinstance(value, bool)
-                and number.isdigit()
-                and datasets.filter(pk=int(number)).exists()
-            )
+            if isinstance(value, bool) or not number.isdigit():
+                raise ValidationError({where: "give a dataset id"})
+            found = datasets.filter(pk=int(number)).exists()
         elif param == "dataset":
-            found = isinstance(value, str) and datasets.filter(name=value).exists()
+            if not isinstance(value, str):
+                raise ValidationError({where: "give a dataset name"})
+            found = datasets.filter(name=value).exists()
         else:
             continue
         if not found:
-            raise ValidationError({f"{attr}.{key}": "no such dataset in this workspace"})
+            raise ReferenceNotFound("no such dataset in this workspace", attr=where)
 
 
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
@@ -77,7 +80,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
         data = dict(serializer.validated_data)
         dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
         if dataset is None:
-            raise ValidationError({"dataset": "no such dataset in this workspace"})
+            raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
         base_job = None
         if data.get("base_job"):
             base_job = (
@@ -86,7 +89,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
                 .first()
             )
             if base_job is None:
-                raise ValidationError({"base_job": "no such job in this workspace"})
+                raise ReferenceNotFound("no such job in this workspace", attr="base_job")
         data.update(dataset=dataset, base_job=base_job)
         job = services.job_create(actor=request.user, workspace=self.workspace, **data)
         fresh = self.get_workspace_queryset().get(pk=job.pk)
@@ -236,7 +239,7 @@ class CandidateEvaluationViewSet(
         data = serializer.validated_data
         dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
         if dataset is None:
-            raise ValidationError({"dataset": "no such dataset in this workspace"})
+            raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
         upload = data["file"]
         if upload.size > candidates.MAX_UPLOAD_BYTES:
             raise ValidationError({"file": f"at most {candidates.MAX_UPLOAD_BYTES} bytes"})

@@ -63,7 +63,6 @@ REFERENCES = [
         make=_dataset_id,
         body=lambda ctx, ref: _job_body(ctx, dataset=ref),
         missing=999_999,
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -72,7 +71,6 @@ REFERENCES = [
         make=_succeeded_job_id,
         body=lambda ctx, ref: _job_body(ctx, base_job=ref),
         missing=999_999,
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -81,7 +79,6 @@ REFERENCES = [
         make=_entry_point,
         body=lambda ctx, ref: _job_body(ctx, template="", entry_point=ref),
         missing="no-such-entry-point",
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -90,7 +87,6 @@ REFERENCES = [
         make=_dataset_id,
         body=_candidate_body,
         missing=999_999,
-        status=400,
         format="multipart",
     ),
     BodyReference(
@@ -101,7 +97,6 @@ REFERENCES = [
         make=_dataset_id,
         body=lambda ctx, ref: {"params": {"dataset_id": ref}},
         missing=999_999,
-        status=400,
     ),
     BodyReference(
         "POST",
@@ -113,7 +108,6 @@ REFERENCES = [
             "stages": [{"name": "samples", "kind": "build_samples", "params": {"dataset_id": ref}}],
         },
         missing=999_999,
-        status=400,
         attr="stages.0.params.dataset_id",
     ),
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from features.models import Consumer, DatasetStatus
-from training.models import JobState, TrainingJob
+from training.models import JobState, PipelineRun, TrainingJob
+from training.pipelines import pipeline_create
 from training.services import job_create
 from training.tests.factories import make_demo_dataset
 from workspaces.models import Role
@@ -67,8 +68,8 @@ def test_create_job_registers_feature_consumers(workspace, dev, dataset):
         ({"memory_mb": -5}, "memory_mb"),
         ({"priority_class": "urgent"}, "priority_class"),
         ({"name": "Bad Name"}, "name"),
-        ({"entry_point": "missing", "template": ""}, "entry_point"),
-        ({"dataset": 999999}, "dataset"),
+        ({"dataset": "one"}, "dataset"),
+        ({"base_job": "one"}, "base_job"),
         ({"gpu_milli": 1500}, "gpu_milli"),
     ],
 )
@@ -79,6 +80,23 @@ def test_invalid_jobs_are_refused(workspace, dev, dataset, change, attr):
     assert attr in _attrs(response)
 
 
+@pytest.mark.parametrize(
+    ("change", "attr"),
+    [
+        ({"entry_point": "missing", "template": ""}, "entry_point"),
+        ({"dataset": 999999}, "dataset"),
+        ({"base_job": 999999}, "base_job"),
+    ],
+)
+def test_missing_references_are_not_found_naming_the_field(workspace, dev, dataset, change, attr):
+    body = {"name": "ctr", "template": "logreg", "dataset": dataset.pk, **change}
+    response = dev.post(_url(workspace, "training-jobs/"), body, format="json")
+    assert response.status_code == 404, response.content
+    assert response.json()["type"] == "not_found"
+    assert response.json()["attr"] == attr
+    assert not TrainingJob.objects.for_workspace(workspace).exists()
+
+
 def test_dataset_must_be_ready_and_in_the_workspace(workspace, other_workspace, dev, dataset):
     foreign = make_demo_dataset(other_workspace, scale=0.01)
     response = dev.post(
@@ -86,7 +104,8 @@ def test_dataset_must_be_ready_and_in_the_workspace(workspace, other_workspace, 
         {"name": "x", "template": "logreg", "dataset": foreign.pk},
         format="json",
     )
-    assert response.status_code == 400
+    assert response.status_code == 404
+    assert response.json()["attr"] == "dataset"
     dataset.status = DatasetStatus.BUILDING
     dataset.save()
     response = dev.post(
@@ -163,3 +182,26 @@ def test_ui_pages_render(workspace, client, dataset):
     assert client.get(f"{base}pipelines/").status_code == 200
     assert client.get(f"{base}pipelines/runs.json").status_code == 200
     assert client.get(f"/w/{workspace.slug}/training/jobs/999999/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"dataset_id": "one"}, 400),
+        ({"dataset_id": True}, 400),
+        ({"dataset_id": None}, 400),
+        ({"dataset": 5}, 400),
+        ({"dataset_id": 999999}, 404),
+        ({"dataset": "no-such-dataset"}, 404),
+    ],
+)
+def test_pipeline_dataset_params_of_the_wrong_type_are_400_and_unknown_ones_404(
+    workspace, dev, params, status
+):
+    pipeline = pipeline_create(actor=None, workspace=workspace, name="daily")
+    response = dev.post(
+        _url(workspace, f"pipelines/{pipeline.name}/run/"), {"params": params}, format="json"
+    )
+    assert response.status_code == status, response.content
+    assert response.json()["attr"] == f"params.{next(iter(params))}"
+    assert not PipelineRun.objects.for_workspace(workspace).exists()

@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
 from workspaces.access_cache import AccessCacheUnavailable
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.scoping import UnscopedQueryError
 
 logger = logging.getLogger(__name__)
@@ -159,6 +159,11 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         return Response(
             error_body(status_code=409, code="conflict", detail=str(exc), attr=exc.attr),
             status=status.HTTP_409_CONFLICT,
+        )
+    if isinstance(exc, ReferenceNotFound):  # before ValidationError: it is one
+        return Response(
+            error_body(status_code=404, code="not_found", detail=exc.detail, attr=exc.attr),
+            status=status.HTTP_404_NOT_FOUND,
         )
     if isinstance(exc, DjangoValidationError):
         exc = _django_validation_to_drf(exc)

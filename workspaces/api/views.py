@@ -29,6 +29,7 @@ from workspaces.api.serializers import (
     WorkspaceUpdateSerializer,
 )
 from workspaces.api.viewsets import WorkspaceScopedViewSet, request_token
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import ApiToken, Event, Membership, Role, ServiceAccount
 from workspaces.selectors import (
     events_of,
@@ -102,7 +103,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.
         scope = list(visible.filter(slug__in=slugs))
         missing = sorted(set(slugs) - {w.slug for w in scope})
         if missing:
-            raise ValidationError({"workspaces": f"no such workspace: {missing[0]}"})
+            raise ReferenceNotFound(f"no such workspace: {missing[0]}", attr="workspaces")
         if not scope and request_token(request) is not None:
             # A narrowed token may only mint tokens as narrow as itself.
             scope = list(request_token(request).workspaces.all())

@@ -10,6 +10,7 @@ workspace, an object of another workspace) and fails when a route under ``/api/v
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -155,12 +156,8 @@ def api_routes() -> set[tuple[str, str]]:
 @dataclass
 class BodyReference:
     """One body field that names another object: made in another workspace, the call answers
-    exactly like a call naming a missing object, and writes nothing.
-
-    What a missing object answers follows the route's existing contract: 404 where the route
-    already answered 404 for it (``job_id``, an alias's ``version``) and for MLflow sources, which
-    cannot be told apart from a missing run; 400 naming the field (``attr``) for the ids and names
-    the API has always validated as bad input (``dataset``, ``version_id``, ``label_source`` ...).
+    exactly like a call naming a missing object (404 naming the field in ``attr``), and writes
+    nothing. A reference of the wrong type or shape is bad input (400), tested with its route.
     """
 
     method: str
@@ -175,7 +172,7 @@ class BodyReference:
     setup: Callable[[MatrixContext], PathKwargs] | None = None
     success: int = 201  # what the same call answers naming an object of its own workspace
     status: int = 404  # what it answers naming a missing object (and another workspace's)
-    attr: str | None = None  # the field a 400 names; the field itself when not given
+    attr: str | None = None  # the field the 404 names; the field itself when not given
     format: str = "json"
 
     @property
@@ -206,3 +203,65 @@ def load_body_references() -> tuple[list[BodyReference], dict[str, str]]:
         references.extend(module.REFERENCES)
         exempt.update(getattr(module, "NO_REFERENCES", {}))
     return references, exempt
+
+
+def reference_masked(body: Any, reference: Any) -> str:
+    """An answer as JSON with the reference the request named replaced by a placeholder: what an
+    answer may differ by between another workspace's object and a missing one (a message may
+    quote the reference the caller sent, nothing else)."""
+    text = json.dumps(body, sort_keys=True)
+    # A feature reference's message may quote its group alone ("no feature group 'users'").
+    for value in (str(reference), *str(reference).split(":")):
+        text = re.sub(rf"(?<![\w-]){re.escape(value)}(?![\w-])", "<ref>", text)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Query references: every query-string parameter that names another object (an id, a name,
+# ``kind:id``) is resolved inside the URL's workspace. Each app's ``tests/query_references.py``
+# declares ``QUERY_REFERENCES``; ``workspaces/tests/test_permission_matrix_query_references.py``
+# runs each row with the object made in another workspace.
+
+
+@dataclass
+class QueryReference:
+    """One query parameter that names another object: made in another workspace, the call
+    answers exactly like one naming a missing object, an empty page where the parameter filters
+    a list and 404 naming the parameter where it looks one object up, and shows nothing of it.
+    """
+
+    path: str
+    param: str
+    # Makes the referenced object in ctx.workspace; returns how a query names it.
+    make: Callable[[MatrixContext], Any]
+    missing: Any  # how a query names an object that exists nowhere
+    # The whole query for a call in ctx.workspace naming ``ref``; {param: ref} when not given.
+    query: Callable[[MatrixContext, Any], dict[str, Any]] | None = None
+    setup: Callable[[MatrixContext], PathKwargs] | None = None
+    status: int = 200  # 200: a filter (an empty page); 404: a lookup (attr names the parameter)
+
+    @property
+    def id(self) -> str:
+        return f"GET {self.path} ?{self.param}"
+
+    def url(self, ctx: MatrixContext) -> str:
+        kwargs = dict(self.setup(ctx)) if self.setup else {}
+        kwargs["ws"] = ctx.workspace.slug
+        return self.path.format(**kwargs)
+
+    def params(self, ctx: MatrixContext, ref: Any) -> dict[str, Any]:
+        return self.query(ctx, ref) if self.query else {self.param: ref}
+
+
+def load_query_references() -> list[QueryReference]:
+    """Every app's query-reference rows."""
+    references: list[QueryReference] = []
+    for app in MATRIX_APPS:
+        try:
+            module = importlib.import_module(f"{app}.tests.query_references")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{app}.tests.query_references":
+                raise
+            continue
+        references.extend(module.QUERY_REFERENCES)
+    return references

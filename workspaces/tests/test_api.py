@@ -84,8 +84,16 @@ def test_token_scope_cannot_name_an_invisible_workspace(
     response = client.post(
         "/api/v1/auth/tokens/", {"name": "x", "workspaces": [other_workspace.slug]}, format="json"
     )
-    assert response.status_code == 400
+    assert response.status_code == 404
     assert response.json()["attr"] == "workspaces"
+    missing = client.post(
+        "/api/v1/auth/tokens/", {"name": "x", "workspaces": ["no-such-ws"]}, format="json"
+    )
+    assert missing.status_code == 404
+    assert missing.json() == {
+        **response.json(),
+        "detail": response.json()["detail"].replace(other_workspace.slug, "no-such-ws"),
+    }
     assert ApiToken.objects.filter(user=members["developer"], name="x").count() == 0
 
 

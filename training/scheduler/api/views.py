@@ -16,6 +16,7 @@ from training.scheduler.models import WorkspaceQuota
 from training.scheduler.recommend import recommend
 from workspaces import services as workspace_services
 from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import QuotaRequest, Role
 
 
@@ -97,7 +98,7 @@ class RecommendationViewSet(WorkspaceScopedViewSet):
                 raise ValidationError({"dataset": "Use the dataset's id."})
             dataset = self.get_queryset().filter(pk=int(raw)).first()
             if dataset is None:
-                raise ValidationError({"dataset": "No such dataset in this workspace."})
+                raise ReferenceNotFound("No such dataset in this workspace.", attr="dataset")
         rec = recommend(workspace=self.workspace, template=template, dataset=dataset)
         return Response(RecommendationSerializer(rec).data)
 
