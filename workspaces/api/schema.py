@@ -57,7 +57,8 @@ ERROR_DESCRIPTIONS = {
     "400": "Bad input; `attr` names the field.",
     "401": "Missing, invalid or expired credentials.",
     "403": "The caller's role does not allow this.",
-    "404": "No such object, or one in a workspace the caller cannot see.",
+    "404": "No such object, or one in a workspace the caller cannot see (in the path, the body "
+    "or the query; `attr` names the body or query field).",
     "409": "Conflict with the current state (e.g. the object has consumers).",
     "413": "Request body over the size limit.",
     "415": "Unsupported request media type.",
@@ -98,7 +99,10 @@ class AutoSchema(SpectacularAutoSchema):
             codes.append("400")
         if operation.get("security"):
             codes += ["401", "403"]
-        if any(p["in"] == "path" for p in parameters):
+        # 404 also answers a body or query that names an object the caller cannot see.
+        in_path = any(p["in"] == "path" for p in parameters)
+        signed_in = any(operation.get("security") or [])  # [{}]: anyone may call it
+        if in_path or (signed_in and (parameters or has_body)):
             codes.append("404")
         if self.method in WRITE_METHODS:
             codes.append("409")
