@@ -116,6 +116,30 @@ def _known_templates() -> set[str]:
     return set(TEMPLATES) - {"entry_point"}
 
 
+def job_params_check(*, workspace: Workspace | None, params: dict) -> tuple[dict, dict]:
+    """``epochs`` and ``max_steps`` are whole numbers within the workspace's policy
+    (``max_job_epochs``, ``max_job_steps``; the platform defaults without a workspace).
+    Returns the params with those made integers, and the errors by field (``params.<name>``)."""
+    from workspaces.selectors import workspace_policy
+
+    policy = workspace_policy(workspace)
+    limits = {"epochs": (1, policy.max_job_epochs), "max_steps": (0, policy.max_job_steps)}
+    errors: dict[str, str] = {}
+    for name, (low, high) in limits.items():
+        if name not in params:
+            continue
+        value = params[name]
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            errors[f"params.{name}"] = (
+                f"Give a whole number from {low} to {high} (the workspace's limit)."
+            )
+        else:
+            params = {**params, name: value}
+    return params, errors
+
+
 def _check_job_input(
     *,
     workspace: Workspace,
@@ -152,6 +176,8 @@ def _check_job_input(
         errors["base_job"] = "must be a succeeded job of this workspace"
     if not isinstance(params, dict):
         errors["params"] = "must be an object"
+    else:
+        errors.update(job_params_check(workspace=workspace, params=params)[1])
     for name in ("cpu_milli", "memory_mb"):
         value = resources.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

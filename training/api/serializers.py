@@ -14,7 +14,7 @@ from training.models import (
     StageRun,
     TrainingJob,
 )
-from workspaces.selectors import policy_defaults, workspace_policy
+from training.services import job_params_check
 
 
 class TrainingJobSerializer(serializers.ModelSerializer):
@@ -100,33 +100,15 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     preemptible = serializers.BooleanField(required=False, default=False)
 
     def validate_params(self, params):
-        """``epochs`` and ``max_steps`` are whole numbers within the workspace's policy
-        (``max_job_epochs``, ``max_job_steps``); the platform defaults without a workspace."""
+        """The policy's limits on ``epochs`` and ``max_steps`` (``services.job_params_check``),
+        named ``params.<field>`` like every other bad parameter."""
         if not isinstance(params, dict):
             raise serializers.ValidationError("Give the parameters as an object.")
-        workspace = self.context.get("workspace")
-        if workspace is not None:
-            policy = workspace_policy(workspace)
-            limits = {"epochs": policy.max_job_epochs, "max_steps": policy.max_job_steps}
-        else:
-            defaults = policy_defaults()
-            limits = {"epochs": defaults["max_job_epochs"], "max_steps": defaults["max_job_steps"]}
-        errors = {}
-        for name, (low, high) in {
-            "epochs": (1, limits["epochs"]),
-            "max_steps": (0, limits["max_steps"]),
-        }.items():
-            if name not in params:
-                continue
-            value = params[name]
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                errors[name] = f"Give a whole number from {low} to {high} (the workspace's limit)."
-            else:
-                params = {**params, name: value}
+        params, errors = job_params_check(workspace=self.context.get("workspace"), params=params)
         if errors:
-            raise serializers.ValidationError(errors)
+            raise serializers.ValidationError(
+                {name.removeprefix("params."): text for name, text in errors.items()}
+            )
         return params
 
 

@@ -61,3 +61,19 @@ def test_the_limit_is_the_workspaces_own(workspace, dev, dataset):
     assert accepted.status_code == 201, accepted.content
     job = TrainingJob.objects.for_workspace(workspace).get()
     assert job.params["epochs"] == 2 and isinstance(job.params["epochs"], int)
+
+
+def test_the_service_holds_the_limit_for_every_caller(workspace, dataset):
+    """Pages and pipelines call the service, not the serializer: the limit is the service's."""
+    from django.core.exceptions import ValidationError
+
+    from training.services import job_create
+
+    workspace_policy_set(actor=None, workspace=workspace, max_job_epochs=5)
+    with pytest.raises(ValidationError) as refused:
+        job_create(
+            actor=None, workspace=workspace, name="long", dataset=dataset, template="logreg",
+            params={"epochs": 6},
+        )  # fmt: skip
+    assert "params.epochs" in refused.value.message_dict
+    assert not TrainingJob.objects.for_workspace(workspace).exists()
