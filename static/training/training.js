@@ -95,6 +95,8 @@
   function recommendResources(form) {
     if (!form) return;
     const slot = form.querySelector("#recommendation");
+    // Not form.dataset: a form's named controls shadow its properties, and one is "dataset".
+    const url = form.getAttribute("data-recommendation-url");
     const code = form.elements.namedItem("code"), dataset = form.elements.namedItem("dataset");
     async function show(apply) {
       const picked = code ? code.value : "";
@@ -102,7 +104,7 @@
       const query = new URLSearchParams({template, dataset: dataset ? dataset.value : ""});
       let html;
       try {
-        const r = await fetch(`${form.dataset.recommendationUrl}?${query}`, {credentials: "same-origin"});
+        const r = await fetch(`${url}?${query}`, {credentials: "same-origin"});
         if (!r.ok) return;
         html = await r.text();
       } catch (e) { return; }
