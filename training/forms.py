@@ -128,6 +128,14 @@ class JobCreateForm(forms.Form):
         }
 
 
+class PipelineCreateForm(forms.Form):
+    """A pipeline of the workspace from the default template (build_samples -> train ->
+    evaluate -> register); other stage graphs are defined over the API for now."""
+
+    name = forms.CharField(max_length=63, initial="default")
+    description = forms.CharField(required=False, max_length=500)
+
+
 class PipelineRunForm(forms.Form):
     """A new run of one of the workspace's pipelines, on a dataset (by name) and params."""
 

@@ -15,6 +15,7 @@ urlpatterns = [
         name="training-job-live",
     ),
     path("w/<slug:ws>/training/pipelines/", views.pipeline_list, name="training-pipelines"),
+    path("w/<slug:ws>/training/pipelines/new/", views.pipeline_new, name="training-pipeline-new"),
     path(
         "w/<slug:ws>/training/pipelines/runs/new/",
         views.pipeline_run_new,

@@ -16,7 +16,13 @@ from django.views.decorators.http import require_POST
 
 from training import pipelines as pipeline_services
 from training import services
-from training.forms import JobCreateForm, PipelineRunForm, put_service_errors, template_params
+from training.forms import (
+    JobCreateForm,
+    PipelineCreateForm,
+    PipelineRunForm,
+    put_service_errors,
+    template_params,
+)
 from training.models import (
     CandidateEvaluation,
     JobMetric,
@@ -310,7 +316,7 @@ def _dag_layout(pipeline: Pipeline) -> dict[str, Any]:
 
 
 @workspace_page()
-def pipeline_list(request: HttpRequest, workspace, run_form=None) -> HttpResponse:
+def pipeline_list(request: HttpRequest, workspace, run_form=None, create_form=None) -> HttpResponse:
     pipelines = list(Pipeline.objects.for_workspace(workspace))
     runs = (
         PipelineRun.objects.for_workspace(workspace)
@@ -329,9 +335,34 @@ def pipeline_list(request: HttpRequest, workspace, run_form=None) -> HttpRespons
             candidates=candidates,
             can_run=role_at_least(request.workspace_role, Role.DEVELOPER),
             run_form=run_form or PipelineRunForm(workspace=workspace),
+            create_form=create_form or PipelineCreateForm(),
+            default_stages=[s["name"] for s in pipeline_services.DEFAULT_STAGES],
         ),
-        status=400 if run_form is not None and run_form.errors else 200,
+        status=400 if any(f is not None and f.errors for f in (run_form, create_form)) else 200,
     )
+
+
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def pipeline_new(request: HttpRequest, workspace) -> HttpResponse:
+    """Create a pipeline from the default stages (``pipeline_create``, as the API)."""
+    form = PipelineCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            pipeline = pipeline_services.pipeline_create(
+                actor=request.user,
+                workspace=workspace,
+                name=form.cleaned_data["name"],
+                description=form.cleaned_data["description"],
+            )
+        except ValidationError as exc:
+            put_service_errors(form, exc, {})
+        except ConflictError as exc:
+            form.add_error(exc.attr if exc.attr in form.fields else None, str(exc))
+        else:
+            messages.success(request, f"Pipeline {pipeline.name} created.")
+            return redirect("training-pipelines", ws=workspace.slug)
+    return pipeline_list(request, workspace.slug, create_form=form)
 
 
 @require_POST

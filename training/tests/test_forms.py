@@ -251,6 +251,7 @@ def test_viewer_cannot_start_or_retry_runs(client, workspace, dataset, pipeline,
     page = client.get(reverse("training-pipelines", kwargs={"ws": workspace.slug})).content
     assert b'data-testid="pipeline-run-form"' not in page
     assert b'data-testid="retry-run"' not in page
+    assert b'data-testid="pipeline-create-form"' not in page
     assert client.post(_run_url(workspace), {"pipeline": "daily"}).status_code == 403
     retry = reverse("training-pipeline-run-retry", kwargs={"ws": workspace.slug, "pk": run.pk})
     assert client.post(retry).status_code == 403
@@ -258,3 +259,25 @@ def test_viewer_cannot_start_or_retry_runs(client, workspace, dataset, pipeline,
     assert run.state == RunState.FAILED
     assert PipelineRun.objects.for_workspace(workspace).count() == 1
     assert Pipeline.objects.for_workspace(workspace).count() == 1
+
+
+def test_pipeline_form_creates_one_from_the_default_template(client, workspace, developer):
+    url = reverse("training-pipeline-new", kwargs={"ws": workspace.slug})
+    assert client.post(url, {"name": "daily"}).status_code == 302
+    pipeline = Pipeline.objects.for_workspace(workspace).get()
+    assert [s["name"] for s in pipeline.stages] == [
+        "build_samples",
+        "train",
+        "evaluate",
+        "register",
+    ]
+    again = client.post(url, {"name": "daily"})  # a name in use: the conflict, next to name
+    assert again.status_code == 400
+    assert "exists" in " ".join(again.context["create_form"].errors["name"])
+    assert Pipeline.objects.for_workspace(workspace).count() == 1
+
+
+def test_viewer_cannot_create_a_pipeline(client, workspace, viewer):
+    url = reverse("training-pipeline-new", kwargs={"ws": workspace.slug})
+    assert client.post(url, {"name": "daily"}).status_code == 403
+    assert not Pipeline.objects.for_workspace(workspace).exists()
