@@ -53,7 +53,10 @@ def put_service_errors(form: forms.Form, exc: ValidationError, aliases: dict[str
     """Attach a service's ValidationError to the fields it names (or to the form)."""
     errors = exc.message_dict if hasattr(exc, "error_dict") else {None: exc.messages}
     for key, messages in errors.items():
+        # "params.epochs" (a rule on one param) belongs next to the params field.
         target = aliases.get(key, key)
+        if target not in form.fields and key:
+            target = aliases.get(key.split(".")[0], key.split(".")[0])
         if target not in form.fields:
             target = None
         for message in messages:

@@ -185,8 +185,8 @@ def test_pipeline_run_form_starts_a_run(client, workspace, dataset, pipeline, de
         ({"pipeline": "weekly"}, "pipeline", "use one of: daily"),
         ({"pipeline": "daily", "params": "[]"}, "params", "must be a JSON object"),
         ({"pipeline": "daily", "dataset": "nope"}, "dataset", "use one of: "),
-        # the API's dataset check, next to the form
-        ({"pipeline": "daily", "params": '{"dataset_id": 999999}'}, None, "no such dataset"),
+        # the API's dataset check ("params.dataset_id"), next to params
+        ({"pipeline": "daily", "params": '{"dataset_id": 999999}'}, "params", "no such dataset"),
     ],
 )
 def test_pipeline_run_form_errors_create_nothing(
@@ -195,7 +195,7 @@ def test_pipeline_run_form_errors_create_nothing(
     response = client.post(_run_url(workspace), body)
     assert response.status_code == 400
     errors = response.context["run_form"].errors
-    assert message in " ".join(errors[field or "__all__"])
+    assert message in " ".join(errors[field])
     assert not PipelineRun.objects.for_workspace(workspace).exists()
 
 
@@ -281,3 +281,23 @@ def test_viewer_cannot_create_a_pipeline(client, workspace, viewer):
     url = reverse("training-pipeline-new", kwargs={"ws": workspace.slug})
     assert client.post(url, {"name": "daily"}).status_code == 403
     assert not Pipeline.objects.for_workspace(workspace).exists()
+
+
+def test_a_rule_on_one_param_shows_next_to_params(workspace, dataset):
+    """No epochs policy exists yet; when job_create raises one keyed "params.epochs" (as the
+    API's body errors are keyed), the form puts it next to the params field."""
+    from django.core.exceptions import ValidationError
+
+    from training.forms import JobCreateForm, put_service_errors
+
+    form = JobCreateForm(_job_post(dataset), workspace=workspace)
+    assert form.is_valid()
+    put_service_errors(
+        form,
+        ValidationError(
+            {"params.epochs": "at most 50 by the workspace policy", "entry_point": "x"}
+        ),
+        JobCreateForm.SERVICE_FIELDS,
+    )
+    assert form.errors["params"] == ["at most 50 by the workspace policy"]
+    assert form.errors["code"] == ["x"]
