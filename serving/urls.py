@@ -7,10 +7,21 @@ from serving import views
 urlpatterns: list = [
     path("metrics", views.metrics, name="metrics"),
     path("w/<slug:ws>/models/", views.model_list, name="serving-models"),
+    path("w/<slug:ws>/models/register/", views.version_register, name="serving-version-register"),
     path(
         "w/<slug:ws>/models/<str:name>/v<int:version>/",
         views.version_detail,
         name="serving-version",
+    ),
+    path(
+        "w/<slug:ws>/models/<str:name>/v<int:version>/deploy/",
+        views.version_deploy,
+        name="serving-version-deploy",
+    ),
+    path(
+        "w/<slug:ws>/models/<str:name>/v<int:version>/gates/",
+        views.version_gates,
+        name="serving-version-gates",
     ),
     path("w/<slug:ws>/deployments/", views.deployment_list, name="serving-deployments"),
     path("w/<slug:ws>/deployments/<str:name>/", views.deployment_detail, name="serving-deployment"),

@@ -9,9 +9,13 @@ from django.core.exceptions import ValidationError
 from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving.deployments import deployment_rollback
+from serving import registry
+from serving.deployments import deployment_create, deployment_release, deployment_rollback
+from serving.forms import DeployForm, VersionRegisterForm
+from serving.gates import version_gates_request
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
 from workspaces.exceptions import ConflictError
@@ -28,8 +32,22 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 
+def _put_errors(form, exc: Exception, fields: dict[str, str]) -> None:
+    """A service's error next to the form field it names (``fields`` maps service names)."""
+    if isinstance(exc, ValidationError) and hasattr(exc, "error_dict"):
+        for key, messages_of_key in exc.message_dict.items():
+            target = fields.get(key, key if key in form.fields else None)
+            for message in messages_of_key:
+                form.add_error(target, message if target else f"{key}: {message}")
+        return
+    attr = getattr(exc, "attr", None)
+    target = fields.get(attr or "", attr if attr in form.fields else None)
+    for message in getattr(exc, "messages", [str(exc)]):
+        form.add_error(target, message)
+
+
 @workspace_page()
-def model_list(request: HttpRequest, workspace) -> HttpResponse:
+def model_list(request: HttpRequest, workspace, register_form=None) -> HttpResponse:
     models = RegisteredModel.objects.for_workspace(workspace).annotate(
         latest=Max("versions__version")
     )
@@ -41,12 +59,49 @@ def model_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "serving/model_list.html",
-        _context(request, section="serving", models=models, versions=versions),
+        _context(
+            request,
+            section="serving",
+            models=models,
+            versions=versions,
+            can_register=role_at_least(request.workspace_role, Role.DEVELOPER),
+            register_form=register_form or VersionRegisterForm(workspace=workspace),
+        ),
+        status=400 if register_form is not None and register_form.errors else 200,
     )
 
 
-@workspace_page()
-def version_detail(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def version_register(request: HttpRequest, workspace) -> HttpResponse:
+    """Register the next version of a model from a succeeded job (``model_version_register``)."""
+    from training.models import TrainingJob
+
+    form = VersionRegisterForm(request.POST, workspace=workspace)
+    if form.is_valid():
+        job = TrainingJob.objects.for_workspace(workspace).get(pk=int(form.cleaned_data["job"]))
+        try:
+            version = registry.model_version_register(
+                actor=request.user,
+                workspace=workspace,
+                name=form.cleaned_data["model"],
+                job=job,
+                description=form.cleaned_data["description"],
+            )
+        except (ValidationError, ConflictError) as exc:
+            _put_errors(form, exc, {"name": "model", "bundle_path": "job"})
+        else:
+            messages.success(request, f"Registered {version.model.name} v{version.version}.")
+            return redirect(
+                "serving-version",
+                ws=workspace.slug,
+                name=version.model.name,
+                version=version.version,
+            )
+    return model_list(request, workspace.slug, register_form=form)
+
+
+def _version_or_404(workspace, name: str, version: int) -> ModelVersion:
     found = (
         ModelVersion.objects.for_workspace(workspace)
         .select_related("model", "job", "dataset")
@@ -55,6 +110,66 @@ def version_detail(request: HttpRequest, workspace, name: str, version: int) -> 
     )
     if found is None:
         raise Http404("No such model version.")
+    return found
+
+
+@require_POST
+@workspace_page(Role.MAINTAINER)
+def version_deploy(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+    """Release the version to an existing deployment of its model, or create a deployment
+    serving it (``deployment_release`` / ``deployment_create``, as the API)."""
+    found = _version_or_404(workspace, name, version)
+    form = DeployForm(request.POST, workspace=workspace, version=found)
+    if form.is_valid():
+        target = form.cleaned_data["deployment"]
+        dep = form.existing.get(target)
+        try:
+            if dep is not None:
+                deployment_release(
+                    actor=request.user,
+                    workspace=workspace,
+                    deployment=dep,
+                    version=found,
+                    reason=form.cleaned_data["reason"],
+                )
+            elif Deployment.objects.for_workspace(workspace).filter(name=target).exists():
+                raise ValidationError(
+                    {
+                        "deployment": f"deployment '{target}' serves another model; use one of: "
+                        f"{', '.join(sorted(form.existing)) or 'a new name'}"
+                    }
+                )
+            else:
+                dep = deployment_create(
+                    actor=request.user, workspace=workspace, name=target, version=found
+                )
+        except (ValidationError, ConflictError) as exc:
+            _put_errors(form, exc, {"name": "deployment", "version_id": "deployment"})
+        else:
+            messages.success(request, f"{found} now serves on deployment {dep.name}.")
+            return redirect("serving-deployment", ws=workspace.slug, name=dep.name)
+    return version_detail(request, workspace.slug, name, version, deploy_form=form)
+
+
+@require_POST
+@workspace_page(Role.MAINTAINER)
+def version_gates(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+    """Ask for the release gates to run again on a worker (``version_gates_request``)."""
+    found = _version_or_404(workspace, name, version)
+    try:
+        version_gates_request(actor=request.user, workspace=workspace, version=found)
+    except ConflictError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "The release gates will run again on a worker.")
+    return redirect("serving-version", ws=workspace.slug, name=name, version=version)
+
+
+@workspace_page()
+def version_detail(
+    request: HttpRequest, workspace, name: str, version: int, deploy_form=None
+) -> HttpResponse:
+    found = _version_or_404(workspace, name, version)
     metrics_rows = sorted(
         (k, v) for k, v in (found.metrics or {}).items() if isinstance(v, (int, float))
     )
@@ -73,7 +188,10 @@ def version_detail(request: HttpRequest, workspace, name: str, version: int) -> 
             importance=importance,
             gates=sorted((k, v) for k, v in (found.gates or {}).items() if k != "run"),
             gates_run=(found.gates or {}).get("run"),
+            can_deploy=role_at_least(request.workspace_role, Role.MAINTAINER),
+            deploy_form=deploy_form or DeployForm(workspace=workspace, version=found),
         ),
+        status=400 if deploy_form is not None and deploy_form.errors else 200,
     )
 
 

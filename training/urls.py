@@ -6,6 +6,7 @@ from training import views
 
 urlpatterns = [
     path("w/<slug:ws>/training/", views.job_list, name="training-jobs"),
+    path("w/<slug:ws>/training/jobs/new/", views.job_new, name="training-job-new"),
     path("w/<slug:ws>/training/jobs.json", views.job_list_json, name="training-jobs-json"),
     path("w/<slug:ws>/training/jobs/<int:pk>/", views.job_page, name="training-job"),
     path(
@@ -14,6 +15,17 @@ urlpatterns = [
         name="training-job-live",
     ),
     path("w/<slug:ws>/training/pipelines/", views.pipeline_list, name="training-pipelines"),
+    path("w/<slug:ws>/training/pipelines/new/", views.pipeline_new, name="training-pipeline-new"),
+    path(
+        "w/<slug:ws>/training/pipelines/runs/new/",
+        views.pipeline_run_new,
+        name="training-pipeline-run-new",
+    ),
+    path(
+        "w/<slug:ws>/training/pipelines/runs/<int:pk>/retry/",
+        views.pipeline_run_retry,
+        name="training-pipeline-run-retry",
+    ),
     path(
         "w/<slug:ws>/training/pipelines/runs.json",
         views.pipeline_runs_json,

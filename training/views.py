@@ -8,9 +8,21 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
+from training import pipelines as pipeline_services
+from training import services
+from training.forms import (
+    JobCreateForm,
+    PipelineCreateForm,
+    PipelineRunForm,
+    put_service_errors,
+    template_params,
+)
 from training.models import (
     CandidateEvaluation,
     JobMetric,
@@ -19,7 +31,9 @@ from training.models import (
     PipelineRun,
     TrainingJob,
 )
-from workspaces.models import Event
+from workspaces.exceptions import ConflictError
+from workspaces.models import Event, Role
+from workspaces.selectors import role_at_least
 from workspaces.views import _context, workspace_page
 
 JOBS_SHOWN = 100
@@ -59,7 +73,72 @@ def job_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "training/job_list.html",
-        _context(request, section="training", jobs=jobs, rows=[_job_row(j) for j in jobs]),
+        _context(
+            request,
+            section="training",
+            jobs=jobs,
+            rows=[_job_row(j) for j in jobs],
+            can_create=role_at_least(request.workspace_role, Role.DEVELOPER),
+        ),
+    )
+
+
+def _recommended_initial(workspace, form: JobCreateForm) -> dict[str, int]:
+    """Resources of the first template and dataset on offer, from the scheduler's
+    recommendation (nothing when no similar job has finished yet)."""
+    from features.models import Dataset
+    from training.scheduler.recommend import recommend
+
+    templates = form.fields["code"].choices[0][1]  # the "Built-in templates" group
+    if not templates:
+        return {}
+    template = templates[0][0].partition(":")[2]
+    datasets = form.fields["dataset"].choices
+    dataset = (
+        Dataset.objects.for_workspace(workspace).filter(pk=int(datasets[0][0])).first()
+        if datasets
+        else None
+    )
+    rec = recommend(workspace=workspace, template=template, dataset=dataset)
+    if not rec.get("based_on_jobs"):
+        return {}
+    return {
+        name: rec[name]
+        for name in ("cpu_milli", "memory_mb", "gpu_count", "gpu_milli")
+        if rec.get(name) is not None
+    }
+
+
+@workspace_page(Role.DEVELOPER)
+def job_new(request: HttpRequest, workspace) -> HttpResponse:
+    """The new-job form; a valid one is handed to ``job_create`` (the API's service)."""
+    if request.method == "POST":
+        form = JobCreateForm(request.POST, workspace=workspace)
+        if form.is_valid():
+            try:
+                job = services.job_create(
+                    actor=request.user, workspace=workspace, **form.service_arguments()
+                )
+            except ValidationError as exc:
+                put_service_errors(form, exc, JobCreateForm.SERVICE_FIELDS)
+            except ConflictError as exc:
+                form.add_error(exc.attr if exc.attr in form.fields else None, str(exc))
+            else:
+                messages.success(request, f"Job {job.name} #{job.pk} submitted.")
+                return redirect("training-job", ws=workspace.slug, pk=job.pk)
+    else:
+        form = JobCreateForm(workspace=workspace)
+        form.initial.update(_recommended_initial(workspace, form))
+    return render(
+        request,
+        "training/job_new.html",
+        _context(
+            request,
+            section="training",
+            form=form,
+            template_params=sorted(template_params().items()),
+        ),
+        status=400 if form.errors else 200,
     )
 
 
@@ -181,6 +260,9 @@ def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
             running=job.state
             in {JobState.PENDING, JobState.ADMITTED, JobState.PLACED, JobState.RUNNING},
             model_dir=Path(job.model_path).name if job.model_path else "",
+            can_register=job.state == JobState.SUCCEEDED
+            and bool(job.model_path)
+            and role_at_least(request.workspace_role, Role.DEVELOPER),
         ),
     )
 
@@ -234,7 +316,7 @@ def _dag_layout(pipeline: Pipeline) -> dict[str, Any]:
 
 
 @workspace_page()
-def pipeline_list(request: HttpRequest, workspace) -> HttpResponse:
+def pipeline_list(request: HttpRequest, workspace, run_form=None, create_form=None) -> HttpResponse:
     pipelines = list(Pipeline.objects.for_workspace(workspace))
     runs = (
         PipelineRun.objects.for_workspace(workspace)
@@ -251,8 +333,74 @@ def pipeline_list(request: HttpRequest, workspace) -> HttpResponse:
             pipelines=[(p, _dag_layout(p)) for p in pipelines],
             runs=[_run_row(r) for r in runs],
             candidates=candidates,
+            can_run=role_at_least(request.workspace_role, Role.DEVELOPER),
+            run_form=run_form or PipelineRunForm(workspace=workspace),
+            create_form=create_form or PipelineCreateForm(),
+            default_stages=[s["name"] for s in pipeline_services.DEFAULT_STAGES],
         ),
+        status=400 if any(f is not None and f.errors for f in (run_form, create_form)) else 200,
     )
+
+
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def pipeline_new(request: HttpRequest, workspace) -> HttpResponse:
+    """Create a pipeline from the default stages (``pipeline_create``, as the API)."""
+    form = PipelineCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            pipeline = pipeline_services.pipeline_create(
+                actor=request.user,
+                workspace=workspace,
+                name=form.cleaned_data["name"],
+                description=form.cleaned_data["description"],
+            )
+        except ValidationError as exc:
+            put_service_errors(form, exc, {})
+        except ConflictError as exc:
+            form.add_error(exc.attr if exc.attr in form.fields else None, str(exc))
+        else:
+            messages.success(request, f"Pipeline {pipeline.name} created.")
+            return redirect("training-pipelines", ws=workspace.slug)
+    return pipeline_list(request, workspace.slug, create_form=form)
+
+
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def pipeline_run_new(request: HttpRequest, workspace) -> HttpResponse:
+    """Start a run of one of the workspace's pipelines (``pipeline_run_start``, as the API)."""
+    from training.api.views import _check_dataset_params
+
+    form = PipelineRunForm(request.POST, workspace=workspace)
+    if form.is_valid():
+        pipeline = Pipeline.objects.for_workspace(workspace).get(name=form.cleaned_data["pipeline"])
+        try:
+            _check_dataset_params(workspace, form.cleaned_data["params"], attr="params")
+            run = pipeline_services.pipeline_run_start(
+                actor=request.user, pipeline=pipeline, params=form.cleaned_data["params"]
+            )
+        except ValidationError as exc:
+            put_service_errors(form, exc, {})
+        else:
+            messages.success(request, f"Pipeline run #{run.pk} of {pipeline.name} started.")
+            return redirect("training-pipelines", ws=workspace.slug)
+    return pipeline_list(request, workspace.slug, run_form=form)
+
+
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def pipeline_run_retry(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+    """Rerun a failed run from its first failed stage (``pipeline_run_retry``, as the API)."""
+    run = PipelineRun.objects.for_workspace(workspace).filter(pk=pk).first()
+    if run is None:
+        raise Http404("no such pipeline run")
+    try:
+        pipeline_services.pipeline_run_retry(actor=request.user, run=run)
+    except ConflictError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Pipeline run #{run.pk} retried from its failed stage.")
+    return redirect("training-pipelines", ws=workspace.slug)
 
 
 @workspace_page()

@@ -89,5 +89,35 @@
     setTimeout(tick, 2000);
   }
 
-  window.rankopsTraining = {pollJobs, liveJob, pollRuns, drawSeries};
+  // The new-job form: show the scheduler's resource recommendation for the picked template and
+  // dataset (the scheduler's own HTML fragment) and, when the user changes either, copy its
+  // values into the resource fields. On first load the server has already prefilled them.
+  function recommendResources(form) {
+    if (!form) return;
+    const slot = form.querySelector("#recommendation");
+    // Not form.dataset: a form's named controls shadow its properties, and one is "dataset".
+    const url = form.getAttribute("data-recommendation-url");
+    const code = form.elements.namedItem("code"), dataset = form.elements.namedItem("dataset");
+    async function show(apply) {
+      const picked = code ? code.value : "";
+      const template = picked.startsWith("template:") ? picked.slice("template:".length) : "";
+      const query = new URLSearchParams({template, dataset: dataset ? dataset.value : ""});
+      let html;
+      try {
+        const r = await fetch(`${url}?${query}`, {credentials: "same-origin"});
+        if (!r.ok) return;
+        html = await r.text();
+      } catch (e) { return; }
+      slot.innerHTML = html;
+      if (!apply) return;
+      for (const el of slot.querySelectorAll("[data-field][data-value]")) {
+        const input = form.elements.namedItem(el.dataset.field);
+        if (input) input.value = el.dataset.value;
+      }
+    }
+    for (const el of [code, dataset]) if (el) el.addEventListener("change", () => show(true));
+    show(false);
+  }
+
+  window.rankopsTraining = {pollJobs, liveJob, pollRuns, drawSeries, recommendResources};
 })();
