@@ -8,15 +8,26 @@ import json
 from datetime import datetime
 from typing import Any
 
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from features import ingestion, registry
+from features.forms import (
+    BatchUploadForm,
+    FeatureGroupCreateForm,
+    LifecycleForm,
+    SchemaRows,
+    report_service_error,
+)
 from features.models import (
+    LIFECYCLE_MOVES,
     Dtype,
     EntityKind,
     FeatureGroup,
@@ -30,10 +41,14 @@ from features.selectors import (
     consumers_of,
     datasets_of,
     feature_group_detail,
+    feature_group_get,
     feature_groups_of,
     health_history,
 )
 from workspaces.dashboard import DashboardSection
+from workspaces.exceptions import ConflictError
+from workspaces.models import Role
+from workspaces.selectors import role_at_least
 from workspaces.views import _context, workspace_page
 
 GROUPS_PER_PAGE = 50
@@ -89,6 +104,7 @@ def feature_group_list(request: HttpRequest, workspace) -> HttpResponse:
             healths=HealthStatus.choices,
             entities=EntityKind.choices,
             filter_query=urlencode({key: value for key, value in filters.items() if value}),
+            can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
             section="features",
         ),
     )
@@ -124,8 +140,164 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
             chart=_chart_series(checks) | {"sla_hours": group.freshness_sla_seconds / 3600},
             push=push_examples(group=group, version=current, batch_url=batch_url),
             panels=group_panels(request=request, workspace=workspace, group=group),
+            can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
+            moves=lifecycle_moves(group=group, role=request.workspace_role),
+            upload_form=BatchUploadForm(),
             section="features",
         ),
+    )
+
+
+# Writes: register, new schema version, lifecycle, upload ------------------------------------------
+
+# The lifecycle moves a page offers, with the role each needs (as the API's PATCH checks it).
+MOVE_LABELS = {
+    Lifecycle.ACTIVE: ("Activate", Role.DEVELOPER),
+    Lifecycle.DEPRECATED: ("Deprecate", Role.MAINTAINER),
+    Lifecycle.RETIRED: ("Retire", Role.MAINTAINER),
+}
+
+
+def lifecycle_moves(*, group: FeatureGroup, role: str) -> list[dict[str, str]]:
+    """The moves out of the group's status that ``role`` may make, in lifecycle order."""
+    moves = []
+    for status in Lifecycle.values:
+        if status in LIFECYCLE_MOVES[group.status] and status in MOVE_LABELS:
+            label, needs = MOVE_LABELS[status]
+            if role_at_least(role, needs):
+                moves.append({"status": status, "label": label})
+    return moves
+
+
+def _dtype_choices() -> list[tuple[str, str]]:
+    return list(Dtype.choices)
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_create(request: HttpRequest, workspace) -> HttpResponse:
+    if request.method == "POST":
+        form = FeatureGroupCreateForm(request.POST)
+        schema = SchemaRows(request.POST)
+        specs = schema.specs()
+        if form.is_valid() and specs is not None:
+            try:
+                group = registry.feature_group_register(
+                    actor=request.user,
+                    workspace=workspace,
+                    features=specs,
+                    **form.service_arguments(),
+                )
+            except (ValidationError, ConflictError) as exc:
+                report_service_error(form, schema, exc)
+            else:
+                messages.success(request, f"Feature group '{group.name}' registered (v1).")
+                return redirect("features-group", ws=workspace.slug, name=group.name)
+        status = 400
+    else:
+        form = FeatureGroupCreateForm()
+        schema = SchemaRows()
+        status = 200
+    return render(
+        request,
+        "features/group_form.html",
+        _context(
+            request,
+            form=form,
+            schema=schema,
+            dtypes=_dtype_choices(),
+            section="features",
+        ),
+        status=status,
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_schema(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    group = feature_group_get(workspace=workspace, name=name)
+    if request.method == "POST":
+        schema = SchemaRows(request.POST)
+        specs = schema.specs()
+        if specs is not None:
+            try:
+                version = registry.feature_group_new_version(
+                    actor=request.user, group=group, features=specs
+                )
+            except ConflictError as exc:
+                schema.add_error(None, str(exc))
+            except ValidationError as exc:
+                report_service_error(None, schema, exc)
+            else:
+                messages.success(request, f"Schema of '{group.name}' is now v{version.version}.")
+                return redirect("features-group", ws=workspace.slug, name=group.name)
+        status = 400
+    else:
+        current = group.versions.get(version=group.current_version)
+        schema = SchemaRows(initial=current.features)
+        status = 200
+    return render(
+        request,
+        "features/schema_form.html",
+        _context(request, group=group, schema=schema, dtypes=_dtype_choices(), section="features"),
+        status=status,
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_lifecycle(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    if request.method != "POST":
+        return redirect("features-group", ws=workspace.slug, name=name)
+    group = feature_group_get(workspace=workspace, name=name)
+    form = LifecycleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"status: {' '.join(form.errors['status'])}")
+        return redirect("features-group", ws=workspace.slug, name=group.name)
+    status = form.cleaned_data["status"]
+    needs = MOVE_LABELS.get(status, ("", Role.DEVELOPER))[1]
+    if not role_at_least(request.workspace_role, needs):
+        raise PermissionDenied(f"This needs the {needs} role.")
+    try:
+        registry.feature_group_set_status(actor=request.user, group=group, status=status)
+    except ConflictError as exc:
+        messages.error(request, f"Conflict: {exc}")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"'{group.name}' is now {status}.")
+    return redirect("features-group", ws=workspace.slug, name=group.name)
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_upload(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    """Store one uploaded file as a batch. The page's script posts it with XMLHttpRequest (for the
+    progress bar) and shows the returned fragment; without the script the result is a full page."""
+    if request.method != "POST":
+        return redirect("features-group", ws=workspace.slug, name=name)
+    group = feature_group_get(workspace=workspace, name=name)
+    form = BatchUploadForm(request.POST, request.FILES)
+    result: dict[str, Any] = {"group": group}
+    status = 400
+    if form.is_valid():
+        upload = form.cleaned_data["file"]
+        try:
+            outcome = ingestion.batch_ingest(
+                actor=request.user, group=group, body=upload.read(), format=form.batch_format
+            )
+        except ingestion.BatchRejected as exc:
+            result["problems"] = exc.problems
+        except (ValidationError, ConflictError) as exc:
+            result["error"] = str(exc) if isinstance(exc, ConflictError) else " ".join(exc.messages)
+        else:
+            result["batch"] = outcome.batch
+            result["filename"] = upload.name
+            status = 201
+    else:
+        result["error"] = " ".join(form.errors.get("file", ["Attach a file."]))
+    fragment = request.headers.get("X-Requested-With") == "XMLHttpRequest"
+    return render(
+        request,
+        "features/_upload_result.html" if fragment else "features/upload_result.html",
+        _context(request, result=result, group=group, section="features"),
+        status=status,
     )
 
 
