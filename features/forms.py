@@ -4,6 +4,7 @@ messages naming the allowed values, stay in the services."""
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django import forms
@@ -178,3 +179,59 @@ class BatchUploadForm(forms.Form):
             )
         self.batch_format = UPLOAD_EXTENSIONS[extension]
         return upload
+
+
+class DatasetCreateForm(forms.Form):
+    """A training sample for ``samples.dataset_create``: a label source group, its label columns,
+    features picked from the registry and an optional event-time window (UTC)."""
+
+    name = forms.CharField(
+        max_length=63, help_text="A new name, or an existing one for its next version."
+    )
+    label_source = forms.CharField(
+        widget=forms.Select, help_text="The feature group whose rows are the labelled events."
+    )
+    label_columns = forms.CharField(
+        max_length=500, initial="clicked", help_text="Comma-separated columns of the label source."
+    )
+    features = forms.MultipleChoiceField(
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Point-in-time values joined onto each label.",
+    )
+    start_time = forms.DateTimeField(
+        required=False,
+        label="From (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+    )
+    end_time = forms.DateTimeField(
+        required=False,
+        label="Until (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+    )
+
+    def __init__(self, *args, groups: list[str], feature_refs: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["label_source"].widget.choices = [(name, name) for name in groups]
+        self.fields["features"].choices = [(ref, ref) for ref in feature_refs]
+
+    def _utc(self, name: str):
+        moment = self.cleaned_data.get(name)
+        if moment is not None and moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment
+
+    def clean_start_time(self):
+        return self._utc("start_time")
+
+    def clean_end_time(self):
+        return self._utc("end_time")
+
+    def service_arguments(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {
+            "name": data["name"].strip(),
+            "label_columns": _entity_keys(data["label_columns"]),
+            "feature_refs": list(data["features"]),
+            "start_time": data["start_time"],
+            "end_time": data["end_time"],
+        }

@@ -29,6 +29,7 @@ urlpatterns = [
         name="features-group-upload",
     ),
     path("w/<slug:ws>/features/datasets/", views.dataset_list, name="features-datasets"),
+    path("w/<slug:ws>/features/datasets/new/", views.dataset_create, name="features-dataset-new"),
     path(
         "w/<slug:ws>/features/datasets/<str:name>/v<int:version>/",
         views.dataset_page,

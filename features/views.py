@@ -18,9 +18,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from features import ingestion, registry
+from features import ingestion, registry, samples
 from features.forms import (
     BatchUploadForm,
+    DatasetCreateForm,
     FeatureGroupCreateForm,
     LifecycleForm,
     SchemaRows,
@@ -30,6 +31,7 @@ from features.models import (
     LIFECYCLE_MOVES,
     Dtype,
     EntityKind,
+    Feature,
     FeatureGroup,
     FeatureGroupVersion,
     HealthStatus,
@@ -397,7 +399,73 @@ def dataset_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "features/dataset_list.html",
-        _context(request, page=page, section="features"),
+        _context(
+            request,
+            page=page,
+            can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
+            section="features",
+        ),
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
+    """Build a training sample from the registry. The build runs inside the request for now; the
+    dataset page shows its status (and reloads itself while it is still building)."""
+    groups = list(
+        feature_groups_of(workspace=workspace)
+        .exclude(status=Lifecycle.RETIRED)
+        .order_by("name")
+        .values_list("name", flat=True)
+    )
+    refs = [
+        f"{group}:{feature}"
+        for group, feature in Feature.objects.for_workspace(workspace)
+        .filter(group__name__in=groups)
+        .exclude(status=Lifecycle.RETIRED)
+        .order_by("group__name", "name")
+        .values_list("group__name", "name")
+    ]
+    form = DatasetCreateForm(
+        request.POST if request.method == "POST" else None, groups=groups, feature_refs=refs
+    )
+    status = 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            label_group = (
+                feature_groups_of(workspace=workspace)
+                .filter(name=form.cleaned_data["label_source"])
+                .first()
+            )
+            try:
+                if label_group is None:
+                    raise ValidationError(
+                        {"label_source": f"one of {', '.join(groups) or '(no groups yet)'}"}
+                    )
+                dataset = samples.dataset_create(
+                    actor=request.user,
+                    workspace=workspace,
+                    label_group=label_group,
+                    **form.service_arguments(),
+                )
+            except (ValidationError, ConflictError) as exc:
+                report_service_error(form, None, exc)
+            else:
+                messages.success(
+                    request, f"Dataset '{dataset.name}' v{dataset.version}: {dataset.status}."
+                )
+                return redirect(
+                    "features-dataset",
+                    ws=workspace.slug,
+                    name=dataset.name,
+                    version=dataset.version,
+                )
+    return render(
+        request,
+        "features/dataset_form.html",
+        _context(request, form=form, section="features"),
+        status=status,
     )
 
 

@@ -379,3 +379,129 @@ def test_a_viewer_cannot_upload(workspace, viewer):
     response = upload(browser(viewer), workspace, "profile", "users.csv", GOOD_CSV)
     assert response.status_code == 403
     assert not Batch.objects.for_workspace(workspace).exists()
+
+
+# New dataset -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sources(workspace, developer):
+    """A labelled-events group ``clicks`` and a user group ``profile``, each with a few rows."""
+    from features import ingestion
+
+    clicks = registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name="clicks",
+        entity="label",
+        entity_keys=["user_id"],
+        features=[{"name": "clicked", "dtype": "int"}],
+        online=False,
+    )
+    profile = make_group(workspace, name="profile")
+    csv_clicks = (
+        b"user_id,event_time,clicked\n"
+        b"u1,2026-11-01T03:00:00+00:00,1\nu2,2026-11-01T04:00:00+00:00,0\n"
+    )
+    for group, body in ((clicks, csv_clicks), (profile, GOOD_CSV)):
+        ingestion.batch_ingest(actor=developer, group=group, body=body, format="csv")
+    return clicks, profile
+
+
+def dataset_url(workspace) -> str:
+    return reverse("features-dataset-new", kwargs={"ws": workspace.slug})
+
+
+def dataset_post(**overrides) -> dict:
+    data = {
+        "name": "ctr_train",
+        "label_source": "clicks",
+        "label_columns": "clicked",
+        "features": ["profile:age", "profile:ctr_7d"],
+        "start_time": "2026-10-01T00:00",
+        "end_time": "",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_the_dataset_form_lists_groups_and_registry_features(workspace, developer, sources):
+    page = text(browser(developer).get(dataset_url(workspace)))
+    assert '<option value="clicks"' in page and '<option value="profile"' in page
+    for ref in ("profile:age", "profile:emb", "clicks:clicked"):
+        assert f'value="{ref}"' in page
+    assert "data-feature-search" in page
+
+
+def test_a_developer_builds_a_dataset_through_the_form(workspace, developer, sources):
+    from features.models import Dataset
+
+    client = browser(developer)
+    response = client.post(dataset_url(workspace), dataset_post())
+    assert response.status_code == 302
+    dataset = Dataset.objects.for_workspace(workspace).get(name="ctr_train")
+    assert response["Location"] == reverse(
+        "features-dataset", kwargs={"ws": workspace.slug, "name": "ctr_train", "version": 1}
+    )
+    assert (dataset.status, dataset.row_count) == ("ready", 2)
+    assert dataset.feature_refs == ["profile:age", "profile:ctr_7d"]
+    assert dataset.start_time.isoformat() == "2026-10-01T00:00:00+00:00"
+    page = text(client.get(response["Location"]))
+    assert "Dataset 'ctr_train' v1: ready." in page
+    assert 'data-testid="building"' not in page
+
+
+def test_a_building_dataset_says_so_and_reloads(workspace, developer, sources):
+    from features.models import Dataset, DatasetStatus
+
+    browser(developer).post(dataset_url(workspace), dataset_post())
+    Dataset.objects.for_workspace(workspace).update(status=DatasetStatus.BUILDING)
+    page = text(
+        browser(developer).get(
+            reverse(
+                "features-dataset",
+                kwargs={"ws": workspace.slug, "name": "ctr_train", "version": 1},
+            )
+        )
+    )
+    assert "Building: the point-in-time join is running." in page
+    assert '<meta http-equiv="refresh" content="5">' in page
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        ({"label_columns": "bought"}, "label_columns", "'clicks' has no column 'bought'"),
+        ({"features": ["profile:nope"]}, "features", "Select a valid choice"),
+        ({"features": []}, "features", "This field is required."),
+        (
+            {"start_time": "2026-11-02T00:00", "end_time": "2026-11-01T00:00"},
+            "end_time",
+            "must be after start_time",
+        ),
+        ({"label_source": "ghost"}, "label_source", "one of clicks, profile"),
+    ],
+)
+def test_an_invalid_dataset_shows_the_error_beside_its_field(
+    workspace, developer, sources, overrides, field, message
+):
+    from features.models import Dataset
+
+    response = browser(developer).post(dataset_url(workspace), dataset_post(**overrides))
+    assert response.status_code == 400
+    page = text(response)
+    block = page.split(f'data-field="{field}"', 1)[1].split("data-field=", 1)[0]
+    assert message in block, block
+    assert not Dataset.objects.for_workspace(workspace).exists()
+
+
+def test_a_viewer_cannot_build_a_dataset(workspace, viewer, sources):
+    from features.models import Dataset
+
+    list_page = text(
+        browser(viewer).get(reverse("features-datasets", kwargs={"ws": workspace.slug}))
+    )
+    assert 'data-testid="new-dataset"' not in list_page
+    assert browser(viewer).get(dataset_url(workspace)).status_code == 403
+    assert browser(viewer).post(dataset_url(workspace), dataset_post()).status_code == 403
+    assert not Dataset.objects.for_workspace(workspace).exists()

@@ -69,7 +69,28 @@
     });
   }
 
+  function setUpFeaturePicker(search) {
+    var choices = document.querySelectorAll("[data-feature-choices] label[data-ref]");
+    search.addEventListener("input", function () {
+      var needle = search.value.trim().toLowerCase();
+      choices.forEach(function (label) {
+        var input = label.querySelector("input");
+        label.hidden = needle !== "" && !input.checked && label.dataset.ref.indexOf(needle) === -1;
+      });
+    });
+  }
+
+  function setUpBusyNote(form) {
+    form.addEventListener("submit", function () {
+      var note = form.querySelector("[data-busy]");
+      note.textContent = form.dataset.busyText;
+      note.hidden = false;
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-feature-search]").forEach(setUpFeaturePicker);
+    document.querySelectorAll("form[data-busy-text]").forEach(setUpBusyNote);
     document.querySelectorAll("[data-testid=schema-editor]").forEach(setUpSchemaEditor);
     document.querySelectorAll("[data-upload-form]").forEach(setUpUpload);
   });
