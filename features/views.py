@@ -8,6 +8,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -145,6 +146,7 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
             can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
             moves=lifecycle_moves(group=group, role=request.workspace_role),
             upload_form=BatchUploadForm(),
+            upload_limit=settings.API_MAX_BODY_BYTES,
             section="features",
         ),
     )

@@ -505,3 +505,17 @@ def test_a_viewer_cannot_build_a_dataset(workspace, viewer, sources):
     assert browser(viewer).get(dataset_url(workspace)).status_code == 403
     assert browser(viewer).post(dataset_url(workspace), dataset_post()).status_code == 403
     assert not Dataset.objects.for_workspace(workspace).exists()
+
+
+def test_a_file_over_the_page_limit_is_refused_and_the_page_names_the_limit(
+    workspace, developer, settings
+):
+    settings.API_MAX_BODY_BYTES = 2048
+    make_group(workspace, name="profile")
+    client = browser(developer)
+    page = text(client.get(group_url(workspace, "profile")))
+    assert 'data-max-bytes="2048"' in page
+    assert "Files up to 2.0\xa0KB here" in page  # filesizeformat joins with a no-break space
+    response = upload(client, workspace, "profile", "users.csv", GOOD_CSV * 40)
+    assert response.status_code == 413
+    assert not Batch.objects.for_workspace(workspace).exists()

@@ -28,6 +28,18 @@
     var percent = progress.querySelector("[data-upload-percent]");
     form.addEventListener("submit", function (event) {
       event.preventDefault();
+      var file = form.querySelector("input[type=file]").files[0];
+      var limit = parseInt(form.dataset.maxBytes, 10);
+      if (file && limit && file.size > limit) {
+        target.innerHTML = "";
+        var tooBig = document.createElement("p");
+        tooBig.className = "error";
+        tooBig.setAttribute("data-testid", "upload-refused");
+        tooBig.textContent = "Refused: " + file.name + " is " + file.size + " bytes, over the " +
+          limit + "-byte limit of this page; push it through the batches API instead.";
+        target.appendChild(tooBig);
+        return;
+      }
       var xhr = new XMLHttpRequest();
       var button = form.querySelector("button[type=submit]");
       xhr.open("POST", form.action);
