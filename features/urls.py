@@ -24,6 +24,11 @@ urlpatterns = [
         name="features-group-lifecycle",
     ),
     path(
+        "w/<slug:ws>/features/groups/<str:name>/features/<str:feature>/lifecycle/",
+        views.feature_lifecycle,
+        name="features-feature-lifecycle",
+    ),
+    path(
         "w/<slug:ws>/features/groups/<str:name>/upload/",
         views.feature_group_upload,
         name="features-group-upload",

@@ -125,6 +125,9 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
     current = next((v for v in versions if v.version == group.current_version), None)
     checks = list(health_history(group=group)[:CHART_POINTS])
     consumers = list(consumers_of(group=group, live_only=False))
+    features = list(group.feature_set.all())
+    for feature in features:
+        feature.moves = feature_moves(feature=feature, role=request.workspace_role)
     batch_url = request.build_absolute_uri(
         reverse("v1:feature-batch-list", kwargs={"ws": workspace.slug, "name": group.name})
     )
@@ -134,7 +137,7 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
         _context(
             request,
             group=group,
-            features=list(group.feature_set.all()),
+            features=features,
             versions=[{"version": v, "features": v.features} for v in versions],
             batches=list(batches_of(group=group)[:RECENT_BATCHES]),
             consumers=consumers,
@@ -168,6 +171,19 @@ def lifecycle_moves(*, group: FeatureGroup, role: str) -> list[dict[str, str]]:
     for status in Lifecycle.values:
         if status in LIFECYCLE_MOVES[group.status] and status in MOVE_LABELS:
             label, needs = MOVE_LABELS[status]
+            if role_at_least(role, needs):
+                moves.append({"status": status, "label": label})
+    return moves
+
+
+def feature_moves(*, feature: Feature, role: str) -> list[dict[str, str]]:
+    """The moves of one feature (never back to draft) that ``role`` may make (retire: maintainer,
+    as the API's feature PATCH checks it)."""
+    moves = []
+    for status in Lifecycle.values:
+        if status in LIFECYCLE_MOVES[feature.status] and status != Lifecycle.DRAFT:
+            label, _ = MOVE_LABELS[status]
+            needs = Role.MAINTAINER if status == Lifecycle.RETIRED else Role.DEVELOPER
             if role_at_least(role, needs):
                 moves.append({"status": status, "label": label})
     return moves
@@ -267,6 +283,32 @@ def feature_group_lifecycle(request: HttpRequest, workspace, name: str) -> HttpR
         messages.error(request, " ".join(exc.messages))
     else:
         messages.success(request, f"'{group.name}' is now {status}.")
+    return redirect("features-group", ws=workspace.slug, name=group.name)
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_lifecycle(request: HttpRequest, workspace, name: str, feature: str) -> HttpResponse:
+    if request.method != "POST":
+        return redirect("features-group", ws=workspace.slug, name=name)
+    group = feature_group_get(workspace=workspace, name=name)
+    target = Feature.objects.for_workspace(workspace).filter(group=group, name=feature).first()
+    if target is None:
+        raise Http404(f"No feature '{name}:{feature}'.")
+    form = LifecycleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"status: {' '.join(form.errors['status'])}")
+        return redirect("features-group", ws=workspace.slug, name=group.name)
+    status = form.cleaned_data["status"]
+    if status == Lifecycle.RETIRED and not role_at_least(request.workspace_role, Role.MAINTAINER):
+        raise PermissionDenied("Retiring needs the maintainer role.")
+    try:
+        registry.feature_set_status(actor=request.user, feature=target, status=status)
+    except ConflictError as exc:
+        messages.error(request, f"Conflict: {exc}")
+    except ValidationError as exc:
+        messages.error(request, "status: " + " ".join(exc.messages))
+    else:
+        messages.success(request, f"'{group.name}:{target.name}' is now {status}.")
     return redirect("features-group", ws=workspace.slug, name=group.name)
 
 

@@ -519,3 +519,52 @@ def test_a_file_over_the_page_limit_is_refused_and_the_page_names_the_limit(
     response = upload(client, workspace, "profile", "users.csv", GOOD_CSV * 40)
     assert response.status_code == 413
     assert not Batch.objects.for_workspace(workspace).exists()
+
+
+def feature_move_url(workspace, group: str, feature: str) -> str:
+    return reverse(
+        "features-feature-lifecycle",
+        kwargs={"ws": workspace.slug, "name": group, "feature": feature},
+    )
+
+
+def test_retiring_a_feature_in_use_shows_the_conflict(workspace, maintainer):
+    from features.models import Feature
+
+    group = make_group(workspace, name="profile")
+    registry.consumer_register(
+        actor=None, group=group, kind="model", object_id=3, label="ctr v1", feature_name="age"
+    )
+    client = browser(maintainer)
+    page = text(client.get(group_url(workspace, "profile")))
+    row = page.split('<tr data-feature="age">', 1)[1].split("</tr>", 1)[0]
+    assert 'data-feature-move="deprecated"' in row and 'data-feature-move="retired"' in row
+    url = feature_move_url(workspace, "profile", "age")
+    response = client.post(url, {"status": "retired"}, follow=True)
+    assert "Conflict: cannot retire 'profile:age': used by model ctr v1" in text(response)
+    age = Feature.objects.for_workspace(workspace).get(group=group, name="age")
+    assert age.status == Lifecycle.ACTIVE
+    response = client.post(feature_move_url(workspace, "profile", "city"), {"status": "retired"})
+    assert response.status_code == 302
+    city = Feature.objects.for_workspace(workspace).get(group=group, name="city")
+    assert city.status == Lifecycle.RETIRED
+
+
+def test_a_developer_deprecates_a_feature_but_cannot_retire_it(workspace, developer, viewer):
+    from features.models import Feature
+
+    group = make_group(workspace, name="profile")
+    page = text(browser(developer).get(group_url(workspace, "profile")))
+    row = page.split('<tr data-feature="age">', 1)[1].split("</tr>", 1)[0]
+    assert 'data-feature-move="deprecated"' in row and 'data-feature-move="retired"' not in row
+    url = feature_move_url(workspace, "profile", "age")
+    assert browser(developer).post(url, {"status": "retired"}).status_code == 403
+    assert browser(viewer).post(url, {"status": "deprecated"}).status_code == 403
+    age = Feature.objects.for_workspace(workspace).get(group=group, name="age")
+    assert age.status == Lifecycle.ACTIVE
+    response = browser(developer).post(url, {"status": "deprecated"})
+    assert response.status_code == 302
+    age.refresh_from_db()
+    assert age.status == Lifecycle.DEPRECATED
+    missing = feature_move_url(workspace, "profile", "nope")
+    assert browser(developer).post(missing, {"status": "deprecated"}).status_code == 404
