@@ -1,6 +1,9 @@
 """Browser UI of the feature registry: groups, one group's page (schema, versions, health chart,
-batches, consumers, how to push data) and datasets. Everything is read through the selectors, so
-another workspace's objects answer 404 like missing ones."""
+batches, consumers, how to push data) and datasets; and the pages that write: a new group, a new
+schema version, lifecycle moves, a file upload and a new dataset. Everything is read through the
+selectors, so another workspace's objects answer 404 like missing ones; every write goes through
+the service the REST API calls (``features.registry``, ``features.ingestion``, ``features.samples``)
+and is refused to viewers by ``workspace_page(Role.DEVELOPER)``."""
 
 from __future__ import annotations
 
