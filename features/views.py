@@ -1,6 +1,9 @@
 """Browser UI of the feature registry: groups, one group's page (schema, versions, health chart,
-batches, consumers, how to push data) and datasets. Everything is read through the selectors, so
-another workspace's objects answer 404 like missing ones."""
+batches, consumers, how to push data) and datasets; and the pages that write: a new group, a new
+schema version, lifecycle moves, a file upload and a new dataset. Everything is read through the
+selectors, so another workspace's objects answer 404 like missing ones; every write goes through
+the service the REST API calls (``features.registry``, ``features.ingestion``, ``features.samples``)
+and is refused to viewers by ``workspace_page(Role.DEVELOPER)``."""
 
 from __future__ import annotations
 
@@ -8,17 +11,31 @@ import json
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from features import ingestion, registry, samples
+from features.forms import (
+    BatchUploadForm,
+    DatasetCreateForm,
+    FeatureGroupCreateForm,
+    LifecycleForm,
+    SchemaRows,
+    report_service_error,
+)
 from features.models import (
+    LIFECYCLE_MOVES,
     Dtype,
     EntityKind,
+    Feature,
     FeatureGroup,
     FeatureGroupVersion,
     HealthStatus,
@@ -30,10 +47,14 @@ from features.selectors import (
     consumers_of,
     datasets_of,
     feature_group_detail,
+    feature_group_get,
     feature_groups_of,
     health_history,
 )
 from workspaces.dashboard import DashboardSection
+from workspaces.exceptions import ConflictError
+from workspaces.models import Role
+from workspaces.selectors import role_at_least
 from workspaces.views import _context, workspace_page
 
 GROUPS_PER_PAGE = 50
@@ -89,6 +110,7 @@ def feature_group_list(request: HttpRequest, workspace) -> HttpResponse:
             healths=HealthStatus.choices,
             entities=EntityKind.choices,
             filter_query=urlencode({key: value for key, value in filters.items() if value}),
+            can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
             section="features",
         ),
     )
@@ -106,6 +128,9 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
     current = next((v for v in versions if v.version == group.current_version), None)
     checks = list(health_history(group=group)[:CHART_POINTS])
     consumers = list(consumers_of(group=group, live_only=False))
+    features = list(group.feature_set.all())
+    for feature in features:
+        feature.moves = feature_moves(feature=feature, role=request.workspace_role)
     batch_url = request.build_absolute_uri(
         reverse("v1:feature-batch-list", kwargs={"ws": workspace.slug, "name": group.name})
     )
@@ -115,7 +140,7 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
         _context(
             request,
             group=group,
-            features=list(group.feature_set.all()),
+            features=features,
             versions=[{"version": v, "features": v.features} for v in versions],
             batches=list(batches_of(group=group)[:RECENT_BATCHES]),
             consumers=consumers,
@@ -124,8 +149,204 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
             chart=_chart_series(checks) | {"sla_hours": group.freshness_sla_seconds / 3600},
             push=push_examples(group=group, version=current, batch_url=batch_url),
             panels=group_panels(request=request, workspace=workspace, group=group),
+            can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
+            moves=lifecycle_moves(group=group, role=request.workspace_role),
+            upload_form=BatchUploadForm(),
+            upload_limit=settings.API_MAX_BODY_BYTES,
             section="features",
         ),
+    )
+
+
+# Writes: register, new schema version, lifecycle, upload ------------------------------------------
+
+# The lifecycle moves a page offers, with the role each needs (as the API's PATCH checks it).
+MOVE_LABELS = {
+    Lifecycle.ACTIVE: ("Activate", Role.DEVELOPER),
+    Lifecycle.DEPRECATED: ("Deprecate", Role.MAINTAINER),
+    Lifecycle.RETIRED: ("Retire", Role.MAINTAINER),
+}
+
+
+def lifecycle_moves(*, group: FeatureGroup, role: str) -> list[dict[str, str]]:
+    """The moves out of the group's status that ``role`` may make, in lifecycle order."""
+    moves = []
+    for status in Lifecycle.values:
+        if status in LIFECYCLE_MOVES[group.status] and status in MOVE_LABELS:
+            label, needs = MOVE_LABELS[status]
+            if role_at_least(role, needs):
+                moves.append({"status": status, "label": label})
+    return moves
+
+
+def feature_moves(*, feature: Feature, role: str) -> list[dict[str, str]]:
+    """The moves of one feature (never back to draft) that ``role`` may make (retire: maintainer,
+    as the API's feature PATCH checks it)."""
+    moves = []
+    for status in Lifecycle.values:
+        if status in LIFECYCLE_MOVES[feature.status] and status != Lifecycle.DRAFT:
+            label, _ = MOVE_LABELS[status]
+            needs = Role.MAINTAINER if status == Lifecycle.RETIRED else Role.DEVELOPER
+            if role_at_least(role, needs):
+                moves.append({"status": status, "label": label})
+    return moves
+
+
+def _dtype_choices() -> list[tuple[str, str]]:
+    return list(Dtype.choices)
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_create(request: HttpRequest, workspace) -> HttpResponse:
+    if request.method == "POST":
+        form = FeatureGroupCreateForm(request.POST)
+        schema = SchemaRows(request.POST)
+        specs = schema.specs()
+        if form.is_valid() and specs is not None:
+            try:
+                group = registry.feature_group_register(
+                    actor=request.user,
+                    workspace=workspace,
+                    features=specs,
+                    **form.service_arguments(),
+                )
+            except (ValidationError, ConflictError) as exc:
+                report_service_error(form, schema, exc)
+            else:
+                messages.success(request, f"Feature group '{group.name}' registered (v1).")
+                return redirect("features-group", ws=workspace.slug, name=group.name)
+        status = 400
+    else:
+        form = FeatureGroupCreateForm()
+        schema = SchemaRows()
+        status = 200
+    return render(
+        request,
+        "features/group_form.html",
+        _context(
+            request,
+            form=form,
+            schema=schema,
+            dtypes=_dtype_choices(),
+            section="features",
+        ),
+        status=status,
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_schema(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    group = feature_group_get(workspace=workspace, name=name)
+    if request.method == "POST":
+        schema = SchemaRows(request.POST)
+        specs = schema.specs()
+        if specs is not None:
+            try:
+                version = registry.feature_group_new_version(
+                    actor=request.user, group=group, features=specs
+                )
+            except ConflictError as exc:
+                schema.add_error(None, str(exc))
+            except ValidationError as exc:
+                report_service_error(None, schema, exc)
+            else:
+                messages.success(request, f"Schema of '{group.name}' is now v{version.version}.")
+                return redirect("features-group", ws=workspace.slug, name=group.name)
+        status = 400
+    else:
+        current = group.versions.get(version=group.current_version)
+        schema = SchemaRows(initial=current.features)
+        status = 200
+    return render(
+        request,
+        "features/schema_form.html",
+        _context(request, group=group, schema=schema, dtypes=_dtype_choices(), section="features"),
+        status=status,
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_lifecycle(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    if request.method != "POST":
+        return redirect("features-group", ws=workspace.slug, name=name)
+    group = feature_group_get(workspace=workspace, name=name)
+    form = LifecycleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"status: {' '.join(form.errors['status'])}")
+        return redirect("features-group", ws=workspace.slug, name=group.name)
+    status = form.cleaned_data["status"]
+    needs = MOVE_LABELS.get(status, ("", Role.DEVELOPER))[1]
+    if not role_at_least(request.workspace_role, needs):
+        raise PermissionDenied(f"This needs the {needs} role.")
+    try:
+        registry.feature_group_set_status(actor=request.user, group=group, status=status)
+    except ConflictError as exc:
+        messages.error(request, f"Conflict: {exc}")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"'{group.name}' is now {status}.")
+    return redirect("features-group", ws=workspace.slug, name=group.name)
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_lifecycle(request: HttpRequest, workspace, name: str, feature: str) -> HttpResponse:
+    if request.method != "POST":
+        return redirect("features-group", ws=workspace.slug, name=name)
+    group = feature_group_get(workspace=workspace, name=name)
+    target = Feature.objects.for_workspace(workspace).filter(group=group, name=feature).first()
+    if target is None:
+        raise Http404(f"No feature '{name}:{feature}'.")
+    form = LifecycleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"status: {' '.join(form.errors['status'])}")
+        return redirect("features-group", ws=workspace.slug, name=group.name)
+    status = form.cleaned_data["status"]
+    if status == Lifecycle.RETIRED and not role_at_least(request.workspace_role, Role.MAINTAINER):
+        raise PermissionDenied("Retiring needs the maintainer role.")
+    try:
+        registry.feature_set_status(actor=request.user, feature=target, status=status)
+    except ConflictError as exc:
+        messages.error(request, f"Conflict: {exc}")
+    except ValidationError as exc:
+        messages.error(request, "status: " + " ".join(exc.messages))
+    else:
+        messages.success(request, f"'{group.name}:{target.name}' is now {status}.")
+    return redirect("features-group", ws=workspace.slug, name=group.name)
+
+
+@workspace_page(Role.DEVELOPER)
+def feature_group_upload(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    """Store one uploaded file as a batch. The page's script posts it with XMLHttpRequest (for the
+    progress bar) and shows the returned fragment; without the script the result is a full page."""
+    if request.method != "POST":
+        return redirect("features-group", ws=workspace.slug, name=name)
+    group = feature_group_get(workspace=workspace, name=name)
+    form = BatchUploadForm(request.POST, request.FILES)
+    result: dict[str, Any] = {"group": group}
+    status = 400
+    if form.is_valid():
+        upload = form.cleaned_data["file"]
+        try:
+            outcome = ingestion.batch_ingest(
+                actor=request.user, group=group, body=upload.read(), format=form.batch_format
+            )
+        except ingestion.BatchRejected as exc:
+            result["problems"] = exc.problems
+        except (ValidationError, ConflictError) as exc:
+            result["error"] = str(exc) if isinstance(exc, ConflictError) else " ".join(exc.messages)
+        else:
+            result["batch"] = outcome.batch
+            result["filename"] = upload.name
+            status = 201
+    else:
+        result["error"] = " ".join(form.errors.get("file", ["Attach a file."]))
+    fragment = request.headers.get("X-Requested-With") == "XMLHttpRequest"
+    return render(
+        request,
+        "features/_upload_result.html" if fragment else "features/upload_result.html",
+        _context(request, result=result, group=group, section="features"),
+        status=status,
     )
 
 
@@ -225,7 +446,73 @@ def dataset_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "features/dataset_list.html",
-        _context(request, page=page, section="features"),
+        _context(
+            request,
+            page=page,
+            can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
+            section="features",
+        ),
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
+    """Build a training sample from the registry. The build runs inside the request for now; the
+    dataset page shows its status (and reloads itself while it is still building)."""
+    groups = list(
+        feature_groups_of(workspace=workspace)
+        .exclude(status=Lifecycle.RETIRED)
+        .order_by("name")
+        .values_list("name", flat=True)
+    )
+    refs = [
+        f"{group}:{feature}"
+        for group, feature in Feature.objects.for_workspace(workspace)
+        .filter(group__name__in=groups)
+        .exclude(status=Lifecycle.RETIRED)
+        .order_by("group__name", "name")
+        .values_list("group__name", "name")
+    ]
+    form = DatasetCreateForm(
+        request.POST if request.method == "POST" else None, groups=groups, feature_refs=refs
+    )
+    status = 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            label_group = (
+                feature_groups_of(workspace=workspace)
+                .filter(name=form.cleaned_data["label_source"])
+                .first()
+            )
+            try:
+                if label_group is None:
+                    raise ValidationError(
+                        {"label_source": f"one of {', '.join(groups) or '(no groups yet)'}"}
+                    )
+                dataset = samples.dataset_create(
+                    actor=request.user,
+                    workspace=workspace,
+                    label_group=label_group,
+                    **form.service_arguments(),
+                )
+            except (ValidationError, ConflictError) as exc:
+                report_service_error(form, None, exc)
+            else:
+                messages.success(
+                    request, f"Dataset '{dataset.name}' v{dataset.version}: {dataset.status}."
+                )
+                return redirect(
+                    "features-dataset",
+                    ws=workspace.slug,
+                    name=dataset.name,
+                    version=dataset.version,
+                )
+    return render(
+        request,
+        "features/dataset_form.html",
+        _context(request, form=form, section="features"),
+        status=status,
     )
 
 

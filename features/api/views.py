@@ -9,7 +9,7 @@ from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status
 from rest_framework.exceptions import UnsupportedMediaType
-from rest_framework.parsers import FileUploadParser, MultiPartParser
+from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -194,12 +194,26 @@ RAW_FORMATS = {
 }
 
 
+class RawBatchParser(BaseParser):
+    """Any non-multipart body, kept as its bytes: the view picks the format from the content type.
+
+    Session authentication's CSRF check reads the request's form data, which parses the body. With
+    ``FileUploadParser`` (which matches every content type) a JSON or CSV body without a
+    Content-Disposition filename was refused there with 400 "Missing filename", so a logged-in
+    browser could not push. Reading ``request.body`` keeps Django's upload size limit."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None) -> bytes:
+        return parser_context["request"].body
+
+
 class BatchViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
     """Producer pushes into a group: JSON rows, or a CSV or Parquet file (body or multipart)."""
 
     serializer_class = BatchSerializer
     action_roles = {"create": Role.DEVELOPER}
-    parser_classes = [MultiPartParser, FileUploadParser]
+    parser_classes = [MultiPartParser, RawBatchParser]
 
     def get_workspace_queryset(self) -> QuerySet:
         return batches_of(

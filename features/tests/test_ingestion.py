@@ -367,3 +367,29 @@ def test_a_stored_batch_answers_201_when_the_online_write_fails_and_materialises
         workspace=group.workspace, entities=["u2"], features=["user_profile:age"]
     )
     assert looked_up["rows"] == [[22]]
+
+
+def test_logged_in_browser_pushes_json_with_its_csrf_token(group, producer):
+    """Session auth on the batches route: the CSRF check reads the request's form data, which must
+    not run the upload parser on a JSON body (it answered 400 "Missing filename")."""
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(producer)
+    token = "k" * 32  # the browser's CSRF cookie, sent back in the X-CSRFToken header
+    browser.cookies["csrftoken"] = token
+    body = json.dumps({"rows": [user_row(1), user_row(2)]})
+    refused = browser.post(batches_url(group), body, content_type="application/json")
+    assert refused.status_code == 403
+    assert not Batch.objects.for_workspace(group.workspace).exists()
+    response = browser.post(
+        batches_url(group), body, content_type="application/json", HTTP_X_CSRFTOKEN=token
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["rows"] == 2
+    csv = b"user_id,event_time,age\nu7,2026-11-02T00:00:00+00:00,19\n"
+    response = browser.post(
+        batches_url(group), csv, content_type="text/csv", HTTP_X_CSRFTOKEN=token
+    )
+    assert response.status_code == 201, response.content
+    assert Batch.objects.for_workspace(group.workspace).count() == 2
