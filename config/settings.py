@@ -341,6 +341,8 @@ API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
 FEATURE_BATCH_MAX_BYTES = env_int("FEATURE_BATCH_MAX_BYTES", 32 * 1024 * 1024)
 API_BODY_LIMITS = [
     (r"^/api/v1/workspaces/[^/]+/feature-groups/[^/]+/batches/$", "FEATURE_BATCH_MAX_BYTES"),
+    # The same batches uploaded from a group's page.
+    (r"^/w/[^/]+/features/groups/[^/]+/upload/$", "FEATURE_BATCH_MAX_BYTES"),
 ]
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES)
 # Uploaded files stay in memory up to this size (a batch is read whole anyway).

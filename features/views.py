@@ -11,7 +11,6 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -53,6 +52,7 @@ from features.selectors import (
 )
 from workspaces.dashboard import DashboardSection
 from workspaces.exceptions import ConflictError
+from workspaces.middleware import body_limit_for
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
 from workspaces.views import _context, workspace_page
@@ -152,7 +152,9 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
             can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
             moves=lifecycle_moves(group=group, role=request.workspace_role),
             upload_form=BatchUploadForm(),
-            upload_limit=settings.API_MAX_BODY_BYTES,
+            upload_limit=body_limit_for(
+                reverse("features-group-upload", args=[workspace.slug, group.name])
+            ),
             section="features",
         ),
     )

@@ -510,7 +510,7 @@ def test_a_viewer_cannot_build_a_dataset(workspace, viewer, sources):
 def test_a_file_over_the_page_limit_is_refused_and_the_page_names_the_limit(
     workspace, developer, settings
 ):
-    settings.API_MAX_BODY_BYTES = 2048
+    settings.FEATURE_BATCH_MAX_BYTES = 2048  # the batches' limit, on the page as on the API
     make_group(workspace, name="profile")
     client = browser(developer)
     page = text(client.get(group_url(workspace, "profile")))
