@@ -1,5 +1,6 @@
 """The experiment page in a real browser (Debian's chromium via playwright): the charts draw,
-the SRM and guardrail status show, and the stop button sends everyone back to control."""
+the SRM and guardrail status show, and the stop button sends everyone back to control; and the
+journey that creates an experiment through the New experiment form."""
 
 from __future__ import annotations
 

@@ -61,6 +61,10 @@ def test_the_form_creates_a_draft_with_the_service(workspace, members):
     assert f'<option value="{dep.pk}">{dep.name}' in page
     assert f'value="{treatment.pk}"' in page
     assert 'data-testid="free-buckets">10000<' in page  # a new layer: every bucket is free
+    refused = dev.post(url, _form_data(dep, [treatment], key="new"))  # the form's own URL
+    assert (
+        refused.status_code == 400 and "a word of the experiments URLs" in refused.content.decode()
+    )
     response = dev.post(url, _form_data(dep, [treatment]))
     assert response.status_code == 302
     exp = Experiment.objects.for_workspace(workspace).get(key="bigger-thumbs")
