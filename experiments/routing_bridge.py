@@ -124,9 +124,18 @@ def deployment_choices(workspace: Workspace) -> list[tuple[int, str]]:
 def version_choices(workspace: Workspace) -> list[tuple[int, str]]:
     """(id, label) of the versions of deployed models, newest first, with their gate status:
     the candidates for an experiment's treatment arms."""
-    models = Deployment.objects.for_workspace(workspace).values_list("model_id", flat=True)
+    deployments = Deployment.objects.for_workspace(workspace)
+    models = deployments.values_list("model_id", flat=True)
+    production: dict[int, list[str]] = {}
+    for dep in deployments.only("name", "version_id"):
+        production.setdefault(dep.version_id, []).append(dep.name)
     return [
-        (v.pk, f"{v.model.name} v{v.version} (#{v.pk}, gates {v.gate_status})")
+        (
+            v.pk,
+            f"{v.model.name} v{v.version} (#{v.pk}, gates {v.gate_status}"
+            + (f"; production of {', '.join(production[v.pk])}" if v.pk in production else "")
+            + ")",
+        )
         for v in ModelVersion.objects.for_workspace(workspace)
         .filter(model_id__in=models)
         .select_related("model")

@@ -1008,7 +1008,8 @@ def summary_of(result: dict[str, Any], exp: Experiment) -> dict[str, Any]:
 
 def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[str, Any]:
     """One recommendation from the latest read-out: ``ship`` (an arm), ``keep_running`` or
-    ``stop``, with why, judged by the experiment's own sequential method on its primary metric.
+    ``stop`` (``not_started`` before it runs), with why, judged by the experiment's own
+    sequential method on its primary metric.
 
     Group-sequential reads the effect against this look's alpha-spending boundary (and at the
     last planned look an effect that never crossed means stop); always-valid reads the
@@ -1047,8 +1048,11 @@ def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[s
             "method": method or exp.sequential_method,
         }
 
-    if exp.state != ExperimentState.RUNNING or not result:
-        return verdict("keep_running", "no results yet: the first snapshot comes once it runs")
+    if exp.state in (ExperimentState.DRAFT, ExperimentState.PENDING_REVIEW):
+        waiting = "a maintainer's review" if exp.review.get("problems") else "its submission"
+        return verdict("not_started", f"no traffic yet: it waits for {waiting}")
+    if not result:
+        return verdict("keep_running", "no results yet: the first snapshot comes within minutes")
     if not result.get("enough_units"):
         return verdict(
             "keep_running", f"not enough units yet: every arm needs {exp.min_units} to be judged"

@@ -84,7 +84,7 @@ def test_the_form_creates_a_draft_with_the_service(workspace, members):
     detail = dev.get(response["Location"]).content.decode()
     # the flash message shows once (base.html renders it; the page no longer repeats it)
     assert detail.count("Draft bigger-thumbs created") == 1
-    assert 'data-testid="edit"' in detail
+    assert 'data-testid="edit"' in detail and 'data-verdict="not_started"' in detail
 
 
 def test_a_ramp_over_the_free_buckets_is_refused_naming_them(workspace, members):
