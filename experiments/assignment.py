@@ -40,6 +40,16 @@ def find_block(taken: Iterable[tuple[int, int]], size: int) -> int | None:
     return cursor if BUCKETS - cursor >= size else None
 
 
+def largest_free_run(taken: Iterable[tuple[int, int]]) -> int:
+    """The widest run of free buckets between taken ``(start, size)`` blocks: the biggest block
+    ``find_block`` can still place."""
+    cursor, widest = 0, 0
+    for start, length in sorted(taken):
+        widest = max(widest, start - cursor)
+        cursor = max(cursor, start + length)
+    return max(widest, BUCKETS - cursor)
+
+
 def allocations(
     *, block_start: int, arms: Sequence[dict[str, Any]], max_percent: float, percent: float
 ) -> list[dict[str, Any]]:

@@ -109,3 +109,35 @@ def exposed_units(workspace: Workspace, experiment_key: str) -> Iterable[tuple[s
         .values_list("arm", "unit_id")
         .distinct()
     )
+
+
+def deployment_choices(workspace: Workspace) -> list[tuple[int, str]]:
+    """(id, label) of the workspace's deployments, for the experiment form's select."""
+    return [
+        (dep.pk, f"{dep.name} ({dep.model.name} v{dep.version.version} in production)")
+        for dep in Deployment.objects.for_workspace(workspace)
+        .select_related("model", "version")
+        .order_by("name")
+    ]
+
+
+def version_choices(workspace: Workspace) -> list[tuple[int, str]]:
+    """(id, label) of the versions of deployed models, newest first, with their gate status:
+    the candidates for an experiment's treatment arms."""
+    deployments = Deployment.objects.for_workspace(workspace)
+    models = deployments.values_list("model_id", flat=True)
+    production: dict[int, list[str]] = {}
+    for dep in deployments.only("name", "version_id"):
+        production.setdefault(dep.version_id, []).append(dep.name)
+    return [
+        (
+            v.pk,
+            f"{v.model.name} v{v.version} (#{v.pk}, gates {v.gate_status}"
+            + (f"; production of {', '.join(production[v.pk])}" if v.pk in production else "")
+            + ")",
+        )
+        for v in ModelVersion.objects.for_workspace(workspace)
+        .filter(model_id__in=models)
+        .select_related("model")
+        .order_by("model__name", "-version")
+    ]

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.urls import reverse
@@ -137,32 +137,89 @@ def _clean_ramp(ramp_plan: Any, n_arms: int, workspace: Workspace) -> list[float
     return plan
 
 
-@transaction.atomic
-def experiment_create(
+def layer_free_buckets(
+    workspace: Workspace, layer: Layer | str | None, *, exclude: Experiment | None = None
+) -> int:
+    """The widest run of buckets no running experiment holds in ``layer`` (a name that is no
+    layer yet: all of them): the largest block an experiment starting now could get."""
+    if not isinstance(layer, Layer):
+        layer = Layer.objects.for_workspace(workspace).filter(name=layer or "default").first()
+        if layer is None:
+            return assignment.BUCKETS
+    taken = (
+        Experiment.objects.for_workspace(workspace)
+        .filter(layer=layer, state=ExperimentState.RUNNING, block_start__isnull=False)
+        .exclude(pk=exclude.pk if exclude is not None else None)
+        .values_list("block_start", "block_size")
+    )
+    return assignment.largest_free_run(list(taken))
+
+
+def layer_room(
+    workspace: Workspace,
+    layer: Layer | str | None,
+    *,
+    n_arms: int,
+    top_percent: float | None = None,
+    exclude: Experiment | None = None,
+) -> dict[str, Any]:
+    """What fits in a layer now: its free buckets, the most per-arm percent ``n_arms`` arms can
+    reach there, and (with ``top_percent``) the buckets that ramp needs and whether it fits."""
+    free = layer_free_buckets(workspace, layer, exclude=exclude)
+    n_arms = max(2, n_arms)
+    most = math.floor(free / n_arms / assignment.BUCKETS_PER_PERCENT * 100) / 100
+    room: dict[str, Any] = {
+        "layer": layer.name if isinstance(layer, Layer) else (layer or "default"),
+        "free": free,
+        "buckets": assignment.BUCKETS,
+        "n_arms": n_arms,
+        "max_percent": min(most, float(policy_of(workspace)["max_percent"])),
+        "needed": None,
+        "fits": None,
+    }
+    if top_percent is not None:
+        room["needed"] = assignment.block_size(n_arms, top_percent)
+        room["fits"] = room["needed"] <= free
+    return room
+
+
+def _check_room(workspace: Workspace, layer: Layer, n_arms: int, plan: list[float], exp=None):
+    """Refuse a ramp whose block (arms x top percent) does not fit the layer's free buckets."""
+    room = layer_room(workspace, layer, n_arms=n_arms, top_percent=plan[-1], exclude=exp)
+    if not room["fits"]:
+        raise ValidationError(
+            {
+                "ramp_plan": f"layer '{layer.name}' has {room['free']} free buckets; {n_arms} "
+                f"arms x {plan[-1]:g}% need {room['needed']} (at most {room['max_percent']:g}% "
+                "per arm fits there; lower the plan or use another layer)"
+            }
+        )
+
+
+def _clean_spec(
     *,
     actor,
     workspace: Workspace,
-    key: str,
     hypothesis: str,
     deployment: Any,
     treatment_versions: list[int],
-    layer: Layer | str | None = None,
-    unit: str = Unit.USER,
-    primary_metric: str = Metric.CTR,
-    guardrails: Any = None,
-    ramp_plan: Any = None,
-    ramp_interval_s: int = 86400,
-    min_units: int = 100,
-    alpha: float = 0.05,
-    sequential_method: str = SequentialMethod.GROUP_SEQUENTIAL,
-    spending: str = Spending.OBRIEN_FLEMING,
-) -> Experiment:
-    """A draft experiment: control is the deployment's production version."""
-    key_validator(key)
+    layer: Layer | str | None,
+    unit: str,
+    primary_metric: str,
+    guardrails: Any,
+    ramp_plan: Any,
+    ramp_interval_s: int,
+    min_units: int,
+    alpha: float,
+    sequential_method: str,
+    spending: str,
+    experiment: Experiment | None = None,
+    require_room: bool = False,
+) -> tuple[dict[str, Any], list[Any]]:
+    """The checked fields of an experiment (for create and for a draft's edit) and its treatment
+    versions; the layer is created when it does not exist yet."""
     if not str(hypothesis or "").strip():
         raise ValidationError({"hypothesis": "say what you expect and why"})
-    if Experiment.objects.for_workspace(workspace).filter(key=key).exists():
-        raise ConflictError(f"experiment '{key}' exists", attr="key")
     dep = routing_bridge.deployment_of(workspace, deployment)
     if unit not in Unit.values:
         raise ValidationError({"unit": f"one of {Unit.values}"})
@@ -195,24 +252,79 @@ def experiment_create(
     if spending not in Spending.values:
         raise ValidationError({"spending": f"one of {Spending.values}"})
     plan = _clean_ramp(ramp_plan if ramp_plan is not None else [1, 5, 20, 50], len(arms), workspace)
+    clean_guardrails = _clean_guardrails(guardrails)
+    the_layer = _layer(workspace, layer, actor)
+    if require_room:
+        _check_room(workspace, the_layer, len(arms), plan, experiment)
+    fields = {
+        "hypothesis": str(hypothesis)[:5000],
+        "deployment": dep,
+        "control_version_id": dep.version_id,
+        "arms": arms,
+        "layer": the_layer,
+        "unit": unit,
+        "primary_metric": primary_metric,
+        "guardrails": clean_guardrails,
+        "ramp_plan": plan,
+        "ramp_interval_s": ramp_interval_s,
+        "min_units": min_units,
+        "alpha": float(alpha),
+        "sequential_method": sequential_method,
+        "spending": spending,
+    }
+    return fields, versions
+
+
+@transaction.atomic
+def experiment_create(
+    *,
+    actor,
+    workspace: Workspace,
+    key: str,
+    hypothesis: str,
+    deployment: Any,
+    treatment_versions: list[int],
+    layer: Layer | str | None = None,
+    unit: str = Unit.USER,
+    primary_metric: str = Metric.CTR,
+    guardrails: Any = None,
+    ramp_plan: Any = None,
+    ramp_interval_s: int = 86400,
+    min_units: int = 100,
+    alpha: float = 0.05,
+    sequential_method: str = SequentialMethod.GROUP_SEQUENTIAL,
+    spending: str = Spending.OBRIEN_FLEMING,
+    require_room: bool = False,
+) -> Experiment:
+    """A draft experiment: control is the deployment's production version. A draft may wait
+    for room in its layer (the start refuses while there is none); with ``require_room`` its
+    ramp must fit the layer's free buckets now (the browser form asks for that)."""
+    key_validator(key)
+    if Experiment.objects.for_workspace(workspace).filter(key=key).exists():
+        raise ConflictError(f"experiment '{key}' exists", attr="key")
+    fields, versions = _clean_spec(
+        actor=actor,
+        workspace=workspace,
+        hypothesis=hypothesis,
+        deployment=deployment,
+        treatment_versions=treatment_versions,
+        layer=layer,
+        unit=unit,
+        primary_metric=primary_metric,
+        guardrails=guardrails,
+        ramp_plan=ramp_plan,
+        ramp_interval_s=ramp_interval_s,
+        min_units=min_units,
+        alpha=alpha,
+        sequential_method=sequential_method,
+        spending=spending,
+        require_room=require_room,
+    )
     exp = Experiment.objects.create(
         workspace=workspace,
         key=key,
-        hypothesis=str(hypothesis)[:5000],
-        deployment=dep,
-        control_version_id=dep.version_id,
-        arms=arms,
-        layer=_layer(workspace, layer, actor),
-        unit=unit,
-        primary_metric=primary_metric,
-        guardrails=_clean_guardrails(guardrails),
-        ramp_plan=plan,
-        ramp_interval_s=ramp_interval_s,
-        min_units=min_units,
-        alpha=float(alpha),
-        sequential_method=sequential_method,
-        spending=spending,
         owner=actor if getattr(actor, "is_authenticated", False) else None,
+        **fields,
     )
     event_record(
         actor=actor,
@@ -220,10 +332,58 @@ def experiment_create(
         verb="experiments.experiment.created",
         refs=[
             Ref.to(exp),
-            Ref.to(dep, role="related"),
+            Ref.to(fields["deployment"], role="related"),
             *(Ref.to(v, role="related") for v in versions),
         ],
-        payload={"arms": arms, "ramp_plan": plan, "guardrails": exp.guardrails},
+        payload={"arms": exp.arms, "ramp_plan": exp.ramp_plan, "guardrails": exp.guardrails},
+    )
+    return exp
+
+
+@transaction.atomic
+def experiment_update(
+    *, actor, experiment: Experiment, require_room: bool = False, **spec: Any
+) -> Experiment:
+    """Change a draft (same fields and checks as ``experiment_create``, the key stays); once
+    submitted an experiment's design is fixed (409)."""
+    exp = _lock(experiment)
+    if exp.state != ExperimentState.DRAFT:
+        raise ConflictError(f"experiment is {exp.state}; only a draft can be edited", attr="state")
+    current = {
+        "hypothesis": exp.hypothesis,
+        "deployment": exp.deployment_id,
+        "treatment_versions": [arm["version_id"] for arm in exp.arms[1:]],
+        "layer": exp.layer,
+        "unit": exp.unit,
+        "primary_metric": exp.primary_metric,
+        "guardrails": exp.guardrails,
+        "ramp_plan": exp.ramp_plan,
+        "ramp_interval_s": exp.ramp_interval_s,
+        "min_units": exp.min_units,
+        "alpha": exp.alpha,
+        "sequential_method": exp.sequential_method,
+        "spending": exp.spending,
+    }
+    unknown = set(spec) - set(current)
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: "cannot be changed"})
+    fields, versions = _clean_spec(
+        actor=actor,
+        workspace=exp.workspace,
+        experiment=exp,
+        require_room=require_room,
+        **{**current, **spec},
+    )
+    changed = sorted(name for name, value in fields.items() if getattr(exp, name) != value)
+    for name, value in fields.items():
+        setattr(exp, name, value)
+    exp.save()
+    event_record(
+        actor=actor,
+        workspace=exp.workspace,
+        verb="experiments.experiment.updated",
+        refs=[Ref.to(exp), *(Ref.to(v, role="related") for v in versions)],
+        payload={"changed": changed, "arms": exp.arms, "ramp_plan": exp.ramp_plan},
     )
     return exp
 
@@ -272,6 +432,7 @@ def experiment_submit(*, actor, experiment: Experiment, now: datetime | None = N
         "automatic": auto,
         "problems": problems,
         "submitted_by": getattr(actor, "username", ""),
+        "submitted_by_id": getattr(actor, "pk", None),
         "submitted_at": timezone.now().isoformat(),
     }
     if auto:
@@ -294,10 +455,16 @@ def experiment_submit(*, actor, experiment: Experiment, now: datetime | None = N
 def experiment_approve(
     *, actor, experiment: Experiment, note: str = "", now: datetime | None = None
 ) -> Experiment:
-    """A maintainer approves a request outside policy; it starts at once."""
+    """A maintainer approves a request outside policy; it starts at once. A flagged request
+    needs a second pair of eyes: its submitter cannot approve it (403)."""
     exp = _lock(experiment)
     if exp.state != ExperimentState.PENDING_REVIEW:
         raise ConflictError(f"experiment is {exp.state}, not waiting for review", attr="state")
+    if exp.review.get("problems") and is_submitter(actor, exp):
+        raise PermissionDenied(
+            "you submitted this experiment and it was flagged "
+            f"({'; '.join(exp.review['problems'])}): another maintainer must approve it"
+        )
     for arm in exp.arms[1:]:
         version = routing_bridge.version_of(exp.workspace, arm["version_id"])
         if not routing_bridge.version_gated(version):
@@ -323,6 +490,15 @@ def experiment_approve(
         payload={"note": str(note)[:2000]},
     )
     return exp
+
+
+def is_submitter(actor, exp: Experiment) -> bool:
+    """Whether ``actor`` submitted ``exp`` for review (a request without a user has none)."""
+    submitted_by = exp.review.get("submitted_by_id")
+    if submitted_by is not None:
+        return submitted_by == getattr(actor, "pk", None)
+    name = exp.review.get("submitted_by") or ""  # reviews recorded before the id was kept
+    return bool(name) and name == getattr(actor, "username", None)
 
 
 def _start(actor, exp: Experiment, *, now: datetime | None) -> None:
@@ -828,6 +1004,120 @@ def summary_of(result: dict[str, Any], exp: Experiment) -> dict[str, Any]:
         "srm": result["srm"],
         "guardrails": result.get("guardrails", []),
     }
+
+
+def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[str, Any]:
+    """One recommendation from the latest read-out: ``ship`` (an arm), ``keep_running`` or
+    ``stop`` (``not_started`` before it runs), with why, judged by the experiment's own
+    sequential method on its primary metric.
+
+    Group-sequential reads the effect against this look's alpha-spending boundary (and at the
+    last planned look an effect that never crossed means stop); always-valid reads the
+    always-valid interval. SRM and guardrail breaches stop it whatever the effect. A concluded
+    or stopped experiment reports what happened instead."""
+    metric = exp.primary_metric
+    if exp.state == ExperimentState.CONCLUDED:
+        if exp.decision.get("action") == "promote":
+            return {
+                "verdict": "ship",
+                "arm": exp.decision.get("arm"),
+                "reason": f"shipped: {exp.decision.get('arm')} was promoted to production by "
+                f"{exp.decision.get('by') or 'someone'}",
+                "method": exp.sequential_method,
+            }
+        return {
+            "verdict": "stop",
+            "arm": None,
+            "reason": f"stopped: discarded by {exp.decision.get('by') or 'someone'}; "
+            "production was kept",
+            "method": exp.sequential_method,
+        }
+    if exp.state == ExperimentState.STOPPED:
+        return {
+            "verdict": "stop",
+            "arm": None,
+            "reason": f"stopped: {exp.stop_reason or 'traffic is back on control'}",
+            "method": exp.sequential_method,
+        }
+
+    def verdict(kind: str, reason: str, arm: str | None = None, method: str = "") -> dict:
+        return {
+            "verdict": kind,
+            "arm": arm,
+            "reason": reason,
+            "method": method or exp.sequential_method,
+        }
+
+    if exp.state in (ExperimentState.DRAFT, ExperimentState.PENDING_REVIEW):
+        waiting = "a maintainer's review" if exp.review.get("problems") else "its submission"
+        return verdict("not_started", f"no traffic yet: it waits for {waiting}")
+    if not result:
+        return verdict("keep_running", "no results yet: the first snapshot comes within minutes")
+    if not result.get("enough_units"):
+        return verdict(
+            "keep_running", f"not enough units yet: every arm needs {exp.min_units} to be judged"
+        )
+    if result.get("srm", {}).get("mismatch"):
+        return verdict(
+            "stop",
+            f"sample ratio mismatch (p = {result['srm']['p_value']:.2g}): the split is broken, "
+            "so no effect can be trusted",
+        )
+    breaches = result.get("guardrails") or []
+    if breaches:
+        first = breaches[0]
+        return verdict(
+            "stop",
+            f"guardrail {first['metric']} breached by {first['arm']}: "
+            f"{first['estimate']:+.1%} (allowed -{first['max_drop']:.0%})",
+        )
+    plan = result.get("group_sequential")
+    method = exp.sequential_method
+    readout = "group_sequential"
+    if method != SequentialMethod.GROUP_SEQUENTIAL or plan is None:
+        readout = "sequential"  # always-valid (also before a group-sequential design has looks)
+        method = SequentialMethod.ALWAYS_VALID
+    label = (
+        f"look {plan['look']}'s group-sequential boundary"
+        if readout == "group_sequential"
+        else "the always-valid interval"
+    )
+    winners, losers, undecided = [], [], []
+    for arm, effects in result.get("effects", {}).items():
+        effect = (effects.get(metric) or {}).get(readout)
+        if not effect or effect.get("error"):
+            undecided.append(arm)
+        elif effect["significant"] and effect["estimate"] > 0:
+            winners.append((effect["estimate"], arm, effect))
+        elif effect["significant"]:
+            losers.append(arm)
+        else:
+            undecided.append(arm)
+    name = metric.upper()
+    if winners:
+        estimate, arm, effect = max(winners)
+        return verdict(
+            "ship",
+            f"{arm} lifts {name} by {estimate:+.1%} "
+            f"[{effect['ci_low']:+.1%}, {effect['ci_high']:+.1%}], beyond {label}, "
+            "with guardrails holding and no sample ratio mismatch",
+            arm,
+            method,
+        )
+    if losers and not undecided:
+        return verdict("stop", f"every treatment lowers {name}, beyond {label}", method=method)
+    if readout == "group_sequential" and plan["fractions"][-1] >= 1:
+        return verdict(
+            "stop",
+            f"the planned duration is over and no treatment moved {name} beyond the final "
+            "boundary: no effect worth shipping",
+            method=method,
+        )
+    return verdict(
+        "keep_running",
+        f"no treatment's {name} effect is beyond {label} yet; keep collecting units",
+        method=method,
+    )
 
 
 @transaction.atomic

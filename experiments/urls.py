@@ -6,8 +6,11 @@ from experiments import views
 
 urlpatterns = [
     path("w/<slug:ws>/experiments/", views.experiment_list, name="experiments-list"),
+    path("w/<slug:ws>/experiments/new/", views.experiment_new, name="experiments-new"),
     path("w/<slug:ws>/experiments/layers/", views.layer_list, name="experiments-layers"),
+    path("w/<slug:ws>/experiments/layers/room/", views.layer_room, name="experiments-layer-room"),
     path("w/<slug:ws>/experiments/<str:key>/", views.experiment_page, name="experiments-detail"),
+    path("w/<slug:ws>/experiments/<str:key>/edit/", views.experiment_edit, name="experiments-edit"),
     path(
         "w/<slug:ws>/experiments/<str:key>/<str:action>/",
         views.experiment_action,

@@ -12,9 +12,11 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_GET, require_POST
 
-from experiments import services
+from experiments import routing_bridge, services
+from experiments.forms import ExperimentForm
 from experiments.models import Experiment, ExperimentState, Layer, Snapshot
 from workspaces.dashboard import DashboardSection
 from workspaces.exceptions import ConflictError
@@ -57,9 +59,163 @@ def experiment_list(request: HttpRequest, workspace) -> HttpResponse:
             experiments=experiments[:200],
             states=ExperimentState.choices,
             state=state,
+            can_develop=role_at_least(request.workspace_role, Role.DEVELOPER),
             section="experiments",
         ),
     )
+
+
+RESERVED_KEYS = {"new", "layers"}  # URL words of this app: an experiment so named is unreachable
+
+
+def _form(request: HttpRequest, workspace, *, editing: Experiment | None = None, **kwargs):
+    return ExperimentForm(
+        *([request.POST] if request.method == "POST" else []),
+        deployments=routing_bridge.deployment_choices(workspace),
+        versions=routing_bridge.version_choices(workspace),
+        editing=editing,
+        **kwargs,
+    )
+
+
+def _room_of(workspace, form: ExperimentForm, *, exclude: Experiment | None = None) -> dict:
+    """The free-bucket hint next to the traffic field, from the form's layer, arms and plan."""
+    data = form.data if form.is_bound else form.initial
+    layer = str(data.get("layer") or form.fields["layer"].initial)
+    versions = (
+        data.getlist("treatment_versions")
+        if hasattr(data, "getlist")
+        else data.get("treatment_versions") or []
+    )
+    plan = data.get("ramp_plan") or form.fields["ramp_plan"].initial
+    return _room(workspace, layer, 1 + len(versions), str(plan), exclude)
+
+
+def _room(workspace, layer: str, n_arms: int, plan: str, exclude=None) -> dict:
+    try:
+        top = max(float(p.strip().rstrip("%")) for p in plan.split(",") if p.strip())
+    except ValueError:
+        top = None
+    room = services.layer_room(
+        workspace, layer[:63], n_arms=n_arms, top_percent=top, exclude=exclude
+    )
+    room["exists"] = Layer.objects.for_workspace(workspace).filter(name=layer[:63]).exists()
+    return room
+
+
+def _render_form(request, workspace, form, *, exp: Experiment | None = None, status: int = 200):
+    layers = [
+        {"name": layer.name, "free": services.layer_free_buckets(workspace, layer, exclude=exp)}
+        for layer in Layer.objects.for_workspace(workspace).order_by("name")
+    ]
+    return render(
+        request,
+        "experiments/experiment_form.html",
+        _context(
+            request,
+            form=form,
+            exp=exp,
+            layers=layers,
+            room=_room_of(workspace, form, exclude=exp),
+            section="experiments",
+        ),
+        status=status,
+    )
+
+
+def _save(request: HttpRequest, form: ExperimentForm, save) -> Experiment | None:
+    """Run ``save(spec)`` (a service call) and put its refusals on the form."""
+    if not form.is_valid():
+        return None
+    spec = form.spec()
+    if spec.get("key") in RESERVED_KEYS:
+        form.add_error("key", f"'{spec['key']}' is a word of the experiments URLs; pick another")
+        return None
+    try:
+        return save(spec)
+    except ValidationError as exc:
+        form.add_service_error(exc)
+    except ConflictError as exc:
+        if exc.attr not in form.fields:
+            raise  # not about a field (e.g. the state): the caller shows it on the page
+        form.add_error(exc.attr, str(exc))
+    return None
+
+
+@workspace_page(Role.DEVELOPER)
+def experiment_new(request: HttpRequest, workspace) -> HttpResponse:
+    """The new-experiment form; it calls ``experiment_create`` like the API, and refuses a ramp
+    that does not fit the layer's free buckets now."""
+    form = _form(request, workspace)
+    if request.method == "POST":
+        try:
+            exp = _save(
+                request,
+                form,
+                lambda spec: services.experiment_create(
+                    actor=request.user, workspace=workspace, require_room=True, **spec
+                ),
+            )
+        except ConflictError as exc:
+            exp = None
+            form.add_error(None, str(exc))
+        if exp is not None:
+            messages.success(request, f"Draft {exp.key} created: submit it when it looks right.")
+            return redirect("experiments-detail", ws=workspace.slug, key=exp.key)
+        return _render_form(request, workspace, form, status=400)
+    return _render_form(request, workspace, form)
+
+
+@workspace_page(Role.DEVELOPER)
+def experiment_edit(request: HttpRequest, workspace, key: str) -> HttpResponse:
+    """A draft's form, pre-filled; once submitted the service refuses (a page message)."""
+    exp = _experiment(workspace, key)
+    if exp.state != ExperimentState.DRAFT:
+        messages.error(
+            request,
+            f"{exp.key} is {exp.get_state_display().lower()}: only a draft can be edited.",
+        )
+        return redirect("experiments-detail", ws=workspace.slug, key=exp.key)
+    form = _form(request, workspace, editing=exp, initial=ExperimentForm.initial_of(exp))
+    if request.method == "POST":
+        try:
+            saved = _save(
+                request,
+                form,
+                lambda spec: services.experiment_update(
+                    actor=request.user, experiment=exp, require_room=True, **spec
+                ),
+            )
+        except ConflictError as exc:  # submitted meanwhile (409): say so on the page
+            messages.error(request, f"Not saved: {exc}")
+            return redirect("experiments-detail", ws=workspace.slug, key=exp.key)
+        if saved is not None:
+            messages.success(request, f"Draft {saved.key} saved.")
+            return redirect("experiments-detail", ws=workspace.slug, key=saved.key)
+        return _render_form(request, workspace, form, exp=exp, status=400)
+    return _render_form(request, workspace, form, exp=exp)
+
+
+@require_GET
+@workspace_page()
+def layer_room(request: HttpRequest, workspace) -> HttpResponse:
+    """The free-bucket hint of the experiment form, re-rendered by htmx as the layer, the
+    treatments or the ramp plan change."""
+    exclude = None
+    if request.GET.get("experiment"):
+        exclude = (
+            Experiment.objects.for_workspace(workspace)
+            .filter(key=request.GET["experiment"])
+            .first()
+        )
+    room = _room(
+        workspace,
+        request.GET.get("layer", "") or "default",
+        1 + len(request.GET.getlist("treatment_versions")),
+        request.GET.get("ramp_plan", ""),
+        exclude,
+    )
+    return render(request, "experiments/_layer_room.html", {"room": room})
 
 
 def _scale(values: list[float], lo: float, hi: float, size: float, invert: bool) -> list[float]:
@@ -183,8 +339,15 @@ def experiment_page(request: HttpRequest, workspace, key: str) -> HttpResponse:
             effect_charts=effect_charts,
             arm_chart=_arm_chart(snapshots, metric, exp.arm_names) if snapshots else None,
             allocations=services.current_allocations(exp) if exp.is_live else [],
+            verdict=services.experiment_verdict(exp, latest.result if latest else None),
+            ramp_steps=[
+                {**step, "at": parse_datetime(step.get("at") or "")} for step in exp.ramp_history
+            ],
             can_develop=can_develop,
             can_release=can_release,
+            # a flagged request waits for a maintainer other than its submitter
+            self_review=bool(exp.review.get("problems"))
+            and services.is_submitter(request.user, exp),
             section="experiments",
         ),
     )
@@ -215,6 +378,13 @@ def _effect_rows(result: dict[str, Any], primary: str) -> list[dict[str, Any]]:
                     "seq_ci": f"[{_pct(seq['ci_low'])}, {_pct(seq['ci_high'])}]",
                     "seq_p_value": seq["p_value"],
                     "significant": seq["significant"],
+                    "gs_ci": (
+                        f"[{_pct(e['group_sequential']['ci_low'])}, "
+                        f"{_pct(e['group_sequential']['ci_high'])}]"
+                        if e.get("group_sequential")
+                        else "-"
+                    ),
+                    "gs_significant": bool((e.get("group_sequential") or {}).get("significant")),
                 }
             )
     return rows
@@ -263,8 +433,9 @@ def experiment_action(request: HttpRequest, workspace, key: str, action: str) ->
                 note=request.POST.get("note", ""),
             )
         messages.success(request, f"{action}: done")
-    except (ConflictError, ValidationError) as exc:
-        messages.error(request, f"{action} failed: {exc}")
+    except (ConflictError, ValidationError, PermissionDenied) as exc:
+        why = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        messages.error(request, f"{action} failed: {why}")
     return redirect("experiments-detail", ws=workspace.slug, key=exp.key)
 
 

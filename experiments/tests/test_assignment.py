@@ -70,6 +70,14 @@ def test_blocks_in_a_layer_never_overlap():
     assert assignment.find_block([(0, 2000), (5000, 5000)], 3000) == 2000
 
 
+def test_the_largest_free_run_is_the_biggest_block_that_still_fits():
+    assert assignment.largest_free_run([]) == assignment.BUCKETS
+    taken = [(0, 2000), (5000, 4000)]
+    assert assignment.largest_free_run(taken) == 3000
+    assert assignment.find_block(taken, 3000) == 2000 and assignment.find_block(taken, 3001) is None
+    assert assignment.largest_free_run([(0, 10000)]) == 0
+
+
 def test_the_same_unit_gets_the_same_arm_in_another_process():
     allocs = assignment.allocations(block_start=200, arms=ARMS, max_percent=30, percent=30)
     ids = [f"user-{i}" for i in range(2000)]

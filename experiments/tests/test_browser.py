@@ -1,5 +1,6 @@
 """The experiment page in a real browser (Debian's chromium via playwright): the charts draw,
-the SRM and guardrail status show, and the stop button sends everyone back to control."""
+the SRM and guardrail status show, and the stop button sends everyone back to control; and the
+journey that creates an experiment through the New experiment form."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from experiments import services
+from experiments.models import Experiment
 from experiments.tests.factories import log_predictions, make_deployment
 from serving.routing import route, routing_table
 from workspaces.models import Role
@@ -78,3 +80,56 @@ def test_experiment_page_in_a_browser(page):
     expect(page.get_by_test_id("state")).to_have_text("Stopped")
     expect(page.get_by_test_id("stop-reason")).to_contain_text("browser check")
     assert routing_table(workspace, dep.name)["layers"] == []
+
+
+@pytest.mark.usefixtures("transactional_db")
+def test_creating_an_experiment_through_the_form(page):
+    """The journey of issue 15: New experiment, a ramp the layer cannot hold is flagged live and
+    refused with its free buckets named, a smaller one creates the draft. No API call."""
+    workspace = make_workspace(slug="exp-form")
+    dev = make_member(workspace, Role.DEVELOPER, username="erin")
+    dep, (first, second) = make_deployment(workspace, treatments=2)
+    layer = services.layer_create(actor=dev, workspace=workspace, name="ui", salt="ui-form")
+    holder = services.experiment_create(
+        actor=dev,
+        workspace=workspace,
+        key="holder",
+        hypothesis="Holds 4000 of the layer's buckets.",
+        deployment=dep.name,
+        treatment_versions=[first.pk],
+        guardrails=[{"metric": "ctr", "max_drop": 0.1}],
+        ramp_plan=[20],
+        layer=layer,
+    )
+    services.experiment_submit(actor=dev, experiment=holder)
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "erin")
+    page.fill("#id_password", TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.goto(f"/w/{workspace.slug}/experiments/")
+    page.get_by_role("button", name="New experiment").click()
+    expect(page.get_by_role("heading", name="New experiment")).to_be_visible()
+    page.fill("#id_key", "from-the-form")
+    page.fill("#id_hypothesis", "The second version lifts CTR.")
+    page.select_option("#id_deployment", str(dep.pk))
+    page.select_option("#id_treatment_versions", str(second.pk))
+    page.fill("#id_layer", "ui")
+    page.fill("#id_ramp_plan", "10, 40")
+    room = page.get_by_test_id("layer-room")
+    expect(room).to_contain_text("6000 of 10000 buckets free")  # htmx, before submitting
+    expect(room).to_contain_text("does not fit")
+    page.fill("#id_guardrail_ctr", "5")
+    page.get_by_label("Always-valid (read at any time)").check()
+    page.get_by_role("button", name="Create draft").click()
+    expect(page.get_by_test_id("error-ramp_plan")).to_contain_text("6000 free buckets")
+    assert not Experiment.objects.for_workspace(workspace).filter(key="from-the-form").exists()
+    page.fill("#id_ramp_plan", "5, 20")
+    expect(room).to_contain_text("it fits")
+    page.get_by_role("button", name="Create draft").click()
+    expect(page.get_by_test_id("state")).to_have_text("Draft")
+    expect(page.locator(".messages li")).to_have_count(1)
+    expect(page.locator(".messages li")).to_contain_text("Draft from-the-form created")
+    exp = Experiment.objects.for_workspace(workspace).get(key="from-the-form")
+    assert exp.ramp_plan == [5.0, 20.0] and exp.layer_id == layer.pk
+    assert exp.arms[1]["version_id"] == second.pk and exp.sequential_method == "always_valid"
+    assert exp.guardrails == [{"metric": "ctr", "max_drop": 0.05}]

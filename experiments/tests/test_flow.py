@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
 from experiments import services
@@ -83,6 +83,36 @@ def test_outside_policy_waits_for_a_maintainer(workspace, members):
     exp = services.experiment_approve(actor=maintainer, experiment=exp, note="fine")
     assert exp.state == ExperimentState.RUNNING and exp.review["reviewer"] == maintainer.username
     assert "experiments.experiment.approved" in _verbs(workspace)
+
+
+def test_a_flagged_submission_needs_another_maintainer(workspace, members):
+    submitter, other = members[Role.MAINTAINER], members[Role.ADMIN]
+    dep, (treatment,) = make_deployment(workspace)
+    exp = _create(workspace, submitter, dep, [treatment], ramp_plan=[5, 50], guardrails=[])
+    exp = services.experiment_submit(actor=submitter, experiment=exp)
+    assert exp.state == ExperimentState.PENDING_REVIEW and exp.review["problems"]
+    with pytest.raises(PermissionDenied, match="another maintainer"):
+        services.experiment_approve(actor=submitter, experiment=exp)
+    exp.refresh_from_db()
+    assert exp.state == ExperimentState.PENDING_REVIEW and "approved" not in exp.review
+    assert routing_table(workspace, dep.name)["layers"] == []
+    exp = services.experiment_approve(actor=other, experiment=exp, note="second pair of eyes")
+    assert exp.state == ExperimentState.RUNNING and exp.review["reviewer"] == other.username
+
+
+def test_a_draft_changes_until_it_is_submitted(workspace, members):
+    dev = members[Role.DEVELOPER]
+    dep, (first, second) = make_deployment(workspace, treatments=2)
+    exp = _create(workspace, dev, dep, [first])
+    exp = services.experiment_update(
+        actor=dev, experiment=exp, treatment_versions=[second.pk], ramp_plan=[2, 4]
+    )
+    exp.refresh_from_db()
+    assert exp.arms[1]["version_id"] == second.pk and exp.ramp_plan == [2.0, 4.0]
+    assert "experiments.experiment.updated" in _verbs(workspace)
+    services.experiment_submit(actor=dev, experiment=exp)
+    with pytest.raises(ConflictError, match="only a draft"):
+        services.experiment_update(actor=dev, experiment=exp, ramp_plan=[1, 2])
 
 
 def test_ungated_treatment_cannot_take_traffic(workspace, members):

@@ -25,7 +25,7 @@ from workspaces.testing.factories import token_for
 USERS = 120
 
 
-def _setup(workspace, actor):
+def _setup(workspace, actor, approver):
     scene = make_scene(workspace, actor, users=USERS)
     v1 = passing_version(scene, actor, seed=0)
     v2 = passing_version(scene, actor, seed=1)
@@ -42,7 +42,8 @@ def _setup(workspace, actor):
         min_units=20,
     )
     exp = services.experiment_submit(actor=actor, experiment=exp)
-    exp = services.experiment_approve(actor=actor, experiment=exp, note="load test")
+    # 50% per arm is flagged, so another maintainer approves it
+    exp = services.experiment_approve(actor=approver, experiment=exp, note="load test")
     return scene, v1, v2, dep, exp
 
 
@@ -132,7 +133,7 @@ def _feedback(workspace, ctr):
 @pytest.mark.django_db(transaction=True)
 def test_planted_guardrail_breach_rolls_back_within_a_second_without_failures(workspace, members):
     actor = members[Role.MAINTAINER]
-    scene, v1, _v2, _dep, exp = _setup(workspace, actor)
+    scene, v1, _v2, _dep, exp = _setup(workspace, actor, members[Role.ADMIN])
     with Load(workspace, scene, token_for(actor)) as load:
         time.sleep(1.0)
         with load.quiet():
@@ -153,7 +154,7 @@ def test_planted_guardrail_breach_rolls_back_within_a_second_without_failures(wo
 @pytest.mark.django_db(transaction=True)
 def test_promoting_the_winner_switches_production_without_failures(workspace, members):
     actor = members[Role.MAINTAINER]
-    scene, _v1, v2, dep, exp = _setup(workspace, actor)
+    scene, _v1, v2, dep, exp = _setup(workspace, actor, members[Role.ADMIN])
     with Load(workspace, scene, token_for(actor)) as load:
         time.sleep(0.8)
         with load.quiet():
