@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import numpy as np
@@ -246,12 +245,11 @@ def test_planted_guardrail_breach_stops_and_routes_everyone_to_control(workspace
     rng = np.random.default_rng(2)
     units = [f"u{i}" for i in range(4000)]
     _traffic(workspace, dep, exp, units=units, ctr={"control": 0.2, "treatment": 0.1}, rng=rng)
-    started = time.perf_counter()
+    # How fast the stop reaches the routing table is a benchmark (bench: guardrail_rollback_s),
+    # not a unit-test assertion: here, that one check stops it and routes everyone to control.
     assert services.experiment_check(experiment=exp) == "stopped"
     table = routing_table(workspace, dep.name)
     assert {route(table, u)[0] for u in units} == {dep.version_id}
-    elapsed = time.perf_counter() - started
-    assert elapsed < 1.0
     exp.refresh_from_db()
     assert exp.state == ExperimentState.STOPPED and "guardrail ctr" in exp.stop_reason
     note = Notification.objects.for_workspace(workspace).get(recipient=dev)
