@@ -7,23 +7,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import connection
 
-from config.celery import app
 from training import agent
 from training.models import JobMetric, JobState, Node, NodeState, TrainingJob
 from training.scheduler.failover import reconcile
-from training.scheduler.tick import schedule_tick
 from training.services import entry_point_register, job_create, job_work_dir
 from training.tasks import run_job
 from training.tests.factories import FAST, make_demo_dataset, place
+from training.tests.workers import node_worker, wait_for
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
@@ -32,19 +29,6 @@ FAILING = b"raise RuntimeError('this model is broken on purpose')\n"
 
 def _job(pk) -> TrainingJob:
     return TrainingJob.objects.unscoped().get(pk=pk)
-
-
-def _wait(predicate, *, timeout: float, what: str, tick: bool = False):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if tick:
-            reconcile()
-            schedule_tick()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_a_job_failing_five_times_leaves_the_node_ready_for_other_workspaces(
@@ -56,26 +40,21 @@ def test_a_job_failing_five_times_leaves_the_node_ready_for_other_workspaces(
         actor=None, workspace=workspace, name="broken", dataset=dataset, entry_point="broken",
         params=FAST, cpu_milli=1000, memory_mb=256, max_attempts=5,
     )  # fmt: skip
-    name = f"f{uuid.uuid4().hex[:10]}"
-    try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
-            node = _wait(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
-            _wait(lambda: _job(broken.pk).is_terminal, timeout=240, what="five attempts", tick=True)
-            broken = _job(broken.pk)
-            assert broken.state == JobState.FAILED and broken.attempts == 5
-            assert "broken on purpose" in broken.state_reason
-            reconcile()
-            node.refresh_from_db()
-            assert node.state == NodeState.READY, node.state_reason
-            assert node.failure_count == 0
-            theirs = job_create(
-                actor=None, workspace=other_workspace,
-                name="theirs", dataset=make_demo_dataset(other_workspace, scale=0.02),
-                template="logreg", params=FAST, cpu_milli=1000, memory_mb=256,
-            )  # fmt: skip
-            _wait(lambda: _job(theirs.pk).is_terminal, timeout=120, what="their job", tick=True)
-    finally:
-        agent.HEARTBEATS.shutdown()  # the embedded test worker sends no worker_shutdown
+    with node_worker("f") as node:
+        wait_for(lambda: _job(broken.pk).is_terminal, timeout=240, what="five attempts", tick=True)
+        broken = _job(broken.pk)
+        assert broken.state == JobState.FAILED and broken.attempts == 5
+        assert "broken on purpose" in broken.state_reason
+        reconcile()
+        node.refresh_from_db()
+        assert node.state == NodeState.READY, node.state_reason
+        assert node.failure_count == 0
+        theirs = job_create(
+            actor=None, workspace=other_workspace,
+            name="theirs", dataset=make_demo_dataset(other_workspace, scale=0.02),
+            template="logreg", params=FAST, cpu_milli=1000, memory_mb=256,
+        )  # fmt: skip
+        wait_for(lambda: _job(theirs.pk).is_terminal, timeout=120, what="their job", tick=True)
     theirs = _job(theirs.pk)
     assert theirs.state == JobState.SUCCEEDED, theirs.state_reason
     assert theirs.node_id == node.pk
@@ -91,15 +70,10 @@ def test_a_job_past_its_workspace_wall_time_is_stopped_and_fails(workspace):
         actor=None, workspace=workspace, name="endless", dataset=dataset, template="logreg",
         params=slow, cpu_milli=1000, memory_mb=256,
     )  # fmt: skip
-    name = f"w{uuid.uuid4().hex[:10]}"
-    try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
-            node = _wait(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
-            place(job, node)
-            run_job.apply_async(args=[job.pk], queue=node.queue)
-            _wait(lambda: _job(job.pk).is_terminal, timeout=120, what="the stopped job")
-    finally:
-        agent.HEARTBEATS.shutdown()
+    with node_worker("w") as node:
+        place(job, node)
+        run_job.apply_async(args=[job.pk], queue=node.queue)
+        wait_for(lambda: _job(job.pk).is_terminal, timeout=120, what="the stopped job")
     job = _job(job.pk)
     assert (
         job.state == JobState.FAILED and job.attempts == 1
@@ -162,10 +136,10 @@ def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoi
     first = _start_worker(queue, log)
     second = None
     try:
-        node = _wait(lambda: Node.objects.filter(name=name).first(), timeout=60, what="node")
+        node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=60, what="node")
         place(job, node)
         run_job.apply_async(args=[job.pk], queue=queue)
-        _wait(
+        wait_for(
             lambda: _job(job.pk).state == JobState.RUNNING and _job(job.pk).checkpoint_step >= 10,
             timeout=120,
             what="a checkpoint",
@@ -175,12 +149,12 @@ def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoi
         checkpointed = _job(job.pk).checkpoint_step
         second = _start_worker(queue, log)  # restarted at once, well within 5 s
         work = job_work_dir(job)
-        _wait(
+        wait_for(
             lambda: "resumed from checkpoint at step" in (work / agent.LOG_FILE).read_text(),
             timeout=30,
             what="the resumed attempt",
         )
-        _wait(lambda: _job(job.pk).is_terminal, timeout=120, what="the job to finish")
+        wait_for(lambda: _job(job.pk).is_terminal, timeout=120, what="the job to finish")
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:

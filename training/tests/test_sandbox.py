@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 
-from config.celery import app
 from features.samples import dataset_file
 from training import agent, sandbox
-from training.models import JobState, Node, TrainingJob
+from training.models import JobState, TrainingJob
 from training.services import entry_point_register, job_create, job_work_dir
 from training.tasks import run_job
 from training.tests.factories import FAST, make_demo_dataset, place
+from training.tests.workers import node_worker, wait_for
 
 CANARY = f"canary-{uuid.uuid4().hex}"
 # Read from the environment only when settings load (the worker keeps running on its own).
@@ -149,23 +147,14 @@ def test_a_malicious_entry_point_finds_nothing_and_can_do_nothing(
 
 
 def _run_on_worker(job):
-    name = f"t{uuid.uuid4().hex[:10]}"
-    queue = f"node.{name}"
-    try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
-            deadline = time.monotonic() + 30
-            while not Node.objects.filter(name=name).exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            place(job, Node.objects.get(name=name))
-            run_job.apply_async(args=[job.pk], queue=queue)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                job.refresh_from_db()
-                if job.is_terminal:
-                    break
-                time.sleep(0.2)
-    finally:
-        agent.HEARTBEATS.shutdown()  # the test worker sends no worker_shutdown
+    with node_worker() as node:
+        place(job, node)
+        run_job.apply_async(args=[job.pk], queue=node.queue)
+        wait_for(lambda: _job(job.pk).is_terminal, timeout=120, what="the probe job")
+
+
+def _job(pk) -> TrainingJob:
+    return TrainingJob.objects.unscoped().get(pk=pk)
 
 
 def test_the_child_environment_is_an_allow_list(tmp_path, monkeypatch):

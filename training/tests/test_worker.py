@@ -3,7 +3,6 @@ the heartbeat registers the node, progress rows land in the database, metrics in
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -15,6 +14,7 @@ from training import agent
 from training.models import JobMetric, JobState, Node, TrainingJob
 from training.tasks import run_job
 from training.tests.factories import FAST, make_demo_dataset, place
+from training.tests.workers import wait_for
 from workspaces.models import Role
 from workspaces.testing.factories import make_member
 
@@ -45,19 +45,16 @@ def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
 
 def _run_on_worker(job, name, queue):
     with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
-        deadline = time.monotonic() + 30
-        while not Node.objects.filter(name=name).exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        node = Node.objects.get(name=name)  # registered by the agent's heartbeat
+        node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
         assert node.queue == queue and node.cpu_milli > 0 and node.memory_mb > 0
         place(job, node)
         run_job.apply_async(args=[job.pk], queue=queue)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            job.refresh_from_db()
-            if job.is_terminal:
-                break
-            time.sleep(0.2)
+        wait_for(
+            lambda: TrainingJob.objects.unscoped().get(pk=job.pk).is_terminal,
+            timeout=90,
+            what="the job",
+        )
+    job.refresh_from_db()
 
 
 def _check_results(workspace, job, client):

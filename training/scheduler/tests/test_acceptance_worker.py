@@ -3,7 +3,6 @@ what the scheduler places; preemption checkpoints and resumes; a lost node's job
 
 from __future__ import annotations
 
-import time
 import uuid
 from contextlib import contextmanager
 from datetime import timedelta
@@ -16,11 +15,11 @@ from django.utils import timezone
 from config.celery import app
 from training import agent
 from training.models import JobMetric, JobState, Node, NodeState, PriorityClass, TrainingJob
-from training.scheduler.failover import reconcile
 from training.scheduler.tests.factories import make_node
 from training.scheduler.tick import schedule_tick
 from training.services import job_create, job_transition, job_work_dir
 from training.tests.factories import make_demo_dataset
+from training.tests.workers import wait_for
 
 # The acceptance runs on Redis and PostgreSQL. On the embedded SQLite test database the
 # scheduler's loop here and the worker thread write concurrently to one shared-cache in-memory
@@ -40,16 +39,7 @@ QUICK = {"epochs": 1, "batch_size": 128, "threads": 1, "log_every_steps": 2}
 
 
 def _wait(predicate, *, timeout=90.0, what="condition", tick=True):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if tick:
-            reconcile()
-            schedule_tick()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(predicate, timeout=timeout, what=what, tick=tick)
 
 
 def _state(job) -> TrainingJob:

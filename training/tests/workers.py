@@ -1,0 +1,47 @@
+"""Helpers for tests that run jobs on a real Celery worker consuming a node queue."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery.contrib.testing.worker import start_worker
+
+from config.celery import app
+from training import agent
+from training.models import Node
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, tick: bool = False) -> Any:
+    """Poll ``predicate`` until it is truthy (its value) or ``timeout`` seconds pass (fail),
+    running the reconciler and a scheduler tick before each poll when ``tick``."""
+    from training.scheduler.failover import reconcile
+    from training.scheduler.tick import schedule_tick
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tick:
+            reconcile()
+            schedule_tick()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextmanager
+def node_worker(prefix: str = "t") -> Iterator[Node]:
+    """A real (embedded, solo-pool) Celery worker on a fresh node queue; yields the node its
+    heartbeat registered."""
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
+            yield wait_for(
+                lambda: Node.objects.filter(name=name).first(), timeout=30, what="the node"
+            )
+    finally:
+        agent.HEARTBEATS.shutdown()  # the embedded test worker sends no worker_shutdown
