@@ -69,6 +69,14 @@ class Load:
     def quiet(self):
         return self.gate if SQLITE else contextlib.nullcontext()
 
+    def wait_for_sent(self, *, after: float = 0.0, count: int = 5, timeout: float = 30.0):
+        """Wait until ``count`` answered requests were sent at or after ``after`` (monotonic
+        seconds), however slowly the machine serves them: the window is counted in requests."""
+        deadline = time.monotonic() + max(timeout, after - time.monotonic() + timeout)
+        while sum(1 for sent, *_ in list(self.results) if sent >= after) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} requests answered"
+            time.sleep(0.05)
+
     def _run(self):
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Token {self.key}")
@@ -135,15 +143,16 @@ def test_planted_guardrail_breach_rolls_back_within_a_second_without_failures(wo
     actor = members[Role.MAINTAINER]
     scene, v1, _v2, _dep, exp = _setup(workspace, actor, members[Role.ADMIN])
     with Load(workspace, scene, token_for(actor)) as load:
-        time.sleep(1.0)
+        load.wait_for_sent(count=60)  # traffic in the experiment before the breach
+        before_breach = time.monotonic()
         with load.quiet():
             assert _feedback(workspace, {"control": 0.3, "treatment": 0.05}) > 40
             assert services.experiment_check(experiment=exp) == "stopped"
         rolled_at = time.monotonic()
-        time.sleep(1.6)
+        load.wait_for_sent(after=rolled_at + 1.0)
     results = load.results
     assert results and all(status == 200 for _, _, status, _, _ in results)
-    before = [arm for sent, _, _, arm, _ in results if sent < rolled_at - 1.0]
+    before = [arm for sent, _, _, arm, _ in results if sent < before_breach]
     after = [(arm, v) for sent, _, _, arm, v in results if sent >= rolled_at + 1.0]
     assert before and None not in before  # 50% per arm: every unit was in the experiment
     assert after and set(after) == {(None, v1.version)}
@@ -156,7 +165,7 @@ def test_promoting_the_winner_switches_production_without_failures(workspace, me
     actor = members[Role.MAINTAINER]
     scene, _v1, v2, dep, exp = _setup(workspace, actor, members[Role.ADMIN])
     with Load(workspace, scene, token_for(actor)) as load:
-        time.sleep(0.8)
+        load.wait_for_sent(count=60)
         with load.quiet():
             _feedback(workspace, {"control": 0.1, "treatment": 0.2})
             services.snapshot_take(experiment=exp)
@@ -164,7 +173,7 @@ def test_promoting_the_winner_switches_production_without_failures(workspace, me
                 actor=actor, experiment=exp, action="promote", note="clear win"
             )
         promoted_at = time.monotonic()
-        time.sleep(1.6)
+        load.wait_for_sent(after=promoted_at + 1.0)
     results = load.results
     assert results and all(status == 200 for _, _, status, _, _ in results)
     after = {(arm, v) for sent, _, _, arm, v in results if sent >= promoted_at + 1.0}
