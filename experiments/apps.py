@@ -14,6 +14,12 @@ class ExperimentsConfig(AppConfig):
 
         register_section("experiments", dashboard_section)
 
+        # The loop's last stage: a pipeline like any other (training never imports us).
+        from experiments.loop import experiment_stage
+        from training.pipelines import register_stage
+
+        register_stage("experiment", experiment_stage)
+
         register_demo_step(40, "experiments", _demo_experiments)
 
 

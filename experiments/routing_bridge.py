@@ -48,6 +48,20 @@ def version_gated(version: ModelVersion) -> bool:
     return True
 
 
+def require_quality(exp) -> None:
+    """409 naming the metric when a treatment is worse than the deployment's production on the
+    same held-out rows (serving's quality gate) and no maintainer overrode it."""
+    from serving.quality import require_quality as serving_require_quality
+
+    dep = (
+        Deployment.objects.for_workspace(exp.workspace_id)
+        .select_related("version")
+        .get(pk=exp.deployment_id)
+    )
+    for arm in exp.arms[1:]:
+        serving_require_quality(version_of(exp.workspace, arm["version_id"]), dep)
+
+
 def set_allocations(
     *, actor, workspace, deployment, experiment_key, layer, salt, allocations
 ) -> None:

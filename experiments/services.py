@@ -425,6 +425,8 @@ def policy_problems(exp: Experiment) -> list[str]:
 def experiment_submit(*, actor, experiment: Experiment, now: datetime | None = None) -> Experiment:
     """Ask to start: automatic approval (and start) within policy, else wait for a maintainer."""
     exp = _lock(experiment)
+    if exp.state == ExperimentState.DRAFT:
+        routing_bridge.require_quality(exp)
     problems = policy_problems(exp)
     auto = not problems
     _move(exp, ExperimentState.RUNNING if auto else ExperimentState.PENDING_REVIEW)
@@ -472,6 +474,7 @@ def experiment_approve(
                 f"version {version} has not passed its release gates; it cannot take traffic",
                 attr="treatment_versions",
             )
+    routing_bridge.require_quality(exp)
     exp.review.update(
         {
             "approved": True,

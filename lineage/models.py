@@ -139,6 +139,7 @@ class AuditCategory(models.TextChoices):
     OVER_QUOTA = "over_quota", "Over-quota job"
     IDLE_DEPLOYMENT = "idle_deployment", "Idle deployment"
     LOW_UTILISATION = "low_utilisation", "Low-utilisation job"
+    QUALITY_OVERRIDE = "quality_override", "Quality gate overridden"
 
 
 class AuditStatus(models.TextChoices):

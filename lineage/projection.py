@@ -328,6 +328,22 @@ def over_quota_reviewed_rule(event: Event, refs: list[R], p: Projector) -> None:
     ).update(status=AuditStatus.REVIEWED, decided_at=event.created_at, decided_by=event.actor_name)
 
 
+@register_rule("*.quality_overridden")
+def quality_override_rule(event: Event, refs: list[R], p: Projector) -> None:
+    """A maintainer let a candidate past a failed quality gate: used first, audited later."""
+    target = _first_target(refs)
+    if target is not None:
+        payload = event.payload or {}
+        failures = "; ".join(
+            f"{f.get('metric')} {f.get('candidate'):.4f} vs production {f.get('production'):.4f}"
+            for f in payload.get("failures") or []
+            if isinstance(f.get("candidate"), int | float)
+            and isinstance(f.get("production"), int | float)
+        )
+        reason = f"quality gate overridden ({failures or 'worse than production'}): "
+        p.flag(event, target, AuditCategory.QUALITY_OVERRIDE, reason + str(payload.get("reason")))
+
+
 @register_rule("training.job.*")
 def low_utilisation_rule(event: Event, refs: list[R], p: Projector) -> None:
     data = {**(event.payload or {}), **(event.resources or {})}

@@ -21,6 +21,9 @@ class ServingConfig(AppConfig):
         if pipelines is not None and callable(getattr(pipelines, "register_stage", None)):
             pipelines.register_stage("register", pipeline.register_stage)
             pipelines.register_stage("deploy", pipeline.deploy_stage)
+            pipelines.register_stage("quality_gate", pipeline.quality_gate_stage)
+            pipelines.register_stage("release_gates", pipeline.release_gates_stage)
+            pipelines.register_stage("challenger", pipeline.challenger_stage)
         try:
             from training import evaluation
         except ImportError:

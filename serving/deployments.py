@@ -45,6 +45,7 @@ from serving.models import (
     ModelVersion,
     name_validator,
 )
+from serving.quality import require_quality
 from serving.registry import _alias_set
 from serving.routing import publish
 from training import sandbox as user_code
@@ -397,6 +398,9 @@ def deployment_release(
     if version.model_id != deployment.model_id:
         raise ValidationError({"version_id": f"not a version of model '{deployment.model.name}'"})
     require_deployable(version)
+    if deployment.version_id != version.pk:
+        # 409 naming the metric when it is worse than production on the same held-out rows.
+        require_quality(version, deployment)
     _warm(version)  # loads and warms before traffic moves
     with transaction.atomic():
         dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)

@@ -89,6 +89,12 @@ class ModelVersion(models.Model):
     artifacts = models.JSONField(default=list, blank=True, help_text="[{name, size, sha256}]")
     mlflow_run_id = models.CharField(max_length=64, blank=True)
     mlflow_version = models.CharField(max_length=20, blank=True)
+    quality = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The quality gate's verdict against a deployment's production model on the "
+        "same held-out rows, and a maintainer's override if any.",
+    )
     gate_status = models.CharField(
         max_length=10, choices=GateStatus.choices, default=GateStatus.PENDING
     )

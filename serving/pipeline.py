@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from serving.models import Deployment, GateStatus, ModelVersion
+from workspaces.events import Ref, event_record
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +49,110 @@ def _param(run, stage, name: str, default: Any = None) -> Any:
 def register_stage(run, stage, context: dict) -> dict:
     """Pipeline stage "register": the trained job's bundle becomes the next model version.
 
-    Params: ``model`` (default: the pipeline's name)."""
+    Params: ``model`` (default: the model of the ``deployment`` param, else the pipeline's
+    name). A quality verdict from an earlier ``quality_gate`` stage goes onto the version."""
     from serving.registry import model_version_register
     from training.models import TrainingJob
 
     job = TrainingJob.objects.for_workspace(run.workspace).get(pk=context["job_id"])
-    name = str(_param(run, stage, "model") or run.pipeline.name).replace("_", "-")
+    name = _param(run, stage, "model")
+    if not name and _param(run, stage, "deployment"):
+        dep = production_deployment(run.workspace, str(_param(run, stage, "deployment")))
+        name = dep.model.name if dep else ""
+    name = str(name or run.pipeline.name).replace("_", "-")
     version = model_version_register(
         actor=run.created_by, workspace=run.workspace, name=name, job=job
     )
+    if isinstance(context.get("quality"), dict):
+        ModelVersion.objects.for_workspace(run.workspace).filter(pk=version.pk).update(
+            quality=context["quality"]
+        )
     return {"model_version_id": version.pk, "model": name, "version": version.version}
+
+
+def _stage_deployment(run, stage) -> Deployment:
+    name = str(_param(run, stage, "deployment") or "")
+    dep = production_deployment(run.workspace, name)
+    if dep is None:
+        raise RuntimeError(
+            f"no deployment '{name}' in this workspace"
+            if name
+            else "name the production deployment (param 'deployment')"
+        )
+    return dep
+
+
+def quality_gate_stage(run, stage, context: dict) -> dict:
+    """Pipeline stage "quality_gate" (after "train"): the candidate against the production model
+    of ``deployment`` on the same held-out rows. A failure fails the stage naming the metric and
+    both values; a maintainer's retry with ``quality_override`` (a reason) lets it pass, recorded
+    and flagged for audit."""
+    from serving import quality
+    from training.models import TrainingJob
+
+    job = TrainingJob.objects.for_workspace(run.workspace).get(pk=context["job_id"])
+    dep = _stage_deployment(run, stage)
+    verdict = quality.job_verdict(job, dep)
+    if verdict["status"] == quality.FAILED:
+        reason = str(run.params.get("quality_override") or "").strip()
+        if not reason:
+            raise RuntimeError(verdict["message"])
+        verdict["override"] = {
+            "by": str(run.params.get("quality_override_by") or "a maintainer"),
+            "reason": reason[:2000],
+            "at": verdict["checked_at"],
+        }
+        event_record(
+            actor=run.created_by,
+            workspace=run.workspace,
+            verb="serving.candidate.quality_overridden",
+            refs=[Ref.to(job), Ref.to(run, role="related")],
+            payload={"reason": reason[:2000], "failures": verdict["failures"]},
+        )
+    return {"quality": verdict}
+
+
+def release_gates_stage(run, stage, context: dict) -> dict:
+    """Pipeline stage "release_gates" (after "register"): the release gates, no release; a
+    failed gate fails the stage naming it."""
+    from serving.gates import version_gates_run
+
+    version = (
+        ModelVersion.objects.for_workspace(run.workspace)
+        .select_related("model")
+        .get(pk=context["model_version_id"])
+    )
+    version = version_gates_run(actor=run.created_by, workspace=run.workspace, version=version)
+    if version.gate_status != GateStatus.PASSED:
+        failed = [g for g, r in (version.gates or {}).items() if r.get("status") != "passed"]
+        raise RuntimeError(f"{version} failed the release gate(s): {', '.join(failed)}")
+    return {"gate_status": version.gate_status}
+
+
+def challenger_stage(run, stage, context: dict) -> dict:
+    """Pipeline stage "challenger" (after "release_gates"): the version becomes the model's
+    ``challenger`` inside the production deployment, loaded beside production so the gateway
+    can route an experiment's share to it without a cold start."""
+    from serving.deployments import _warm
+    from serving.registry import model_alias_set
+
+    dep = _stage_deployment(run, stage)
+    version = (
+        ModelVersion.objects.for_workspace(run.workspace)
+        .select_related("model")
+        .get(pk=context["model_version_id"])
+    )
+    if version.model_id != dep.model_id:
+        raise RuntimeError(f"{version} is not a version of {dep.model.name}, served by {dep.name}")
+    model_alias_set(
+        actor=run.created_by,
+        workspace=run.workspace,
+        model=version.model,
+        alias="challenger",
+        version=version,
+    )
+    _warm(version)
+    return {"deployment": dep.name, "challenger_version_id": version.pk}
 
 
 def deploy_stage(run, stage, context: dict) -> dict:
@@ -79,14 +174,22 @@ def deploy_stage(run, stage, context: dict) -> dict:
     return {"deployment": deployment, "gate_status": version.gate_status}
 
 
-def production_model_resolver(workspace, name: str | None = None):
-    """The production version's bundle directory (for training's evaluation against production)."""
+def production_deployment(workspace, deployment: str = "") -> Deployment | None:
+    """The named deployment, or the workspace's only one when no name is given (with several,
+    none: which production a model competes with must be said, not guessed)."""
+    qs = Deployment.objects.for_workspace(workspace).select_related("version", "model")
+    if deployment:
+        return qs.filter(name=deployment).first()
+    found = list(qs[:2])
+    return found[0] if len(found) == 1 else None
+
+
+def production_model_resolver(workspace, deployment: str = ""):
+    """The production version's bundle directory of ``deployment`` (for training's evaluation
+    against production on the same held-out rows)."""
     from serving import artifacts
 
-    qs = Deployment.objects.for_workspace(workspace).select_related("version")
-    if name:
-        qs = qs.filter(model__name=name)
-    dep = qs.order_by("-updated_at").first()
+    dep = production_deployment(workspace, deployment)
     if dep is None:
         return None
     return artifacts.resolve_artifact(dep.version.artifact_path)

@@ -863,14 +863,15 @@ class _Progress:
 def _production_comparison(job: TrainingJob, spec) -> dict[str, Any] | None:
     from training import evaluation
 
-    path = evaluation.production_bundle_path(job.workspace)
+    path = evaluation.production_bundle_path(job.workspace, job.compare_deployment)
     if not path:
         return None
+    where = {"bundle": str(path), "deployment": job.compare_deployment}
     try:
-        return evaluation.evaluate_bundle(path, spec)
+        return {**evaluation.evaluate_bundle(path, spec), **where}
     except Exception as exc:
         logger.warning("production comparison failed for job %s", job.pk, exc_info=True)
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        return {"error": f"{type(exc).__name__}: {exc}"[:500], **where}
 
 
 def _finish(

@@ -22,15 +22,16 @@ MIN_SLICE_ROWS = 20
 _PRODUCTION_RESOLVERS: list[Callable[[Any], str | None]] = []
 
 
-def register_production_model_resolver(fn: Callable[[Any], str | None]) -> None:
-    """``fn(workspace) -> bundle directory or None``; serving registers its production model."""
+def register_production_model_resolver(fn: Callable[..., str | None]) -> None:
+    """``fn(workspace, deployment="") -> bundle directory or None``; serving registers its
+    production model (of the named deployment; blank: the workspace's only one)."""
     if fn not in _PRODUCTION_RESOLVERS:
         _PRODUCTION_RESOLVERS.append(fn)
 
 
-def production_bundle_path(workspace) -> str | None:
+def production_bundle_path(workspace, deployment: str = "") -> str | None:
     for resolver in _PRODUCTION_RESOLVERS:
-        path = resolver(workspace)
+        path = resolver(workspace, deployment)
         if path:
             return str(path)
     return None

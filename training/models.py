@@ -147,6 +147,12 @@ class TrainingJob(models.Model):
         max_length=200, blank=True, help_text="A registered user entry point instead of a template."
     )
     params = models.JSONField(default=dict, blank=True)
+    compare_deployment = models.CharField(
+        max_length=63,
+        blank=True,
+        help_text="The deployment whose production model the held-out evaluation compares "
+        "against (blank: the workspace's only deployment, if it has one).",
+    )
     dataset = models.ForeignKey(
         Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -349,6 +355,11 @@ class PipelineRun(models.Model):
         default=dict, blank=True, help_text="Outputs passed between stages (dataset_id, job_id)."
     )
     error = models.TextField(blank=True)
+    lease_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="While set and in the future, one worker is advancing the run (no other may).",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )

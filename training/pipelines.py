@@ -12,17 +12,24 @@ dict is the stage's output (merged into ``run.context`` for the stages after it)
 and the run; ``pipeline_run_retry`` reruns from the failed stage with the context so far.
 
 ``pipeline_run_advance(run_id)`` (Celery task ``training.tasks.run_pipeline``) runs every stage
-it can and re-queues itself while a stage waits.
+it can and re-queues itself while a stage waits. One advance at a time per run: it first takes
+the run's lease (``lease_until``, a conditional UPDATE that works the same on SQLite and
+PostgreSQL), so a duplicate delivery, a retry racing a queued wake-up or the beat's sweep
+(``pipeline_runs_resume``, which re-queues running runs whose lease lapsed, e.g. after a worker
+died) never runs a stage twice at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from training.models import JobState, Pipeline, PipelineRun, RunState, StageRun, TrainingJob
@@ -34,6 +41,11 @@ logger = logging.getLogger(__name__)
 WAIT = object()
 WAIT_COUNTDOWN_S = 2.0
 MAX_STAGES = 30
+# Longer than a synchronous stage takes (a sample build on demo data: seconds); renewed before
+# each stage. A worker that dies holding it delays the run by at most this much.
+LEASE_S = 300
+# How late a waiting run's wake-up may arrive (a busy queue) before the sweep starts another.
+PARK_GRACE_S = 120
 
 DEFAULT_STAGES: list[dict[str, Any]] = [
     {"name": "build_samples", "kind": "build_samples", "after": [], "params": {}},
@@ -125,12 +137,12 @@ def pipeline_create(*, actor, workspace, name: str, description: str = "", stage
     return pipeline
 
 
-def _dispatch(run_id: int, countdown: float = 0.0) -> None:
+def _dispatch(run_id: int, countdown: float = 0.0, lease: str | None = None) -> None:
     from training.tasks import run_pipeline
 
     def send() -> None:
         try:
-            run_pipeline.apply_async(args=[run_id], countdown=countdown)
+            run_pipeline.apply_async(args=[run_id, lease], countdown=countdown)
         except Exception:
             logger.warning("could not queue pipeline run %s", run_id, exc_info=True)
 
@@ -214,15 +226,83 @@ def _finish_run(run: PipelineRun, state: str, error: str = "") -> None:
         )
 
 
-def pipeline_run_advance(run_id: int, *, dispatch: bool = True) -> str:
-    """Run the stages that can run now; returns the run's state."""
+def _claim(run_id: int, lease: str | None = None) -> bool:
+    """Take the run's lease (True) unless another advance holds it. ``lease`` is the parked
+    lease a waiting run's wake-up carries: that wake-up, and only it, may take it early."""
+    now = timezone.now()
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    if lease:
+        with contextlib.suppress(ValueError):
+            free |= Q(lease_until=datetime.fromisoformat(lease))
+    return bool(
+        PipelineRun.objects.unscoped()
+        .filter(free, pk=run_id, state=RunState.RUNNING)
+        .update(lease_until=now + timedelta(seconds=LEASE_S))
+    )
+
+
+def _park(run_id: int) -> str:
+    """Hold the lease for the queued wake-up of a waiting run (so the beat's sweep leaves the
+    run alone while its wake-up is on the way); returns the token the wake-up carries."""
+    until = timezone.now() + timedelta(seconds=WAIT_COUNTDOWN_S + PARK_GRACE_S)
+    PipelineRun.objects.unscoped().filter(pk=run_id).update(lease_until=until)
+    return until.isoformat()
+
+
+def _renew(run_id: int) -> None:
+    PipelineRun.objects.unscoped().filter(pk=run_id).update(
+        lease_until=timezone.now() + timedelta(seconds=LEASE_S)
+    )
+
+
+def _release(run_id: int) -> None:
+    PipelineRun.objects.unscoped().filter(pk=run_id).update(lease_until=None)
+
+
+def pipeline_runs_resume() -> int:
+    """Re-queue every running run that nobody is advancing or waking (its lease lapsed or was
+    never taken): the beat's safety net for a wake-up lost with a worker. Returns how many."""
+    now = timezone.now()
+    ids = list(
+        PipelineRun.objects.unscoped()
+        .filter(state=RunState.RUNNING)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .values_list("pk", flat=True)[:500]
+    )
+    for run_id in ids:
+        with transaction.atomic():
+            _dispatch(run_id)
+    return len(ids)
+
+
+def pipeline_run_advance(run_id: int, *, dispatch: bool = True, lease: str | None = None) -> str:
+    """Run the stages that can run now; returns the run's state. Another advance of the same
+    run in progress (or a wake-up on its way) makes this one return at once."""
+    if not _claim(run_id, lease):
+        return PipelineRun.objects.unscoped().values_list("state", flat=True).get(pk=run_id)
+    waiting = False
+    try:
+        state, waiting = _advance(run_id)
+    finally:
+        if not (waiting and dispatch):
+            _release(run_id)
+    if waiting and dispatch:
+        token = _park(run_id)
+        with transaction.atomic():
+            _dispatch(run_id, WAIT_COUNTDOWN_S, token)
+    return state
+
+
+def _advance(run_id: int) -> tuple[str, bool]:
+    """(the run's state, whether a stage waits)."""
     run = PipelineRun.objects.unscoped().select_related("workspace", "pipeline").get(pk=run_id)
     if run.state != RunState.RUNNING:
-        return run.state
+        return run.state, False
     for stage in StageRun.objects.for_workspace(run.workspace_id).filter(run=run):
         if stage.state in {RunState.SUCCEEDED, RunState.SKIPPED}:
             continue
         handler = _HANDLERS.get(stage.kind)
+        _renew(run.pk)
         if stage.state == RunState.PENDING:
             stage.state = RunState.RUNNING
             stage.attempts += 1
@@ -240,13 +320,10 @@ def pipeline_run_advance(run_id: int, *, dispatch: bool = True) -> str:
             stage.finished_at = timezone.now()
             stage.save(update_fields=["state", "error", "finished_at", "output"])
             _finish_run(run, RunState.FAILED, f"{stage.name}: {message}")
-            return run.state
+            return run.state, False
         if output is WAIT:
             stage.save(update_fields=["output"])
-            if dispatch:
-                with transaction.atomic():
-                    _dispatch(run.pk, WAIT_COUNTDOWN_S)
-            return run.state
+            return run.state, True
         stage.output = {**stage.output, **(output or {})}
         stage.state = RunState.SUCCEEDED
         stage.finished_at = timezone.now()
@@ -254,7 +331,7 @@ def pipeline_run_advance(run_id: int, *, dispatch: bool = True) -> str:
         run.context = {**run.context, **(output or {})}
         run.save(update_fields=["context"])
     _finish_run(run, RunState.SUCCEEDED)
-    return run.state
+    return run.state, False
 
 
 def _message(exc: Exception) -> str:
@@ -286,6 +363,8 @@ def build_samples(run: PipelineRun, stage: StageRun, context: dict) -> dict:
     dataset_id = _param(run, stage, "dataset_id")
     if dataset_id:
         dataset = Dataset.objects.for_workspace(run.workspace).get(pk=dataset_id)
+    elif _param(run, stage, "stream", False):
+        dataset = _build_stream(run, stage)
     else:
         name = _param(run, stage, "dataset")
         if not name:
@@ -306,6 +385,103 @@ def build_samples(run: PipelineRun, stage: StageRun, context: dict) -> dict:
     return {"dataset_id": dataset.pk, "rows": dataset.row_count}
 
 
+STREAM_DATASET = "sample_stream"
+
+
+def workspace_stream(workspace) -> dict[str, Any]:
+    """The workspace's default sample stream (label source, label columns, features) with what
+    is missing filled in from its newest ready dataset, so a workspace that has trained
+    before has a stream to add a feature to."""
+    from features.models import Dataset, DatasetStatus
+
+    stream = dict((workspace.template or {}).get("sample_stream") or {})
+    features = [f for f in stream.get("features") or [] if isinstance(f, str)]
+    label_source = stream.get("label_source")
+    label_columns = [c for c in stream.get("label_columns") or [] if isinstance(c, str)]
+    latest = (
+        Dataset.objects.for_workspace(workspace)
+        .filter(status=DatasetStatus.READY)
+        .select_related("label_group")
+        .order_by("-created_at", "-id")
+    )
+    if isinstance(label_source, str) and label_source:
+        latest = latest.filter(label_group__name=label_source)
+    base = latest.first()
+    if base is not None:
+        label_source = label_source or base.label_group.name
+        label_columns = label_columns or list(base.label_columns)
+        seen = set(features)
+        features = [f for f in base.feature_refs if f not in seen] + features
+    return {
+        "label_source": label_source if isinstance(label_source, str) else None,
+        "label_columns": label_columns,
+        "features": features,
+    }
+
+
+def _build_stream(run: PipelineRun, stage: StageRun):
+    """A new version of the stream's dataset over its current label source and features."""
+    from features import samples
+    from features.models import FeatureGroup
+
+    stream = workspace_stream(run.workspace)
+    if not stream["label_source"] or not stream["label_columns"]:
+        raise ValidationError(
+            {"sample_stream": "the workspace has no label source yet: build a dataset first"}
+        )
+    if not stream["features"]:
+        raise ValidationError({"sample_stream": "the workspace's sample stream has no features"})
+    label_group = (
+        FeatureGroup.objects.for_workspace(run.workspace)
+        .filter(name=stream["label_source"])
+        .first()
+    )
+    if label_group is None:
+        raise ValidationError({"sample_stream": f"no feature group '{stream['label_source']}'"})
+    return samples.dataset_create(
+        actor=run.created_by,
+        workspace=run.workspace,
+        name=str(_param(run, stage, "dataset") or STREAM_DATASET),
+        label_group=label_group,
+        label_columns=stream["label_columns"],
+        feature_refs=stream["features"],
+    )
+
+
+def add_feature(run: PipelineRun, stage: StageRun, context: dict) -> dict:
+    """Add ``features`` (a list of ``group:feature`` refs) to the workspace's sample stream
+    (seeding the stream from the newest ready dataset when it has no label source yet)."""
+    from features import samples
+    from workspaces.services import workspace_update
+
+    refs = _param(run, stage, "features") or []
+    if not isinstance(refs, list) or not refs:
+        raise ValidationError({"features": "give a list of 'group:feature' references"})
+    stream = workspace_stream(run.workspace)
+    template = dict(run.workspace.template or {})
+    current = dict(template.get("sample_stream") or {})
+    if stream["label_source"] and not current.get("label_source"):
+        template["sample_stream"] = {**current, **stream}
+        run.workspace = workspace_update(actor=None, workspace=run.workspace, template=template)
+    for ref in refs:
+        samples.sample_stream_add_feature(
+            actor=run.created_by, workspace=run.workspace, feature_ref=ref
+        )
+    run.workspace.refresh_from_db()
+    return {"features_added": list(refs)}
+
+
+def _model_defaults(workspace) -> tuple[str, dict[str, Any]]:
+    from training.bundle import TEMPLATES
+
+    model = (workspace.template or {}).get("model") or {}
+    template = model.get("template")
+    params = model.get("params") if isinstance(model.get("params"), dict) else {}
+    if template not in TEMPLATES:
+        template = "fine_ranking"
+    return template, dict(params)
+
+
 def train(run: PipelineRun, stage: StageRun, context: dict) -> Any:
     """Submit a training job (first call), then wait until it ends."""
     from features.models import Dataset
@@ -321,15 +497,17 @@ def train(run: PipelineRun, stage: StageRun, context: dict) -> Any:
                 .filter(state=JobState.SUCCEEDED, template=_param(run, stage, "template", ""))
                 .first()
             )
+        default_template, default_params = _model_defaults(run.workspace)
         job = job_create(
             actor=None,
             workspace=run.workspace,
             name=f"{run.pipeline.name}-run{run.pk}"[:63],
             dataset=dataset,
-            template=_param(run, stage, "template", "fine_ranking"),
-            params=dict(_param(run, stage, "train_params", {}) or {}),
+            template=_param(run, stage, "template") or default_template,
+            params=dict(_param(run, stage, "train_params") or default_params),
             base_job=base,
             priority_class=_param(run, stage, "priority_class", "production"),
+            compare_deployment=str(_param(run, stage, "deployment") or ""),
         )
         stage.output = {"job_id": job.pk}
         return WAIT
@@ -376,5 +554,6 @@ for _kind, _handler in (
     ("train", train),
     ("evaluate", evaluate),
     ("register", register_candidate),
+    ("add_feature", add_feature),
 ):
     _HANDLERS.setdefault(_kind, _handler)

@@ -221,8 +221,11 @@ def job_create(
     priority_class: str = PriorityClass.EXPERIMENT,
     preemptible: bool = False,
     max_attempts: int = 3,
+    compare_deployment: str = "",
 ) -> TrainingJob:
     """Create a pending job; the scheduler admits and places it (``request_tick`` on commit).
+    ``compare_deployment`` names the deployment whose production model the held-out evaluation
+    scores on the same rows (blank: the workspace's only deployment, when it has exactly one).
 
     The dataset's features become consumers (kind ``training_job``) so they cannot be retired
     under a model being trained on them.
@@ -259,6 +262,7 @@ def job_create(
         priority_class=priority_class,
         preemptible=preemptible,
         max_attempts=max_attempts,
+        compare_deployment=compare_deployment,
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
     try:

@@ -27,8 +27,16 @@ def run_job(self, job_id: int) -> str:
             connection.close()
 
 
+@shared_task(name="training.tasks.resume_pipelines")
+def resume_pipelines() -> int:
+    """Beat: re-queue running pipeline runs that nobody advances (a wake-up lost with a worker)."""
+    from training import pipelines
+
+    return pipelines.pipeline_runs_resume()
+
+
 @shared_task(name="training.tasks.run_pipeline")
-def run_pipeline(run_id: int) -> str:
+def run_pipeline(run_id: int, lease: str | None = None) -> str:
     """Advance a pipeline run while holding one of its workspace's task slots; a workspace at
     its limit waits in the queue (re-enqueued), not in a worker slot other tenants need."""
     from training import pipelines
@@ -42,8 +50,8 @@ def run_pipeline(run_id: int) -> str:
         return "missing"
     with workspace_task_slot(workspace_id=workspace_id, kind="training.pipeline") as held:
         if held:
-            return pipelines.pipeline_run_advance(run_id)
-    run_pipeline.apply_async(args=[run_id], countdown=SLOT_RETRY_SECONDS)
+            return pipelines.pipeline_run_advance(run_id, lease=lease)
+    run_pipeline.apply_async(args=[run_id, lease], countdown=SLOT_RETRY_SECONDS)
     return "deferred"
 
 

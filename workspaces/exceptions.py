@@ -6,9 +6,11 @@ from django.core.exceptions import ValidationError
 class ConflictError(Exception):
     """A write would break an existing object or rule (409); the message names what conflicts."""
 
-    def __init__(self, message: str, *, attr: str | None = None) -> None:
+    def __init__(self, message: str, *, attr: str | None = None, **extra) -> None:
         super().__init__(message)
         self.attr = attr
+        # More of the conflict for the API body (e.g. the quality gate's metric and values).
+        self.extra = extra
 
 
 class ReferenceNotFound(ValidationError):

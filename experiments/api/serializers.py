@@ -150,3 +150,32 @@ class FeedbackResultSerializer(serializers.Serializer):
     accepted = serializers.IntegerField()
     duplicates = serializers.IntegerField()
     unmatched = serializers.IntegerField()
+
+
+class LoopCreateSerializer(serializers.Serializer):
+    group = serializers.CharField(
+        max_length=63, help_text="The feature group whose features to try (all unless named)."
+    )
+    features = serializers.ListField(
+        child=serializers.CharField(max_length=63),
+        required=False,
+        min_length=1,
+        max_length=64,
+        help_text="Feature names of the group; default: all of its current version.",
+    )
+    deployment = serializers.CharField(
+        max_length=63,
+        required=False,
+        help_text="The production deployment to beat (default: the loop policy's, else the "
+        "workspace's only deployment).",
+    )
+
+
+class LoopRetrySerializer(serializers.Serializer):
+    quality_override = serializers.CharField(
+        max_length=2000,
+        required=False,
+        allow_blank=True,
+        help_text="A maintainer's reason to let a candidate past a failed quality gate "
+        "(recorded and flagged for audit).",
+    )

@@ -8,11 +8,11 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from experiments import services
+from experiments import loop, services
 from experiments.api.serializers import (
     ConcludeSerializer,
     ExperimentCreateSerializer,
@@ -21,12 +21,14 @@ from experiments.api.serializers import (
     FeedbackResultSerializer,
     LayerCreateSerializer,
     LayerSerializer,
+    LoopCreateSerializer,
+    LoopRetrySerializer,
     NoteSerializer,
     SnapshotSerializer,
     StopSerializer,
 )
 from experiments.models import Experiment, ExperimentState, Layer, Snapshot
-from workspaces.api.viewsets import WorkspaceScopedViewSet
+from workspaces.api.viewsets import ROLE_PERMISSION, WorkspaceScopedViewSet
 from workspaces.models import Role
 
 KEY_REGEX = "[a-z][a-z0-9_-]*"
@@ -222,3 +224,55 @@ class FeedbackViewSet(WorkspaceScopedViewSet):
             idempotency_key=request.headers.get("Idempotency-Key", ""),
         )
         return Response(result)
+
+
+class LoopViewSet(WorkspaceScopedViewSet):
+    """The one action (X2 loop): a feature group to a running A/B experiment. ``create`` starts
+    the workspace's ``ab-loop`` pipeline; ``retry`` reruns from the failed stage (a maintainer
+    may pass ``quality_override`` with a reason to let a candidate past the quality gate)."""
+
+    lookup_value_regex = r"\d+"
+    action_roles = {"create": Role.DEVELOPER, "retry": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return loop.loops_of(self.workspace).prefetch_related("stage_runs")
+
+    def _get(self, pk: str):
+        run = self.get_queryset().filter(pk=pk).first()
+        if run is None:
+            raise Http404
+        return run
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def list(self, request: Request, ws: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response([loop.loop_summary(run) for run in page])
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def retrieve(self, request: Request, ws: str, pk: str) -> Response:
+        return Response(loop.loop_summary(self._get(pk)))
+
+    @extend_schema(request=LoopCreateSerializer, responses={202: OpenApiTypes.OBJECT})
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = LoopCreateSerializer(data=_body(request))
+        serializer.is_valid(raise_exception=True)
+        run = loop.loop_start(
+            actor=request.user, workspace=self.workspace, **serializer.validated_data
+        )
+        fresh = self._get(run.pk)
+        return Response(
+            loop.loop_summary(fresh),
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": f"/api/v1/workspaces/{self.workspace.slug}/loops/{run.pk}/"},
+        )
+
+    @extend_schema(request=LoopRetrySerializer, responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, ws: str, pk: str) -> Response:
+        serializer = LoopRetrySerializer(data=_body(request) if request.data else {})
+        serializer.is_valid(raise_exception=True)
+        reason = serializer.validated_data.get("quality_override", "")
+        if reason.strip() and ROLE_PERMISSION[Role.MAINTAINER] not in self.workspace_perms:
+            raise PermissionDenied("only a maintainer may override the quality gate")
+        run = loop.loop_retry(actor=request.user, run=self._get(pk), quality_override=reason)
+        return Response(loop.loop_summary(self._get(run.pk)))

@@ -50,9 +50,22 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "mlflow_version",
             "gate_status",
             "gates",
+            "quality",
             "description",
             "created_at",
         ]
+
+
+class QualityOverrideSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        max_length=2000, help_text="Why the version may go on despite the failed quality gate."
+    )
+    deployment = serializers.CharField(
+        max_length=63,
+        required=False,
+        help_text="The deployment whose production the gate compares with (default: the one "
+        "the verdict was for, else the model's only deployment).",
+    )
 
 
 class VersionRegisterSerializer(serializers.Serializer):

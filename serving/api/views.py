@@ -11,13 +11,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from serving import deployments as dep_services
-from serving import registry
+from serving import quality, registry
 from serving.api.serializers import (
     AliasSerializer,
     DeploymentChangeSerializer,
     DeploymentCreateSerializer,
     DeploymentSerializer,
     ModelVersionSerializer,
+    QualityOverrideSerializer,
     RegisteredModelSerializer,
     ReleaseSerializer,
     RollbackSerializer,
@@ -87,7 +88,11 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
     queryset = ModelVersion.objects.none()  # the model, for the schema; requests use the scoped one
     lookup_value_regex = "[0-9]+"
     # Re-running the gates can change whether a version may be (or stay) released.
-    action_roles = {"create": Role.DEVELOPER, "gates": Role.MAINTAINER}
+    action_roles = {
+        "create": Role.DEVELOPER,
+        "gates": Role.MAINTAINER,
+        "quality_override": Role.MAINTAINER,
+    }
 
     def get_workspace_queryset(self) -> QuerySet:
         qs = ModelVersion.objects.for_workspace(self.workspace).select_related("model")
@@ -165,6 +170,27 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
             actor=request.user, workspace=self.workspace, version=version
         )
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=QualityOverrideSerializer, responses={200: ModelVersionSerializer})
+    @action(detail=True, methods=["post"], url_path="quality-override")
+    def quality_override(self, request: Request, ws: str, pk: str) -> Response:
+        """A maintainer lets a version past a failed quality gate, with a reason (recorded as an
+        event and flagged for audit); 409 when the version has not failed the gate."""
+        version = self.get_object()
+        body = QualityOverrideSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        version = quality.version_checked(
+            workspace=self.workspace,
+            version=version,
+            deployment=body.validated_data.get("deployment"),
+        )
+        version = quality.quality_override(
+            actor=request.user,
+            workspace=self.workspace,
+            version=version,
+            reason=body.validated_data["reason"],
+        )
+        return Response(ModelVersionSerializer(version).data)
 
 
 class DeploymentViewSet(WorkspaceScopedViewSet):

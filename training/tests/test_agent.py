@@ -94,7 +94,7 @@ def test_sigkilled_child_is_requeued_and_resumes_to_the_same_model(workspace, tm
     place(job, node)
     # The reference run's bundle plays the workspace's production model (serving's resolver).
     production = str(tmp_path / "reference" / "model")
-    resolver = lambda ws: production if ws.pk == workspace.pk else None  # noqa: E731
+    resolver = lambda ws, deployment="": production if ws.pk == workspace.pk else None  # noqa: E731
     evaluation.register_production_model_resolver(resolver)
     try:
         assert agent.execute_job(job.pk) == JobState.SUCCEEDED

@@ -157,7 +157,13 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         )
     if isinstance(exc, ConflictError):
         return Response(
-            error_body(status_code=409, code="conflict", detail=str(exc), attr=exc.attr),
+            error_body(
+                status_code=409,
+                code="conflict",
+                detail=str(exc),
+                attr=exc.attr,
+                **getattr(exc, "extra", {}),
+            ),
             status=status.HTTP_409_CONFLICT,
         )
     if isinstance(exc, ReferenceNotFound):  # before ValidationError: it is one

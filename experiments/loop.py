@@ -1,0 +1,356 @@
+"""The one action: from a feature to a running A/B experiment (``POST .../loops/``).
+
+A loop is a run of the workspace's ``ab-loop`` pipeline, a pipeline like any other (its DAG,
+retry from the failed stage, events), with these stages:
+
+    add_feature -> build_samples -> train -> evaluate -> quality_gate -> register
+    -> release_gates -> challenger -> experiment
+
+``add_feature`` puts the feature(s) into the workspace's sample stream, ``build_samples``
+builds the stream's next dataset, ``train`` trains the workspace's default template (its
+held-out evaluation scores the production model of the target deployment on the same rows),
+``quality_gate`` refuses a candidate worse than production (serving), ``register`` and
+``release_gates`` make it a gated model version, ``challenger`` loads it inside the production
+deployment, and ``experiment`` (this module's stage kind) creates and starts the A/B experiment
+with the workspace's loop policy (ramp, guardrails, primary metric), within the policy that
+starts it without review.
+
+The experiments app registers the ``experiment`` stage kind in its ``AppConfig.ready`` (training
+never imports it), and owns the loop because it is the one app that may use all the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from experiments import services
+from experiments.models import Experiment, ExperimentState, Metric
+from workspaces.exceptions import ConflictError, ReferenceNotFound
+from workspaces.models import Workspace
+
+LOOP_PIPELINE = "ab-loop"
+LOOP_STAGES: list[dict[str, Any]] = [
+    {"name": "add_feature", "kind": "add_feature", "after": [], "params": {}},
+    {"name": "build_samples", "kind": "build_samples", "after": ["add_feature"],
+     "params": {"stream": True}},
+    {"name": "train", "kind": "train", "after": ["build_samples"], "params": {}},
+    {"name": "evaluate", "kind": "evaluate", "after": ["train"], "params": {}},
+    {"name": "quality_gate", "kind": "quality_gate", "after": ["evaluate"], "params": {}},
+    {"name": "register", "kind": "register", "after": ["quality_gate"], "params": {}},
+    {"name": "release_gates", "kind": "release_gates", "after": ["register"], "params": {}},
+    {"name": "challenger", "kind": "challenger", "after": ["release_gates"], "params": {}},
+    {"name": "experiment", "kind": "experiment", "after": ["challenger"], "params": {}},
+]  # fmt: skip
+# What each stage's output links to on the loop page: (context key, object kind).
+STAGE_OBJECTS = {
+    "build_samples": ("dataset_id", "dataset"),
+    "train": ("job_id", "job"),
+    "register": ("model_version_id", "model_version"),
+    "release_gates": ("model_version_id", "model_version"),
+    "challenger": ("challenger_version_id", "model_version"),
+    "experiment": ("experiment_id", "experiment"),
+}
+DEFAULT_LOOP_POLICY: dict[str, Any] = {
+    "ramp_plan": [5, 10, 20],
+    "ramp_interval_s": 86400,
+    "guardrails": [{"metric": "ctr", "max_drop": 0.1}],
+    "primary_metric": Metric.CTR,
+    "min_units": 1000,
+}
+
+
+def loop_policy(workspace: Workspace) -> dict[str, Any]:
+    """The experiment a loop starts: ``workspace.template["loop"]`` over the defaults, its ramp
+    capped at what the workspace's experiment policy starts without review."""
+    custom = (workspace.template or {}).get("loop") or {}
+    policy = dict(DEFAULT_LOOP_POLICY)
+    if isinstance(custom, dict):
+        for key in policy:
+            if key in custom and custom[key] is not None:
+                policy[key] = custom[key]
+        if isinstance(custom.get("deployment"), str):
+            policy["deployment"] = custom["deployment"]
+    cap = services.policy_of(workspace)["max_auto_percent"]
+    plan = [p for p in policy["ramp_plan"] if isinstance(p, int | float) and 0 < p <= cap]
+    policy["ramp_plan"] = plan or [min(5, cap)]
+    return policy
+
+
+def _loop_pipeline(workspace: Workspace):
+    from training import pipelines
+    from training.models import Pipeline
+
+    pipeline = Pipeline.objects.for_workspace(workspace).filter(name=LOOP_PIPELINE).first()
+    if pipeline is None:
+        return pipelines.pipeline_create(
+            actor=None,
+            workspace=workspace,
+            name=LOOP_PIPELINE,
+            description="Feature to running A/B experiment, in one action.",
+            stages=LOOP_STAGES,
+        )
+    if pipeline.stages != pipelines.ordered_stages(LOOP_STAGES):
+        pipeline.stages = pipelines.ordered_stages(LOOP_STAGES)
+        pipeline.save(update_fields=["stages"])
+    return pipeline
+
+
+def _features_of(workspace: Workspace, group: Any, features: Any) -> tuple[str, list[str]]:
+    from features.models import FeatureGroupVersion, Lifecycle
+    from features.selectors import feature_groups_of
+
+    if not isinstance(group, str) or not group:
+        raise ValidationError({"group": "name the feature group to try"})
+    found = feature_groups_of(workspace=workspace).filter(name=group).first()
+    if found is None:
+        raise ReferenceNotFound(f"no feature group '{group}'", attr="group")
+    if found.status == Lifecycle.RETIRED:
+        raise ValidationError({"group": f"feature group '{group}' is retired"})
+    version = FeatureGroupVersion.objects.for_workspace(workspace).get(
+        group=found, version=found.current_version
+    )
+    names = [f["name"] for f in version.features]
+    if features is None:
+        chosen = names
+    elif isinstance(features, list) and features and all(isinstance(f, str) for f in features):
+        unknown = [f for f in features if f not in names]
+        if unknown:
+            raise ValidationError(
+                {"features": f"not in {group} v{found.current_version}: {unknown}; one of {names}"}
+            )
+        chosen = list(dict.fromkeys(features))
+    else:
+        raise ValidationError({"features": f"a list of feature names of {group}: {names}"})
+    return group, [f"{group}:{name}" for name in chosen]
+
+
+def _deployment_of(workspace: Workspace, deployment: Any) -> Any:
+    from serving.models import Deployment
+
+    names = list(
+        Deployment.objects.for_workspace(workspace).order_by("name").values_list("name", flat=True)
+    )
+    if deployment in (None, ""):
+        deployment = loop_policy(workspace).get("deployment")
+    if deployment in (None, ""):
+        if len(names) == 1:
+            deployment = names[0]
+        elif not names:
+            raise ConflictError(
+                "the workspace has no production deployment yet: deploy a model first, then "
+                "try features against it",
+                attr="deployment",
+            )
+        else:
+            raise ValidationError({"deployment": f"name the production deployment: {names}"})
+    if not isinstance(deployment, str):
+        raise ValidationError({"deployment": f"a deployment name: {names}"})
+    dep = Deployment.objects.for_workspace(workspace).filter(name=deployment).first()
+    if dep is None:
+        raise ReferenceNotFound(f"no deployment '{deployment}'", attr="deployment")
+    return dep
+
+
+def loops_of(workspace: Workspace):
+    from training.models import PipelineRun
+
+    return (
+        PipelineRun.objects.for_workspace(workspace)
+        .filter(pipeline__name=LOOP_PIPELINE)
+        .select_related("pipeline")
+    )
+
+
+@transaction.atomic
+def loop_start(
+    *,
+    actor,
+    workspace: Workspace,
+    group: Any,
+    features: Any = None,
+    deployment: Any = None,
+    dispatch: bool = True,
+):
+    """Start the loop for a feature group's features (all of them unless ``features`` names
+    some) against ``deployment`` (default: the loop policy's, else the workspace's only one).
+    Returns the pipeline run; 409 while a loop for the same group is still running."""
+    from training import pipelines
+    from training.models import RunState
+
+    group, refs = _features_of(workspace, group, features)
+    dep = _deployment_of(workspace, deployment)
+    running = loops_of(workspace).filter(state=RunState.RUNNING, params__group=group).first()
+    if running is not None:
+        raise ConflictError(
+            f"a loop for '{group}' is already running (#{running.pk}); wait for it or retry it",
+            attr="group",
+        )
+    pipeline = _loop_pipeline(workspace)
+    return pipelines.pipeline_run_start(
+        actor=actor,
+        pipeline=pipeline,
+        params={"group": group, "features": refs, "deployment": dep.name},
+        dispatch=dispatch,
+    )
+
+
+@transaction.atomic
+def loop_retry(*, actor, run, quality_override: str = "", dispatch: bool = True):
+    """Retry a failed loop from its failed stage; ``quality_override`` (a maintainer's reason)
+    lets a candidate past a failed quality gate, recorded and flagged for audit."""
+    from training import pipelines
+    from training.models import PipelineRun
+
+    reason = str(quality_override or "").strip()
+    if reason:
+        PipelineRun.objects.for_workspace(run.workspace_id).filter(pk=run.pk).update(
+            params={
+                **run.params,
+                "quality_override": reason[:2000],
+                "quality_override_by": getattr(actor, "username", ""),
+            }
+        )
+    return pipelines.pipeline_run_retry(actor=actor, run=run, dispatch=dispatch)
+
+
+def _key(run) -> str:
+    group = str(run.params.get("group") or "feature").replace("_", "-")[:40]
+    return f"loop-{run.pk}-{group}".lower()
+
+
+def experiment_stage(run, stage, context: dict) -> Any:
+    """Pipeline stage "experiment": create the A/B experiment (control: production, treatment:
+    the challenger) with the loop policy and submit it; waits while it is under review, done when
+    it runs."""
+    from training.pipelines import WAIT
+
+    exp_id = stage.output.get("experiment_id") or context.get("experiment_id")
+    exp = Experiment.objects.for_workspace(run.workspace).filter(pk=exp_id).first()
+    if exp is None:
+        exp = Experiment.objects.for_workspace(run.workspace).filter(key=_key(run)).first()
+    if exp is None:
+        policy = loop_policy(run.workspace)
+        dep = _deployment_of(run.workspace, run.params.get("deployment"))
+        features = ", ".join(run.params.get("features") or [])
+        exp = services.experiment_create(
+            actor=run.created_by,
+            workspace=run.workspace,
+            key=_key(run),
+            hypothesis=(
+                f"Adding {features} to the sample stream lifts {policy['primary_metric']} "
+                f"(loop #{run.pk}: the candidate passed the quality gate against production)."
+            ),
+            deployment=dep.pk,
+            treatment_versions=[int(context["challenger_version_id"])],
+            guardrails=policy["guardrails"],
+            primary_metric=policy["primary_metric"],
+            ramp_plan=policy["ramp_plan"],
+            ramp_interval_s=int(policy["ramp_interval_s"]),
+            min_units=int(policy["min_units"]),
+        )
+    stage.output = {"experiment_id": exp.pk, "experiment": exp.key}
+    if exp.state == ExperimentState.DRAFT:
+        exp = services.experiment_submit(actor=run.created_by, experiment=exp)
+    if exp.state == ExperimentState.RUNNING:
+        return {
+            "experiment_id": exp.pk,
+            "experiment": exp.key,
+            "traffic_percent": exp.traffic_percent,
+        }
+    if exp.state == ExperimentState.PENDING_REVIEW:
+        return WAIT
+    raise RuntimeError(f"experiment {exp.key} is {exp.state}: {exp.stop_reason}")
+
+
+def _object_link(workspace: Workspace, kind: str, object_id: Any) -> dict[str, Any] | None:
+    """The loop page's link for a stage's object (None when it is gone)."""
+    from django.urls import reverse
+
+    from features.models import Dataset
+    from serving.models import ModelVersion
+    from training.models import TrainingJob
+
+    ws = workspace.slug
+    if kind == "dataset":
+        found = Dataset.objects.for_workspace(workspace).filter(pk=object_id).first()
+        if found is None:
+            return None
+        url = reverse("features-dataset", args=[ws, found.name, found.version])
+        return {"kind": kind, "id": found.pk, "label": f"{found.name} v{found.version}", "url": url}
+    if kind == "job":
+        found = TrainingJob.objects.for_workspace(workspace).filter(pk=object_id).first()
+        if found is None:
+            return None
+        url = reverse("training-job", args=[ws, found.pk])
+        return {"kind": kind, "id": found.pk, "label": str(found), "url": url}
+    if kind == "model_version":
+        found = (
+            ModelVersion.objects.for_workspace(workspace)
+            .select_related("model")
+            .filter(pk=object_id)
+            .first()
+        )
+        if found is None:
+            return None
+        url = reverse("serving-version", args=[ws, found.model.name, found.version])
+        return {"kind": kind, "id": found.pk, "label": str(found), "url": url}
+    if kind == "experiment":
+        found = Experiment.objects.for_workspace(workspace).filter(pk=object_id).first()
+        if found is None:
+            return None
+        url = reverse("experiments-detail", args=[ws, found.key])
+        return {"kind": kind, "id": found.pk, "label": found.key, "url": url, "state": found.state}
+    return None
+
+
+def loop_summary(run) -> dict[str, Any]:
+    """Each stage of a loop with its state, error and linked object (API and page alike)."""
+    stages = []
+    context = dict(run.context or {})
+    for stage in run.stage_runs.all().order_by("position"):
+        output = {**(stage.output or {})}
+        link = None
+        if stage.name in STAGE_OBJECTS:
+            key, kind = STAGE_OBJECTS[stage.name]
+            object_id = output.get(key) or (
+                context.get(key) if stage.state == "succeeded" else None
+            )
+            if object_id:
+                link = _object_link(run.workspace, kind, object_id)
+        seconds = None
+        if stage.started_at and stage.finished_at:
+            seconds = round((stage.finished_at - stage.started_at).total_seconds(), 1)
+        stages.append(
+            {
+                "name": stage.name,
+                "kind": stage.kind,
+                "state": stage.state,
+                "attempts": stage.attempts,
+                "error": stage.error,
+                "seconds": seconds,
+                "started_at": stage.started_at,
+                "finished_at": stage.finished_at,
+                "object": link,
+            }
+        )
+    failed = next((s for s in stages if s["state"] == "failed"), None)
+    quality = context.get("quality") or {}
+    return {
+        "id": run.pk,
+        "state": run.state,
+        "group": run.params.get("group"),
+        "features": run.params.get("features") or [],
+        "deployment": run.params.get("deployment"),
+        "error": run.error,
+        "failed_stage": failed["name"] if failed else None,
+        "quality_gate_failed": bool(
+            failed and failed["kind"] == "quality_gate" and not run.params.get("quality_override")
+        ),
+        "quality": quality,
+        "stages": stages,
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+    }
