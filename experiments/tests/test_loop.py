@@ -187,7 +187,8 @@ def test_the_api_refuses_to_release_a_worse_candidate_until_a_maintainer_overrid
     assert body["attr"] == "quality" and body["metric"] == "auc"
     assert body["candidate"] == pytest.approx(0.700) and body["production"] == pytest.approx(0.727)
     assert "0.7000" in body["detail"] and "0.7270" in body["detail"]
-    assert Deployment.objects.for_workspace(workspace).get(pk=dep.pk).version_id == dep.version_id  # nothing moved
+    live = Deployment.objects.for_workspace(workspace).get(pk=dep.pk)
+    assert live.version_id == dep.version_id  # nothing moved
 
     developer = client_for(members[Role.DEVELOPER])
     override = f"{base}/model-versions/{worse.pk}/quality-override/"
@@ -232,7 +233,7 @@ def test_an_experiment_with_a_worse_treatment_is_refused_at_submit(
 def test_loop_api_validates_and_isolates(
     workspace, other_workspace, members, production, client_for
 ):
-    scene, dep = production
+    scene, _ = production
     group = _extra_group(scene)
     base = f"/api/v1/workspaces/{workspace.slug}/loops/"
     developer = client_for(members[Role.DEVELOPER])
