@@ -21,6 +21,9 @@ never imports it), and owns the loop because it is the one app that may use all 
 
 from __future__ import annotations
 
+import io
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -164,24 +167,91 @@ def loops_of(workspace: Workspace):
     )
 
 
+# Candidate values have no event times (they are static attributes in the evaluation): as a
+# feature group they are stamped long before any label, so every label row sees them.
+CANDIDATE_EVENT_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@transaction.atomic
+def group_from_candidate(*, actor, workspace: Workspace, evaluation: Any) -> str:
+    """The feature group that holds a finished candidate evaluation's values (registered and
+    filled on first use: ``cand_<name>``, keyed like the evaluation, one feature ``value``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from django.conf import settings
+
+    from features import registry
+    from features.ingestion import batch_ingest
+    from features.models import EntityKind, FeatureGroup
+    from training.models import CandidateEvaluation, RunState
+
+    if not isinstance(evaluation, CandidateEvaluation):
+        if not isinstance(evaluation, int) or isinstance(evaluation, bool):
+            raise ValidationError({"evaluation": "give a candidate evaluation id"})
+        found = CandidateEvaluation.objects.for_workspace(workspace).filter(pk=evaluation).first()
+        if found is None:
+            raise ReferenceNotFound(f"no candidate evaluation {evaluation}", attr="evaluation")
+        evaluation = found
+    if evaluation.state != RunState.SUCCEEDED or not evaluation.values_path:
+        raise ConflictError(
+            f"candidate evaluation '{evaluation.name}' is {evaluation.state}: only a finished "
+            "one can be tried in an experiment",
+            attr="evaluation",
+        )
+    name = re.sub(r"[^a-z0-9_]", "_", f"cand_{evaluation.name}".lower())[:63]
+    group = FeatureGroup.objects.for_workspace(workspace).filter(name=name).first()
+    if group is not None:
+        return group.name
+    key = evaluation.key_column
+    keyed = FeatureGroup.objects.for_workspace(workspace).filter(entity_keys=[key]).first()
+    entity = keyed.entity if keyed is not None else (
+        EntityKind.USER if key.startswith("user") else EntityKind.ITEM
+    )
+    group = registry.feature_group_register(
+        actor=actor,
+        workspace=workspace,
+        name=name,
+        entity=entity,
+        entity_keys=[key],
+        features=[{"name": "value", "dtype": evaluation.dtype}],
+        description=f"Values of the candidate evaluation '{evaluation.name}'.",
+        tags=["candidate"],
+    )
+    table = pq.read_table(f"{settings.ARTIFACT_ROOT}/{evaluation.values_path}")
+    table = table.select([key, "value"]).append_column(
+        "event_time", pa.array([CANDIDATE_EVENT_TIME] * table.num_rows, pa.timestamp("us", "UTC"))
+    )
+    table = table.filter(pc.invert(pc.is_null(table.column(key))))
+    for start in range(0, table.num_rows, 100_000):
+        sink = io.BytesIO()
+        pq.write_table(table.slice(start, 100_000), sink)
+        batch_ingest(actor=actor, group=group, body=sink.getvalue(), format="parquet")
+    return group.name
+
+
 @transaction.atomic
 def loop_start(
     *,
     actor,
     workspace: Workspace,
-    group: Any,
+    group: Any = None,
     features: Any = None,
     deployment: Any = None,
+    evaluation: Any = None,
     dispatch: bool = True,
 ):
     """Start the loop for a feature group's features (all of them unless ``features`` names
-    some) against ``deployment`` (default: the loop policy's, else the workspace's only one).
-    Returns the pipeline run; 409 while a loop for the same group is still running."""
+    some), or for a finished candidate evaluation's values (``evaluation``), against
+    ``deployment`` (default: the loop policy's, else the workspace's only one). Returns the
+    pipeline run; 409 while a loop for the same group is still running."""
     from training import pipelines
     from training.models import RunState
 
-    group, refs = _features_of(workspace, group, features)
     dep = _deployment_of(workspace, deployment)
+    if evaluation is not None and group in (None, ""):
+        group = group_from_candidate(actor=actor, workspace=workspace, evaluation=evaluation)
+    group, refs = _features_of(workspace, group, features)
     running = loops_of(workspace).filter(state=RunState.RUNNING, params__group=group).first()
     if running is not None:
         raise ConflictError(

@@ -280,8 +280,10 @@ def _run_row(run: PipelineRun) -> dict[str, Any]:
     }
 
 
-def _dag_layout(pipeline: Pipeline) -> dict[str, Any]:
-    """Boxes by depth (column) for the DAG drawing; edges as from/to names."""
+def _dag_layout(pipeline: Pipeline, states: dict[str, str] | None = None) -> dict[str, Any]:
+    """Boxes by depth (column) for the DAG drawing, each with its state in the pipeline's
+    latest run (``states``); edges as coordinates."""
+    states = states or {}
     depth: dict[str, int] = {}
     for stage in pipeline.stages:
         depth[stage["name"]] = 1 + max((depth[a] for a in stage.get("after", [])), default=-1)
@@ -295,6 +297,7 @@ def _dag_layout(pipeline: Pipeline) -> dict[str, Any]:
             {
                 "name": stage["name"],
                 "kind": stage["kind"],
+                "state": states.get(stage["name"], ""),
                 "x": 10 + column * 170,
                 "y": 10 + row * 60,
             }
@@ -324,13 +327,17 @@ def pipeline_list(request: HttpRequest, workspace, run_form=None, create_form=No
         .prefetch_related("stage_runs")[:30]
     )
     candidates = CandidateEvaluation.objects.for_workspace(workspace).select_related("dataset")[:30]
+    latest: dict[int, dict[str, str]] = {}
+    for run in runs:  # newest first: the first run of each pipeline is its latest
+        if run.pipeline_id not in latest:
+            latest[run.pipeline_id] = {st.name: st.state for st in run.stage_runs.all()}
     return render(
         request,
         "training/pipelines.html",
         _context(
             request,
             section="training",
-            pipelines=[(p, _dag_layout(p)) for p in pipelines],
+            pipelines=[(p, _dag_layout(p, latest.get(p.pk))) for p in pipelines],
             runs=[_run_row(r) for r in runs],
             candidates=candidates,
             can_run=role_at_least(request.workspace_role, Role.DEVELOPER),

@@ -154,7 +154,14 @@ class FeedbackResultSerializer(serializers.Serializer):
 
 class LoopCreateSerializer(serializers.Serializer):
     group = serializers.CharField(
-        max_length=63, help_text="The feature group whose features to try (all unless named)."
+        max_length=63,
+        required=False,
+        help_text="The feature group whose features to try (all unless named).",
+    )
+    evaluation = serializers.IntegerField(
+        required=False,
+        help_text="Or a finished candidate-feature evaluation: its values become the feature "
+        "group cand_<name> and that is tried.",
     )
     features = serializers.ListField(
         child=serializers.CharField(max_length=63),
@@ -169,6 +176,11 @@ class LoopCreateSerializer(serializers.Serializer):
         help_text="The production deployment to beat (default: the loop policy's, else the "
         "workspace's only deployment).",
     )
+
+    def validate(self, attrs):
+        if not attrs.get("group") and attrs.get("evaluation") is None:
+            raise serializers.ValidationError({"group": "name a feature group (or an evaluation)"})
+        return attrs
 
 
 class LoopRetrySerializer(serializers.Serializer):

@@ -23,6 +23,7 @@ from serving.tests.factories import T0, _ingest, make_bundle, make_scene, make_s
 from serving.tests.helpers import passing_version
 from training import pipelines
 from training.models import JobState, PipelineRun, RunState, TrainingJob
+from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.testing.factories import make_member
 
@@ -260,3 +261,87 @@ def test_loop_api_validates_and_isolates(
     assert outsider.get(f"{other}{body['id']}/").status_code == 404
     assert outsider.post(other, {"group": group.name}, format="json").status_code == 404
     assert json.loads(developer.get(base).content)["results"][0]["id"] == body["id"]
+
+
+def test_a_finished_candidate_evaluation_becomes_a_group_and_its_loop_builds_with_it(
+    workspace, members, production
+):
+    from training import candidates
+
+    scene, _ = production
+    rows = "user_id,value\n" + "".join(f"{u},{i % 5}\n" for i, u in enumerate(scene.user_ids))
+    evaluation = candidates.candidate_evaluation_create(
+        actor=None,
+        workspace=workspace,
+        name="recency",
+        dataset=scene.dataset,
+        key_column="user_id",
+        content=rows.encode(),
+        dispatch=False,
+    )
+    with pytest.raises(ConflictError):  # not finished yet
+        loop.loop_start(actor=None, workspace=workspace, evaluation=evaluation.pk, dispatch=False)
+    type(evaluation).objects.for_workspace(workspace).filter(pk=evaluation.pk).update(
+        state=RunState.SUCCEEDED
+    )
+    run = loop.loop_start(actor=None, workspace=workspace, evaluation=evaluation.pk, dispatch=False)
+    assert run.params["group"] == "cand_recency"
+    assert run.params["features"] == ["cand_recency:value"]
+    _advance(run)
+    dataset_id = run.stage_runs.get(name="build_samples").output["dataset_id"]
+    from features.models import Dataset
+
+    dataset = Dataset.objects.for_workspace(workspace).get(pk=dataset_id)
+    assert "cand_recency:value" in dataset.feature_refs and dataset.status == "ready"
+
+
+def test_the_pages_start_a_loop_show_its_stages_and_offer_the_override_to_maintainers(
+    workspace, members, production, client
+):
+    scene, dep = production
+    group = _extra_group(scene)
+    client.force_login(members[Role.DEVELOPER])
+    page = client.get(f"/w/{workspace.slug}/features/groups/{group.name}/")
+    assert b'data-testid="try-in-experiment"' in page.content
+    label_page = client.get(f"/w/{workspace.slug}/features/groups/{scene.labels.name}/")
+    assert b'data-testid="try-in-experiment"' not in label_page.content
+    empty = client.get(f"/w/{workspace.slug}/loops/")
+    assert b"No loops yet" in empty.content
+    bad = client.post(f"/w/{workspace.slug}/loops/new/", {"group": "nope"})
+    assert bad.status_code == 400
+    assert b"no feature group" in bad.content and group.name.encode() in bad.content
+    # (the on-commit wake-up never fires inside the test's transaction: the test advances)
+    started = client.post(f"/w/{workspace.slug}/loops/new/", {"group": group.name})
+    assert started.status_code == 302
+    run = loop.loops_of(workspace).get()
+    assert started["Location"] == f"/w/{workspace.slug}/loops/{run.pk}/"
+    _advance(run)
+    job = _finish_job(run, scene)
+    bundle = str(Path(settings.ARTIFACT_ROOT) / dep.version.artifact_path)
+    job.metrics = {
+        "holdout": {"auc": 0.70, "logloss": 0.6, "rows": 900},
+        "production": {"auc": 0.727, "logloss": 0.6, "rows": 900, "bundle": bundle},
+    }
+    job.save()
+    assert _advance(run) == RunState.FAILED
+    detail = client.get(f"/w/{workspace.slug}/loops/{run.pk}/").content.decode()
+    assert 'data-stage="quality_gate" data-state="failed"' in detail
+    assert "0.7000 is lower than production" in detail
+    assert "Retry from quality_gate" in detail
+    assert 'data-testid="quality-override"' not in detail  # a developer may not override
+    live = client.get(f"/w/{workspace.slug}/loops/{run.pk}/", HTTP_HX_REQUEST="true")
+    assert live.content.decode().lstrip().startswith('<div id="loop-stages"')
+    refused = client.post(
+        f"/w/{workspace.slug}/loops/{run.pk}/retry/", {"quality_override": "because"}
+    )
+    assert refused.status_code == 403
+
+    client.force_login(members[Role.MAINTAINER])
+    detail = client.get(f"/w/{workspace.slug}/loops/{run.pk}/").content.decode()
+    assert 'data-testid="quality-override"' in detail
+    client.post(f"/w/{workspace.slug}/loops/{run.pk}/retry/", {"quality_override": "noise"})
+    run.refresh_from_db()
+    assert run.state == RunState.RUNNING and run.params["quality_override"] == "noise"
+    assert _advance(run) == RunState.SUCCEEDED
+    done = client.get(f"/w/{workspace.slug}/loops/{run.pk}/").content.decode()
+    assert 'data-testid="loop-done"' in done and "running" in done
