@@ -116,7 +116,7 @@ class NodeLookup:
     node: Node | None = None
     namesakes: list[Node] = field(default_factory=list)
     suggestions: list[Node] = field(default_factory=list)
-    problem: str = ""
+    by_key: bool = False
 
 
 def node_find(
@@ -134,6 +134,7 @@ def node_find(
     if not key and ":" in query and kind_parse(query.partition(":")[0]):
         key, query = query, ""  # an internal id, e.g. experiment:1
     if key and not query:
+        found.by_key = True
         node_kind, _, object_id = key.partition(":")
         found.node = nodes.filter(kind=canonical_kind(node_kind), object_id=object_id).first()
         if found.node is None:

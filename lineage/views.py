@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 from django.db.models import Count, Subquery, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
@@ -67,10 +67,17 @@ def _graph_payload(workspace, node: Node) -> dict:
     return graph
 
 
-def _default_node(workspace) -> Node | None:
+def _name_is_unique(workspace, node: Node) -> bool:
+    nodes = Node.objects.for_workspace(workspace).filter(kind=node.kind, label__iexact=node.label)
+    return bool(node.label) and nodes.count() == 1
+
+
+def _default_node(workspace, *, kind: str | None = None) -> Node | None:
     nodes = Node.objects.for_workspace(workspace)
-    for kind in START_KINDS:
-        start = nodes.filter(kind=kind).order_by("-last_event_id").first()
+    if kind:
+        return nodes.filter(kind=kind).order_by("-last_event_id").first()
+    for start_kind in START_KINDS:
+        start = nodes.filter(kind=start_kind).order_by("-last_event_id").first()
         if start is not None:
             return start
     return nodes.order_by("-last_event_id").first()
@@ -97,8 +104,13 @@ def graph_page(request: HttpRequest, workspace) -> HttpResponse:
         node = lookup.node
         if node is None:
             status = 404
+        elif lookup.by_key and _name_is_unique(workspace, node):
+            # Asked by internal id (an old link): the address bar shows the readable form.
+            return redirect(graph_url(workspace.slug, node))
     elif has_lineage:
-        node = _default_node(workspace)
+        node = _default_node(workspace, kind=kind)
+        if node is None:
+            status = 404  # ?kind=... alone, and nothing of that kind yet
     graph = _graph_payload(workspace, node) if node is not None else None
     suggestions = lookup.suggestions if lookup and node is None else []
     return render(

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from lineage.tests.helpers import build_scene, group
+from lineage.tests.helpers import build_scene, group, record
+from workspaces.events import Ref
 from workspaces.models import Role
 
 pytestmark = pytest.mark.django_db
@@ -60,12 +61,36 @@ def test_a_name_finds_its_node(viewer, workspace, scene, params, kind, name):
     assert (root["kind"], root["label"]) == (kind, name)
 
 
-def test_an_internal_id_still_works(viewer, workspace, scene):
+def test_an_internal_id_still_works_and_turns_readable(viewer, workspace, scene):
     key = f"experiment:{scene['experiment']}"
+    page = PAGE.format(ws=workspace.slug)
     for params in ({"q": key}, {"node": key}):
-        response = viewer.get(PAGE.format(ws=workspace.slug), params)
-        assert response.status_code == 200
+        response = viewer.get(page, params, follow=True)
+        assert response.redirect_chain == [(f"{page}?kind=experiment&q=ctr-ab", 302)]
         assert embedded_graph(response)["root"] == key
+
+
+def test_a_shared_name_shows_the_newest_and_lists_the_others(viewer, workspace, scene):
+    older, newer = 7001, 7002
+    for job_id in (older, newer):
+        record(workspace, "training.job.pending", [Ref("training_job", job_id, "nightly")])
+    page = PAGE.format(ws=workspace.slug)
+    response = viewer.get(page, {"kind": "job", "q": "nightly"})
+    assert embedded_graph(response)["root"] == f"training_job:{newer}"
+    assert f'href="{page}?node=training_job%3A{older}"' in response.content.decode()
+    # The older one by its id: no redirect, its name alone would find the newer.
+    response = viewer.get(page, {"node": f"training_job:{older}"})
+    assert response.status_code == 200
+    assert embedded_graph(response)["root"] == f"training_job:{older}"
+
+
+def test_a_kind_alone_centres_on_its_newest(viewer, workspace, scene):
+    page = PAGE.format(ws=workspace.slug)
+    response = viewer.get(page, {"kind": "dataset"})
+    assert embedded_graph(response)["root"] == f"dataset:{scene['dataset'].pk}"
+    response = viewer.get(page, {"kind": "external_dataset"})
+    assert response.status_code == 404
+    assert "No external datasets in this workspace's lineage yet." in response.content.decode()
 
 
 def test_the_graph_columns_run_from_features_to_experiments(viewer, workspace, scene):
