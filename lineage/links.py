@@ -35,6 +35,14 @@ def _dataset(slug: str, node: Node) -> str:
     return reverse("features-dataset", kwargs={"ws": slug, "name": name, "version": int(version)})
 
 
+def _model_version(slug: str, node: Node) -> str:
+    match = re.fullmatch(r"(\S+) v(\d+)", node.label)
+    if match is None:
+        return ""
+    name, version = match.groups()
+    return reverse("serving-version", kwargs={"ws": slug, "name": name, "version": int(version)})
+
+
 register_object_url(
     "feature_group", lambda slug, n: reverse("features-group", kwargs={"ws": slug, "name": n.label})
 )
@@ -52,4 +60,9 @@ register_object_url(
 register_object_url(
     "deployment",
     lambda slug, n: reverse("serving-deployment", kwargs={"ws": slug, "name": n.label}),
+)
+register_object_url("model_version", _model_version)
+register_object_url(
+    "experiment",
+    lambda slug, n: reverse("experiments-detail", kwargs={"ws": slug, "key": n.label}),
 )

@@ -6,4 +6,5 @@ from lineage import views
 
 urlpatterns = [
     path("w/<slug:ws>/lineage/", views.graph_page, name="lineage-graph"),
+    path("w/<slug:ws>/lineage/suggest/", views.suggest, name="lineage-suggest"),
 ]

@@ -61,7 +61,8 @@ def test_downstream_and_upstream_traversal(viewer, workspace, scene):
         urls[f"dataset:{scene['dataset'].pk}"]
         == f"/w/{workspace.slug}/features/datasets/clicks/v1/"
     )
-    assert urls[f"model_version:{scene['model']}"] == ""
+    assert urls[f"model_version:{scene['model']}"] == f"/w/{workspace.slug}/models/ctr-model/v1/"
+    assert urls[f"experiment:{scene['experiment']}"] == f"/w/{workspace.slug}/experiments/ctr-ab/"
     # Depth bounds the walk.
     one = get(viewer, workspace, node=group, direction="downstream", depth=1)
     assert {n["kind"] for n in one["nodes"]} <= {

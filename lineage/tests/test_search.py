@@ -1,0 +1,153 @@
+"""The lineage page found by name: what a name resolves to, the graph the page embeds (its kinds
+in left-to-right columns), unknown names, other workspaces, and the empty workspace."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lineage.tests.helpers import build_scene, group, record
+from workspaces.events import Ref
+from workspaces.models import Role
+
+pytestmark = pytest.mark.django_db
+PAGE = "/w/{ws}/lineage/"
+COLUMNS = ["feature_group", "dataset", "training_job", "model_version", "deployment", "experiment"]
+
+
+@pytest.fixture(autouse=True)
+def artifact_root(settings, tmp_path):
+    settings.ARTIFACT_ROOT = str(tmp_path / "artifacts")
+
+
+@pytest.fixture
+def scene(workspace, members):
+    return build_scene(workspace, members[Role.DEVELOPER])
+
+
+@pytest.fixture
+def viewer(client, members):
+    client.force_login(members[Role.VIEWER])
+    return client
+
+
+def embedded_graph(response) -> dict:
+    match = re.search(
+        r'<script id="lineage-data" type="application/json">(.*?)</script>',
+        response.content.decode(),
+        re.S,
+    )
+    assert match, "the page embeds no graph"
+    return json.loads(match.group(1))
+
+
+@pytest.mark.parametrize(
+    ("params", "kind", "name"),
+    [
+        ({"q": "ctr-model"}, "model_version", "ctr-model v1"),  # a model: its newest version
+        ({"kind": "model", "name": "CTR-model v1"}, "model_version", "ctr-model v1"),
+        ({"q": "clicks v1"}, "dataset", "clicks v1"),
+        ({"q": "ctr-prod"}, "deployment", "ctr-prod"),
+        ({"q": "users", "kind": "feature group"}, "feature_group", "users"),
+    ],
+)
+def test_a_name_finds_its_node(viewer, workspace, scene, params, kind, name):
+    response = viewer.get(PAGE.format(ws=workspace.slug), params)
+    assert response.status_code == 200
+    graph = embedded_graph(response)
+    root = next(n for n in graph["nodes"] if n["key"] == graph["root"])
+    assert (root["kind"], root["label"]) == (kind, name)
+
+
+def test_an_internal_id_still_works_and_turns_readable(viewer, workspace, scene):
+    key = f"experiment:{scene['experiment']}"
+    page = PAGE.format(ws=workspace.slug)
+    for params in ({"q": key}, {"node": key}):
+        response = viewer.get(page, params, follow=True)
+        assert response.redirect_chain == [(f"{page}?kind=experiment&q=ctr-ab", 302)]
+        assert embedded_graph(response)["root"] == key
+
+
+def test_a_shared_name_shows_the_newest_and_lists_the_others(viewer, workspace, scene):
+    older, newer = 7001, 7002
+    for job_id in (older, newer):
+        record(workspace, "training.job.pending", [Ref("training_job", job_id, "nightly")])
+    page = PAGE.format(ws=workspace.slug)
+    response = viewer.get(page, {"kind": "job", "q": "nightly"})
+    assert embedded_graph(response)["root"] == f"training_job:{newer}"
+    assert f'href="{page}?node=training_job%3A{older}"' in response.content.decode()
+    # The older one by its id: no redirect, its name alone would find the newer.
+    response = viewer.get(page, {"node": f"training_job:{older}"})
+    assert response.status_code == 200
+    assert embedded_graph(response)["root"] == f"training_job:{older}"
+
+
+def test_a_kind_alone_centres_on_its_newest(viewer, workspace, scene):
+    page = PAGE.format(ws=workspace.slug)
+    response = viewer.get(page, {"kind": "dataset"})
+    assert embedded_graph(response)["root"] == f"dataset:{scene['dataset'].pk}"
+    response = viewer.get(page, {"kind": "external_dataset"})
+    assert response.status_code == 404
+    assert "No external datasets in this workspace's lineage yet." in response.content.decode()
+
+
+def test_the_graph_columns_run_from_features_to_experiments(viewer, workspace, scene):
+    response = viewer.get(PAGE.format(ws=workspace.slug), {"q": "ctr-model v1"})
+    nodes = embedded_graph(response)["nodes"]
+    rank = {n["kind"]: n["rank"] for n in nodes}
+    assert set(COLUMNS) <= set(rank), rank
+    assert [rank[k] for k in COLUMNS] == sorted({rank[k] for k in COLUMNS})
+    assert len({rank[k] for k in COLUMNS}) == len(COLUMNS)  # one column per kind
+    # Each node links to the page centred on it by name, and to its own page.
+    by_kind = {n["kind"]: n for n in nodes}
+    assert (
+        by_kind["deployment"]["page"] == f"/w/{workspace.slug}/lineage/?kind=deployment&q=ctr-prod"
+    )
+    assert by_kind["model_version"]["url"] == f"/w/{workspace.slug}/models/ctr-model/v1/"
+    assert by_kind["experiment"]["url"] == f"/w/{workspace.slug}/experiments/ctr-ab/"
+
+
+def test_an_unknown_name_says_so_and_suggests(viewer, workspace, scene):
+    response = viewer.get(PAGE.format(ws=workspace.slug), {"q": "ctr-modle"})
+    assert response.status_code == 404
+    text = response.content.decode()
+    assert "Nothing called “ctr-modle” in this workspace." in text
+    assert f'href="/w/{workspace.slug}/lineage/?kind=model_version&amp;q=ctr-model+v1"' in text
+    assert 'id="lineage-data"' not in text
+
+
+def test_an_unknown_kind_names_the_kinds(viewer, workspace, scene):
+    response = viewer.get(PAGE.format(ws=workspace.slug), {"kind": "banana", "q": "ctr-prod"})
+    assert response.status_code == 400
+    assert "There is no kind called “banana”" in response.content.decode()
+
+
+def test_another_workspaces_names_are_never_found(viewer, workspace, other_workspace, scene):
+    group(other_workspace, "secret_stats", ["x"])
+    page = PAGE.format(ws=workspace.slug)
+    response = viewer.get(page, {"q": "secret_stats"})
+    assert response.status_code == 404
+    assert "q=secret_stats" not in response.content.decode()  # not suggested either
+    suggested = viewer.get(f"{page}suggest/", {"q": "secret"}).json()["results"]
+    assert suggested == []
+    assert (
+        viewer.get(PAGE.format(ws=other_workspace.slug), {"q": "secret_stats"}).status_code == 404
+    )
+
+
+def test_suggestions_by_part_of_a_name(viewer, workspace, scene):
+    found = viewer.get(f"{PAGE.format(ws=workspace.slug)}suggest/", {"q": "ctr"}).json()
+    names = {(r["name"], r["kind"]) for r in found["results"]}
+    assert {("ctr-model v1", "model_version"), ("ctr-prod", "deployment")} <= names
+    assert ("ctr-ab", "experiment") in names
+    assert all("ctr" in r["name"] for r in found["results"])
+
+
+def test_an_empty_workspace_says_what_to_do_next(viewer, workspace):
+    response = viewer.get(PAGE.format(ws=workspace.slug))
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "No lineage in this workspace yet" in text
+    assert f'href="/w/{workspace.slug}/features/new-group/"' in text
