@@ -21,8 +21,11 @@ from playwright.sync_api import Page, expect
 from features import health
 from features.models import FeatureGroup
 from features.tests.factories import make_group, user_row
-from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
+from lineage.models import AuditItem, AuditStatus
+from lineage.tests.helpers import record
+from workspaces.events import Ref
+from workspaces.models import Membership, Role, Workspace
+from workspaces.testing.factories import TEST_PASSWORD, UserFactory, make_member, make_workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -92,4 +95,66 @@ def test_producer_pushes_rows_with_a_token_made_on_the_tokens_page(page, live_se
     history = page.get_by_test_id("health-history").locator("tbody tr")
     expect(history.first).to_contain_text("healthy")
     expect(history.nth(1)).to_contain_text("broken")
+    assert browser_api_calls == []
+
+
+def test_admin_sets_up_a_workspace_and_approves_a_flagged_job(page, chromium, live_server):
+    UserFactory(username="root", is_staff=True, is_superuser=True)
+    UserFactory(username="dana")
+    # Elsewhere, the scheduler let a job run over its workspace's quota and flagged it for audit.
+    search = make_workspace(slug="search", name="Search ranking")
+    job = Ref("training_job", 41, "big-job")
+    record(search, "training.job.running", [job], resources={"gpu_hours": 12.0})
+    record(search, "scheduler.job.over_quota", [job], payload={"reason": "gpus 4 > quota 2"})
+    browser_api_calls = record_api_calls(page)
+
+    page.goto("/admin/")
+    page.get_by_label("Username").fill("root")
+    page.get_by_label("Password").fill(TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.locator("tr.model-workspace").get_by_role("link", name="Add").click()
+    page.get_by_label("Slug").fill("video")
+    page.get_by_label("Name").fill("Video recall")
+    page.get_by_label("Scene").fill("video")
+    page.get_by_label("Prediction type").select_option("recall")
+    page.get_by_role("button", name="Save and continue editing").click()
+    expect(page.locator(".messagelist .success")).to_contain_text("was added successfully")
+
+    # On the workspace's page: its quota, and a role for dana.
+    page.get_by_role("spinbutton", name="Gpus:").fill("4")
+    page.get_by_role("button", name="Add another Membership").click()
+    row = page.locator("tr.dynamic-memberships").last
+    row.locator(".select2-selection").click()
+    page.locator(".select2-search__field").fill("dana")
+    page.locator(".select2-results__option", has_text="dana").click()
+    row.locator('select[name$="-role"]').select_option("admin")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(page.locator(".messagelist .success")).to_contain_text("was changed successfully")
+    video = Workspace.objects.get(slug="video")
+    assert Membership.objects.for_workspace(video).get(user__username="dana").role == "admin"
+
+    # The flagged job, approved from the audit console.
+    page.goto("/admin/")
+    page.get_by_role("link", name="Audit items").click()
+    flagged = page.get_by_role("row").filter(has_text="big-job")
+    flagged.get_by_role("checkbox").check()
+    page.locator('select[name="action"]').select_option(label="Approve (recorded as an event)")
+    page.get_by_role("button", name="Go").click()
+    expect(page.locator(".messagelist")).to_contain_text("Approve: 1 item(s)")
+    expect(flagged).to_contain_text("Approved")
+    item = AuditItem.objects.for_workspace(search).get()
+    assert (item.status, item.decided_by) == (AuditStatus.APPROVED, "root")
+
+    # dana, in her own browser, lands in the new workspace and sees its quota.
+    context = chromium.new_context(base_url=live_server.url)
+    context.set_default_timeout(5_000)
+    dana = context.new_page()
+    browser_api_calls += record_api_calls(dana)
+    log_in(dana, "dana")
+    expect(dana).to_have_url(f"{live_server.url}/w/video/")
+    expect(dana.get_by_role("heading", level=1)).to_have_text("Video recall")
+    expect(dana.get_by_test_id("role")).to_have_text("admin")
+    gpus = dana.locator('[data-section="quota"] tr').filter(has_text="gpus")
+    expect(gpus.locator("td").last).to_have_text("4.0")
+    context.close()
     assert browser_api_calls == []
