@@ -63,7 +63,7 @@ def test_producer_pushes_rows_with_a_token_made_on_the_tokens_page(page, live_se
     log_in(page, "pat")
     page.get_by_role("link", name="API tokens").click()
     page.get_by_label("Name").fill("nightly-push")
-    page.get_by_label("feed").check()
+    page.get_by_label("feed", exact=True).check()
     page.get_by_role("button", name="Create token").click()
     key = page.get_by_test_id("new-token").locator("pre.key").inner_text().strip()
     expect(page.get_by_role("row", name="nightly-push")).to_contain_text("feed")
