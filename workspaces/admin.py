@@ -10,6 +10,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
 from workspaces import notifications, services
@@ -36,22 +37,49 @@ class UnscopedAdminMixin:
         return queryset.unscoped() if hasattr(queryset, "unscoped") else queryset
 
 
+class WorkspaceRowsFormSet(BaseInlineFormSet):
+    """Rows of the workspace being edited: the hidden ``id`` field looks each row up in that
+    workspace (Django's default lookup is unnarrowed, which scoping refuses with a 500)."""
+
+    def add_fields(self, form, index) -> None:
+        super().add_fields(form, index)
+        pk_field = form.fields.get(self.model._meta.pk.name)
+        if pk_field is not None and hasattr(pk_field, "queryset"):
+            pk_field.queryset = self.model.objects.for_workspace(self.instance)
+
+
 class QuotaInline(UnscopedAdminMixin, admin.StackedInline):
     model = Quota
+    formset = WorkspaceRowsFormSet
     can_delete = False
     readonly_fields = ["cpu_cores_used", "memory_gb_used", "gpus_used", "storage_gb_used"]
 
 
+class MembershipInlineForm(forms.ModelForm):
+    """A new row picks its user; an existing member keeps theirs and may change role."""
+
+    class Meta:
+        model = Membership
+        fields = ["user", "role"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["user"].disabled = True
+
+
 class MembershipInline(UnscopedAdminMixin, admin.TabularInline):
+    """Grant a role (or change one) from the workspace's page; saved by ``membership_grant``."""
+
     model = Membership
+    form = MembershipInlineForm
+    formset = WorkspaceRowsFormSet
     extra = 0
     fields = ["user", "role", "granted_by", "granted_at"]
-    readonly_fields = ["user", "role", "granted_by", "granted_at"]
-    can_delete = False
+    readonly_fields = ["granted_by", "granted_at"]
+    autocomplete_fields = ["user"]
+    can_delete = False  # removal is the Memberships list's recorded "Remove" action
     show_change_link = True
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(Workspace)
@@ -93,16 +121,36 @@ class WorkspaceAdmin(admin.ModelAdmin):
             obj.pk = created.pk
 
     def save_formset(self, request, form, formset, change: bool) -> None:
-        if formset.model is Quota:
-            for quota_form in formset.forms:
-                if quota_form.has_changed():
-                    services.quota_set(
+        if formset.model not in (Quota, Membership):
+            super().save_formset(request, form, formset, change)
+            return
+        # Saved through the services (each writes its event), not formset.save(); the lists
+        # below are what formset.save() would leave for the admin's change message.
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for row in formset.forms:
+            if not row.has_changed():
+                continue
+            try:
+                if formset.model is Quota:
+                    saved = services.quota_set(
                         actor=request.user,
                         workspace=form.instance,
-                        **{name: quota_form.cleaned_data[name] for name in Quota.RESOURCES},
+                        **{name: row.cleaned_data[name] for name in Quota.RESOURCES},
                     )
-            return
-        super().save_formset(request, form, formset, change)
+                else:
+                    saved = services.membership_grant(
+                        actor=request.user,
+                        workspace=form.instance,
+                        user=row.cleaned_data["user"],
+                        role=row.cleaned_data["role"],
+                    )
+            except (ValidationError, ConflictError) as exc:
+                messages.error(request, str(exc))
+                continue
+            if row.instance.pk:
+                formset.changed_objects.append((saved, row.changed_data))
+            else:
+                formset.new_objects.append(saved)
 
     def has_delete_permission(self, request, obj=None) -> bool:
         # Workspaces own an immutable event log; they are never deleted.

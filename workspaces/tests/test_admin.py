@@ -7,8 +7,8 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from workspaces.models import Event, Quota, Workspace
-from workspaces.testing.factories import UserFactory
+from workspaces.models import Event, Membership, Quota, Workspace
+from workspaces.testing.factories import UserFactory, make_member
 
 
 @pytest.fixture
@@ -50,6 +50,46 @@ def test_admin_quota_change_is_recorded(staff_client, workspace):
     event = Event.objects.for_workspace(workspace).get(verb="quota.changed")
     assert event.payload["after"]["gpus"] == 8.0
     assert event.payload["before"]["gpus"] == 0.0
+
+
+def test_workspace_page_saves_its_quota_and_grants_roles_through_the_services(
+    staff_client, workspace
+):
+    quota = Quota.objects.for_workspace(workspace).get()
+    member = make_member(workspace, "viewer")
+    newcomer = UserFactory()
+    existing = Membership.objects.for_workspace(workspace).get(user=member)
+    response = staff_client.post(
+        f"/admin/workspaces/workspace/{workspace.pk}/change/",
+        {
+            "name": workspace.name,
+            "description": "",
+            "template": '{"sample_stream": {"features": []}}',
+            "quota-TOTAL_FORMS": "1",
+            "quota-INITIAL_FORMS": "1",
+            "quota-0-id": str(quota.pk),
+            "quota-0-workspace": str(workspace.pk),
+            "quota-0-cpu_cores": "16",
+            "quota-0-memory_gb": "64",
+            "quota-0-gpus": "4",
+            "quota-0-storage_gb": "100",
+            "memberships-TOTAL_FORMS": "2",
+            "memberships-INITIAL_FORMS": "1",
+            "memberships-0-id": str(existing.pk),
+            "memberships-0-workspace": str(workspace.pk),
+            "memberships-0-role": "developer",
+            "memberships-1-workspace": str(workspace.pk),
+            "memberships-1-user": str(newcomer.pk),
+            "memberships-1-role": "maintainer",
+        },
+    )
+    assert response.status_code == 302, response.content[:3000]
+    quota.refresh_from_db()
+    assert quota.gpus == 4
+    roles = dict(Membership.objects.for_workspace(workspace).values_list("user__username", "role"))
+    assert roles == {member.username: "developer", newcomer.username: "maintainer"}
+    verbs = set(Event.objects.for_workspace(workspace).values_list("verb", flat=True))
+    assert {"quota.changed", "membership.granted", "membership.changed"} <= verbs
 
 
 def test_events_are_view_only_in_the_admin(staff_client, workspace):
