@@ -205,8 +205,10 @@ def group_from_candidate(*, actor, workspace: Workspace, evaluation: Any) -> str
         return group.name
     key = evaluation.key_column
     keyed = FeatureGroup.objects.for_workspace(workspace).filter(entity_keys=[key]).first()
-    entity = keyed.entity if keyed is not None else (
-        EntityKind.USER if key.startswith("user") else EntityKind.ITEM
+    entity = (
+        keyed.entity
+        if keyed is not None
+        else (EntityKind.USER if key.startswith("user") else EntityKind.ITEM)
     )
     group = registry.feature_group_register(
         actor=actor,
