@@ -69,12 +69,13 @@ def _dataset(workspace, stdout):
     return dataset if dataset.status == DatasetStatus.READY else None
 
 
-def _place_locally(job, stdout) -> None:
+def place_locally(job, stdout, *, node_name: str = LOCAL_NODE) -> None:
+    """Admit and place a job the scheduler has not placed on the local node (demo only)."""
     from training.models import JobState, Node
     from training.services import job_transition
     from training.tasks import run_job
 
-    node = Node.objects.filter(name=LOCAL_NODE).first()
+    node = Node.objects.filter(name=node_name).first()
     if node is None:
         return
     job.refresh_from_db()
@@ -141,7 +142,7 @@ def run_training_demo(base_url: str, stdout) -> None:
         if job.state in {JobState.PENDING, JobState.ADMITTED} and (
             time.monotonic() - started > PLACE_AFTER_S
         ):
-            _place_locally(job, stdout)
+            place_locally(job, stdout)
         time.sleep(2)
     auc = ((job.metrics or {}).get("holdout") or {}).get("auc")
     stdout.write(f"training demo: job #{job.pk} is {job.state} (held-out AUC {auc})\n")

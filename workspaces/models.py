@@ -58,7 +58,7 @@ WORKSPACE_PERMISSIONS = ROLE_PERMISSIONS[Role.ADMIN]
 def default_workspace_template() -> dict[str, Any]:
     return {
         "sample_stream": {"label_source": None, "features": []},
-        "model": {"template": "fine_rank_dcn", "params": {}},
+        "model": {"template": "fine_ranking", "params": {}},
     }
 
 
