@@ -34,12 +34,14 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, tick: b
 
 
 @contextmanager
-def node_worker(prefix: str = "t") -> Iterator[Node]:
+def node_worker(prefix: str = "t", *, platform: bool = False) -> Iterator[Node]:
     """A real (embedded, solo-pool) Celery worker on a fresh node queue; yields the node its
-    heartbeat registered."""
+    heartbeat registered. ``platform`` also consumes the default queue (pipelines, the
+    scheduler's ticks), as the `make run` worker does."""
     name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    queues = [f"node.{name}", *(["celery"] if platform else [])]
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=queues):
             yield wait_for(
                 lambda: Node.objects.filter(name=name).first(), timeout=30, what="the node"
             )
