@@ -50,6 +50,7 @@ KNOWN_AREAS: tuple[str, ...] = (
     "serving",
     "experiments",
     "lineage",
+    "loop",
 )
 
 # Unit shown for a measure, read from the end of its name (longest suffix first).
