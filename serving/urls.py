@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from serving import views
+from serving import quality_views, views
 
 urlpatterns: list = [
     path("metrics", views.metrics, name="metrics"),
@@ -22,6 +22,11 @@ urlpatterns: list = [
         "w/<slug:ws>/models/<str:name>/v<int:version>/gates/",
         views.version_gates,
         name="serving-version-gates",
+    ),
+    path(
+        "w/<slug:ws>/models/<str:name>/v<int:version>/quality-override/",
+        quality_views.version_quality_override,
+        name="serving-version-quality-override",
     ),
     path("w/<slug:ws>/deployments/", views.deployment_list, name="serving-deployments"),
     path("w/<slug:ws>/deployments/<str:name>/", views.deployment_detail, name="serving-deployment"),

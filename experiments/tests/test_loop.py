@@ -345,3 +345,26 @@ def test_the_pages_start_a_loop_show_its_stages_and_offer_the_override_to_mainta
     assert _advance(run) == RunState.SUCCEEDED
     done = client.get(f"/w/{workspace.slug}/loops/{run.pk}/").content.decode()
     assert 'data-testid="loop-done"' in done and "running" in done
+
+
+def test_the_version_page_shows_the_refusal_and_a_maintainer_overrides_there(
+    workspace, members, production, client
+):
+    scene, dep = production
+    worse = _worse_version(scene, dep)
+    page = f"/w/{workspace.slug}/models/{dep.model.name}/v{worse.version}/"
+    client.force_login(members[Role.MAINTAINER])
+    refused = client.post(f"{page}deploy/", {"deployment": "main", "reason": "try"})
+    text = refused.content.decode()
+    assert "fails the quality gate" in text and "0.7000" in text and "0.7270" in text
+    shown = client.get(page).content.decode()
+    assert 'data-testid="quality-gate" data-status="failed"' in shown
+    assert 'data-testid="quality-override-form"' in shown
+    client.post(f"{page}quality-override/", {"reason": "accepted for the holiday test"})
+    shown = client.get(page).content.decode()
+    assert 'data-testid="quality-override-done"' in shown and "holiday test" in shown
+    released = client.post(f"{page}deploy/", {"deployment": "main", "reason": "go"})
+    assert released.status_code == 302, released.content.decode()[:2000]
+    assert Deployment.objects.for_workspace(workspace).get(pk=dep.pk).version_id == worse.pk
+    client.force_login(members[Role.DEVELOPER])
+    assert client.post(f"{page}quality-override/", {"reason": "x"}).status_code == 403
