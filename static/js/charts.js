@@ -102,7 +102,14 @@
       }
       series.push(cfg);
     });
+    // A time axis spans at least two minutes, so that a few close points (or one) still get
+    // readable ticks instead of a range of milliseconds or of years.
     var xScale = { time: xTime };
+    if (xTime) {
+      xScale.range = function (u, min, max) {
+        return max - min < 120 ? [(min + max) / 2 - 60, (min + max) / 2 + 60] : [min, max];
+      };
+    }
     if (categories) {
       xScale = { time: false, range: [-0.5, categories.length - 0.5] };
     } else if (range(ds.xRange)) {
