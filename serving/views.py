@@ -224,6 +224,11 @@ def version_detail(
                 ]
             ),
             other_versions=others,
+            mlflow_run_url=(
+                f"{str(settings.MLFLOW_UI_URL).rstrip('/')}/#/runs/{found.mlflow_run_id}"
+                if getattr(settings, "MLFLOW_UI_URL", "") and found.mlflow_run_id
+                else ""
+            ),
             metrics_rows=metrics_rows,
             importance=importance,
             gates=sorted((k, v) for k, v in (found.gates or {}).items() if k != "run"),

@@ -245,6 +245,19 @@ def test_version_page_shows_the_held_out_metrics_and_the_production_comparison(
     assert f"/w/{workspace.slug}/models/ranker/compare/" in html  # the compare form
 
 
+def test_version_page_links_its_mlflow_run_when_a_ui_is_configured(
+    workspace, members, ranker, settings
+):
+    ModelVersion.objects.filter(pk=ranker[2].pk).update(mlflow_run_id="r" * 32)
+    url = f"/w/{workspace.slug}/models/ranker/v2/"
+    settings.MLFLOW_UI_URL = "http://localhost:5000"
+    html = browser(members[Role.VIEWER]).get(url).content.decode()
+    assert f'<a href="http://localhost:5000/#/runs/{"r" * 32}"' in html
+    settings.MLFLOW_UI_URL = ""
+    html = browser(members[Role.VIEWER]).get(url).content.decode()
+    assert 'data-testid="mlflow-link"' not in html and f"<code>{'r' * 32}</code>" in html
+
+
 def test_version_without_evaluation_says_so(workspace, members):
     model = RegisteredModel.objects.create(workspace=workspace, name="imported")
     make_version(workspace, model)
