@@ -44,7 +44,13 @@ def overlay(curves: list[tuple[str, list[list[float]], str]], *, reference: str,
         for label, curve, colour in mapped
     ]
     series.append(
-        {"label": reference, "values": list(xs), "color": REFERENCE_COLOUR, "dash": [5, 4]}
+        {
+            "label": reference,
+            "values": list(xs),
+            "color": REFERENCE_COLOUR,
+            "dash": [5, 4],
+            "kind": "edge",
+        }
     )
     return {"x": xs, "series": series}
 
