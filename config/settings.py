@@ -238,6 +238,11 @@ MLFLOW_TRACKING_URI = os.environ.get(
     "MLFLOW_TRACKING_URI", f"sqlite:///{_MLFLOW_DIR / 'mlflow.db'}"
 )
 MLFLOW_ARTIFACT_ROOT = os.environ.get("MLFLOW_ARTIFACT_ROOT", str(_MLFLOW_DIR / "artifacts"))
+# The MLflow UI as a browser reaches it (job pages link their runs there). An http tracking URI
+# is the default; set it where the tracking URI is an internal name (compose: http://mlflow:5000).
+MLFLOW_UI_URL = os.environ.get(
+    "MLFLOW_UI_URL", MLFLOW_TRACKING_URI if MLFLOW_TRACKING_URI.startswith("http") else ""
+)
 
 # Celery: Redis when REDIS_URL is set, else kombu's filesystem transport (no server needed).
 if REDIS_URL:

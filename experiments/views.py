@@ -1,5 +1,6 @@
-"""Browser UI of experiments: the list, an experiment's page (ramp timeline, effect over time with
-interval bands as inline SVG, SRM, guardrails, decision buttons) and the layers' traffic map.
+"""Browser UI of experiments: the list, an experiment's page (ramp timeline and traffic chart,
+effect over time with interval bands and each arm's metric, drawn by static/js/charts.js; SRM,
+guardrails, decision buttons) and the layers' traffic map.
 
 Decision buttons post to small views that call the same services as the API, with the same
 roles; another workspace's experiments answer 404."""
@@ -12,6 +13,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
@@ -25,7 +27,6 @@ from workspaces.selectors import role_at_least
 from workspaces.views import _context, workspace_page
 
 CHART_POINTS = 200
-CHART_W, CHART_H, PAD = 640, 220, 36
 ARM_COLOURS = ["#6b7280", "#2563eb", "#d97706", "#059669", "#7c3aed"]
 
 
@@ -218,78 +219,114 @@ def layer_room(request: HttpRequest, workspace) -> HttpResponse:
     return render(request, "experiments/_layer_room.html", {"room": room})
 
 
-def _scale(values: list[float], lo: float, hi: float, size: float, invert: bool) -> list[float]:
-    span = (hi - lo) or 1.0
-    out = [(v - lo) / span * (size - 2 * PAD) + PAD for v in values]
-    return [size - v for v in out] if invert else out
+def _epoch(moment) -> float:
+    """Epoch seconds to the millisecond: snapshots a few ms apart stay distinct points."""
+    return round(moment.timestamp(), 3)
 
 
-def _effect_chart(points: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """SVG geometry of the relative effect over time with sequential and fixed bands."""
+def _effect_chart(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chart data (static/js/charts.js) of an arm's relative effect over time, in percent, with
+    its always-valid (sequential) interval and the fixed-horizon 95% interval as bands."""
     pts = [p for p in points if p["low"] is not None and p["high"] is not None]
-    if len(pts) < 1:
-        return None
-    xs = _scale([float(i) for i in range(len(pts))], 0, max(1, len(pts) - 1), CHART_W, False)
-    lo = min(min(p["low"] for p in pts), 0.0)
-    hi = max(max(p["high"] for p in pts), 0.0)
-    ys = lambda key: _scale([p[key] for p in pts], lo, hi, CHART_H, True)  # noqa: E731
-    y_low, y_high, y_est = ys("low"), ys("high"), ys("estimate")
-    f_low, f_high = ys("fixed_low"), ys("fixed_high")
-    band = " ".join(
-        f"{x:.1f},{y:.1f}" for x, y in zip(xs + xs[::-1], y_high + y_low[::-1], strict=True)
-    )
-    fixed = " ".join(
-        f"{x:.1f},{y:.1f}" for x, y in zip(xs + xs[::-1], f_high + f_low[::-1], strict=True)
-    )
-    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, y_est, strict=True))
-    zero = _scale([0.0], lo, hi, CHART_H, True)[0]
+    if not pts:
+        return {"x": [], "series": []}
+
+    def pct(key: str) -> list[float]:
+        return [round(p[key] * 100, 4) for p in pts]
+
     return {
-        "w": CHART_W,
-        "h": CHART_H,
-        "band": band,
-        "fixed": fixed,
-        "line": line,
-        "zero": f"{zero:.1f}",
-        "lo": f"{lo:+.1%}",
-        "hi": f"{hi:+.1%}",
-        "pad": PAD,
-        "n": len(pts),
-        "first": pts[0]["at"],
-        "last": pts[-1]["at"],
+        "x": [_epoch(p["at"]) for p in pts],
+        "series": [
+            {"label": "Relative effect", "values": pct("estimate"), "color": "#1d4ed8"},
+            {
+                "label": "Always-valid high",
+                "values": pct("high"),
+                "color": "#93c5fd",
+                "kind": "edge",
+            },
+            {"label": "Always-valid low", "values": pct("low"), "color": "#93c5fd", "kind": "edge"},
+            {
+                "label": "Fixed 95% high",
+                "values": pct("fixed_high"),
+                "color": "#60a5fa",
+                "kind": "edge",
+                "dash": [4, 3],
+            },
+            {
+                "label": "Fixed 95% low",
+                "values": pct("fixed_low"),
+                "color": "#60a5fa",
+                "kind": "edge",
+                "dash": [4, 3],
+            },
+            {
+                "label": "No effect",
+                "values": [0.0] * len(pts),
+                "color": "#111827",
+                "kind": "edge",
+                "dash": [2, 4],
+            },
+        ],
+        "bands": [
+            {"upper": 2, "lower": 3, "fill": "rgba(191, 219, 254, 0.45)"},
+            {"upper": 4, "lower": 5, "fill": "rgba(96, 165, 250, 0.30)"},
+        ],
     }
 
 
-def _arm_chart(snapshots: list[Snapshot], metric: str, arms: list[str]) -> dict[str, Any] | None:
-    """Each arm's metric over time with its own interval as a band."""
-    series: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
-    for snap in snapshots:
-        for arm in arms:
+def _arm_chart(snapshots: list[Snapshot], metric: str, arms: list[str]) -> dict[str, Any]:
+    """Each arm's metric over time, with its own 95% interval as a band."""
+    if not snapshots:
+        return {"x": [], "series": []}
+    series: list[dict[str, Any]] = []
+    bands = []
+    for i, arm in enumerate(arms):
+        colour = ARM_COLOURS[i % len(ARM_COLOURS)]
+        means, lows, highs = [], [], []
+        for snap in snapshots:
             values = snap.result.get("arms", {}).get(arm, {})
-            mean = values.get(metric) or 0.0
+            mean = values.get(metric)
             low, high = values.get(f"{metric}_ci") or [mean, mean]
-            series[arm].append((mean, low, high))
-    values = [v for points in series.values() for p in points for v in p]
-    if not values:
-        return None
-    lo, hi = min(values), max(values)
-    n = len(snapshots)
-    xs = _scale([float(i) for i in range(n)], 0, max(1, n - 1), CHART_W, False)
-    lines = []
-    for i, (arm, points) in enumerate(series.items()):
-        ys, lows, highs = (_scale([p[k] for p in points], lo, hi, CHART_H, True) for k in range(3))
-        lines.append(
+            means.append(mean)
+            lows.append(low)
+            highs.append(high)
+        first = len(series) + 1  # uPlot's series index (0 is x)
+        series += [
+            {"label": arm, "values": means, "color": colour},
+            {"label": f"{arm} 95% high", "values": highs, "color": colour + "66", "kind": "edge"},
+            {"label": f"{arm} 95% low", "values": lows, "color": colour + "66", "kind": "edge"},
+        ]
+        bands.append({"upper": first + 1, "lower": first + 2, "fill": colour + "26"})
+    return {"x": [_epoch(s.created_at) for s in snapshots], "series": series, "bands": bands}
+
+
+def _ramp_chart(exp: Experiment, steps: list[dict[str, Any]], now) -> dict[str, Any]:
+    """Traffic per treatment arm over time (a step line), and the next planned step."""
+    done = [s for s in steps if s["at"] is not None]
+    if not done:
+        return {"x": [], "series": []}
+    end = exp.ended_at if exp.ended_at and not exp.is_live else now
+    xs = [_epoch(s["at"]) for s in done] + [_epoch(max(end, done[-1]["at"]))]
+    actual = [float(s["percent"]) for s in done] + [float(done[-1]["percent"])]
+    planned: list[float | None] = [None] * len(xs)
+    upcoming = exp.ramp_step + 1
+    if exp.is_live and exp.next_ramp_at and upcoming < len(exp.ramp_plan):
+        planned[-1] = actual[-1]
+        xs.append(_epoch(exp.next_ramp_at))
+        actual.append(None)
+        planned.append(float(exp.ramp_plan[upcoming]))
+    series = [{"label": "Traffic per arm", "values": actual, "color": "#2563eb", "kind": "step"}]
+    if any(v is not None for v in planned):
+        series.append(
             {
-                "arm": arm,
-                "colour": ARM_COLOURS[i % len(ARM_COLOURS)],
-                "points": " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys, strict=True)),
-                "band": " ".join(
-                    f"{x:.1f},{y:.1f}"
-                    for x, y in zip(xs + xs[::-1], highs + lows[::-1], strict=True)
-                ),
-                "last": points[-1][0],
+                "label": "Next step (planned)",
+                "values": planned,
+                "color": "#9ca3af",
+                "kind": "step",
+                "dash": [5, 4],
             }
         )
-    return {"w": CHART_W, "h": CHART_H, "lines": lines, "lo": lo, "hi": hi, "pad": PAD}
+    return {"x": xs, "series": series}
 
 
 @workspace_page()
@@ -323,8 +360,9 @@ def experiment_page(request: HttpRequest, workspace, key: str) -> HttpResponse:
                     ),
                 }
             )
-        effect_charts.append({"arm": arm, "chart": _effect_chart(points)})
+        effect_charts.append({"arm": arm, "chart": _effect_chart(points), "n": len(points)})
     latest = snapshots[-1] if snapshots else None
+    ramp_steps = [{**step, "at": parse_datetime(step.get("at") or "")} for step in exp.ramp_history]
     can_develop = role_at_least(request.workspace_role, Role.DEVELOPER)
     can_release = role_at_least(request.workspace_role, Role.MAINTAINER)
     return render(
@@ -337,12 +375,11 @@ def experiment_page(request: HttpRequest, workspace, key: str) -> HttpResponse:
             result=latest.result if latest else None,
             effect_rows=_effect_rows(latest.result, metric) if latest else [],
             effect_charts=effect_charts,
-            arm_chart=_arm_chart(snapshots, metric, exp.arm_names) if snapshots else None,
+            arm_chart=_arm_chart(snapshots, metric, exp.arm_names),
+            ramp_chart=_ramp_chart(exp, ramp_steps, timezone.now()),
             allocations=services.current_allocations(exp) if exp.is_live else [],
             verdict=services.experiment_verdict(exp, latest.result if latest else None),
-            ramp_steps=[
-                {**step, "at": parse_datetime(step.get("at") or "")} for step in exp.ramp_history
-            ],
+            ramp_steps=ramp_steps,
             can_develop=can_develop,
             can_release=can_release,
             # a flagged request waits for a maintainer other than its submitter

@@ -9,6 +9,11 @@ urlpatterns: list = [
     path("w/<slug:ws>/models/", views.model_list, name="serving-models"),
     path("w/<slug:ws>/models/register/", views.version_register, name="serving-version-register"),
     path(
+        "w/<slug:ws>/models/<str:name>/compare/",
+        views.version_compare,
+        name="serving-compare",
+    ),
+    path(
         "w/<slug:ws>/models/<str:name>/v<int:version>/",
         views.version_detail,
         name="serving-version",

@@ -1,5 +1,6 @@
-"""Browser UI of serving: models, a version's page (metrics, gates, artifacts), deployments with
-charts (QPS, latency histogram, errors, version mix) and a rollback button; ``/metrics``."""
+"""Browser UI of serving: models, a version's page (held-out evaluation, gates, artifacts), two
+versions side by side, deployments with charts (QPS, latency histogram, errors, version mix) and
+a rollback button; ``/metrics``."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from django.core.exceptions import ValidationError
 from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving import registry
+from serving import presentation, registry
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
 from serving.forms import DeployForm, VersionRegisterForm
 from serving.gates import version_gates_request
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
+from serving.routing import routing_table
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
@@ -56,6 +59,16 @@ def model_list(request: HttpRequest, workspace, register_form=None) -> HttpRespo
         .select_related("model")
         .order_by("-created_at")[:50]
     )
+    numbers: dict[int, list[int]] = {}
+    for model_id, number in (
+        ModelVersion.objects.for_workspace(workspace)
+        .order_by("model_id", "version")
+        .values_list("model_id", "version")
+    ):
+        numbers.setdefault(model_id, []).append(number)
+    models = list(models)
+    for model in models:
+        model.version_numbers = numbers.get(model.pk, [])
     return render(
         request,
         "serving/model_list.html",
@@ -170,8 +183,18 @@ def version_detail(
     request: HttpRequest, workspace, name: str, version: int, deploy_form=None
 ) -> HttpResponse:
     found = _version_or_404(workspace, name, version)
+    evaluation = presentation.version_evaluation(found)
     metrics_rows = sorted(
-        (k, v) for k, v in (found.metrics or {}).items() if isinstance(v, (int, float))
+        (k, v)
+        for k, v in (found.metrics or {}).items()
+        if isinstance(v, (int, float)) and k != "auc_delta_vs_production"
+    )
+    others = list(
+        ModelVersion.objects.for_workspace(workspace)
+        .filter(model=found.model)
+        .exclude(pk=found.pk)
+        .order_by("-version")
+        .values_list("version", flat=True)[:50]
     )
     importance = sorted(
         ((k, v) for k, v in (found.importance or {}).items() if isinstance(v, (int, float))),
@@ -184,6 +207,28 @@ def version_detail(
             request,
             section="serving",
             version=found,
+            evaluation=evaluation,
+            holdout_rows=presentation.holdout_table(
+                evaluation["holdout"], evaluation["production"]
+            ),
+            roc_chart=presentation.roc_chart(
+                [(f"v{found.version} TPR", evaluation["roc"], presentation.COMPARE_COLOURS[0])]
+            ),
+            calibration_chart=presentation.calibration_chart(
+                [
+                    (
+                        f"v{found.version} observed",
+                        evaluation["calibration"],
+                        presentation.COMPARE_COLOURS[0],
+                    )
+                ]
+            ),
+            other_versions=others,
+            mlflow_run_url=(
+                f"{str(settings.MLFLOW_UI_URL).rstrip('/')}/#/runs/{found.mlflow_run_id}"
+                if getattr(settings, "MLFLOW_UI_URL", "") and found.mlflow_run_id
+                else ""
+            ),
             metrics_rows=metrics_rows,
             importance=importance,
             gates=sorted((k, v) for k, v in (found.gates or {}).items() if k != "run"),
@@ -237,6 +282,7 @@ def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpRespons
         .filter(deployment=dep)
         .select_related("actor", "from_version", "to_version")[:30]
     )
+    stats = deployment_stats(dep)
     return render(
         request,
         "serving/deployment_detail.html",
@@ -244,8 +290,77 @@ def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpRespons
             request,
             section="serving",
             dep=dep,
-            stats=deployment_stats(dep),
-            changes=changes,
+            stats=stats,
+            charts=presentation.deployment_charts(stats, timezone.now()),
+            scaling=presentation.scaling_text(dep.scaling, dep.replicas),
+            status_rows=presentation.detail_rows(dep.status_detail or {}),
+            routes=presentation.routing_rows(routing_table(workspace, dep)),
+            changes=[(c, presentation.change_detail(c)) for c in changes],
             can_release=can_release,
         ),
+    )
+
+
+class _CompareError(Exception):
+    """A compare query naming something that is not a version of the model (a 400)."""
+
+
+def _compare_pick(workspace, model, raw: str, side: str, numbers: list[int]) -> ModelVersion:
+    allowed = ", ".join(f"v{n}" for n in numbers) or "none"
+    text = (raw or "").strip().lstrip("vV")
+    if not text.isdigit():
+        raise _CompareError(f"{side}: '{raw}' is not a version number; {model.name} has {allowed}.")
+    found = (
+        ModelVersion.objects.for_workspace(workspace)
+        .select_related("model", "job", "job__dataset", "dataset")
+        .filter(model=model, version=int(text))
+        .first()
+    )
+    if found is None:
+        raise _CompareError(f"{side}: v{text} is not a version of {model.name}; it has {allowed}.")
+    return found
+
+
+@workspace_page()
+def version_compare(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    """Two versions of one model side by side (``?a=<v>&b=<v>``): held-out metrics on the same
+    rows, ROC and calibration curves overlaid, and the training parameters' diff."""
+    model = RegisteredModel.objects.for_workspace(workspace).filter(name=name).first()
+    if model is None:
+        raise Http404("No such model.")
+    numbers = list(
+        ModelVersion.objects.for_workspace(workspace)
+        .filter(model=model)
+        .order_by("version")
+        .values_list("version", flat=True)
+    )
+    raw_a, raw_b = request.GET.get("a", ""), request.GET.get("b", "")
+    if not raw_a and not raw_b and len(numbers) >= 2:
+        raw_a, raw_b = str(numbers[-2]), str(numbers[-1])
+    error, a, b, result = "", None, None, None
+    if raw_a or raw_b:
+        try:
+            a = _compare_pick(workspace, model, raw_a, "a", numbers)
+            b = _compare_pick(workspace, model, raw_b, "b", numbers)
+        except _CompareError as exc:
+            error = str(exc)
+        else:
+            result = presentation.comparison(a, b)
+    elif numbers:
+        error = f"{model.name} has only v{numbers[0]}: register another version to compare."
+    return render(
+        request,
+        "serving/version_compare.html",
+        _context(
+            request,
+            section="serving",
+            model=model,
+            numbers=numbers,
+            picked=(raw_a.strip().lstrip("vV"), raw_b.strip().lstrip("vV")),
+            error=error,
+            a=a,
+            b=b,
+            result=result,
+        ),
+        status=400 if error and (raw_a or raw_b) else 200,
     )

@@ -14,8 +14,8 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from training import curves, services
 from training import pipelines as pipeline_services
-from training import services
 from training.forms import (
     JobCreateForm,
     PipelineCreateForm,
@@ -31,6 +31,7 @@ from training.models import (
     PipelineRun,
     TrainingJob,
 )
+from training.params import job_hyperparameters, param_text
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.selectors import role_at_least
@@ -39,7 +40,6 @@ from workspaces.views import _context, workspace_page
 JOBS_SHOWN = 100
 LOG_TAIL_BYTES = 8000
 SERIES_POINTS = 400
-PLOT = 240  # SVG plot size in px
 
 
 def _job_row(job: TrainingJob) -> dict[str, Any]:
@@ -178,23 +178,6 @@ def job_live_json(request: HttpRequest, workspace, pk: int) -> JsonResponse:
     return JsonResponse({"job": _job_row(job), "series": _series(workspace, job)})
 
 
-def _polyline(points: list[list[float]], size: int = PLOT) -> str:
-    return " ".join(f"{x * size:.1f},{(1 - y) * size:.1f}" for x, y in points)
-
-
-def _roc_svg(roc: list[list[float]]) -> str:
-    return _polyline(roc)
-
-
-def _calibration_points(calibration: list[dict]) -> tuple[str, float]:
-    if not calibration:
-        return "", 1.0
-    top = max(max(b["predicted"], b["observed"]) for b in calibration) or 1.0
-    top = min(1.0, top * 1.1)
-    points = [[b["predicted"] / top, b["observed"] / top] for b in calibration]
-    return _polyline(points), top
-
-
 def _log_tail(job: TrainingJob) -> str:
     from training.agent import LOG_FILE
     from training.services import job_work_dir
@@ -210,11 +193,33 @@ def _log_tail(job: TrainingJob) -> str:
         return ""
 
 
-def _mlflow_link(job: TrainingJob) -> str:
-    uri = str(settings.MLFLOW_TRACKING_URI)
-    if job.mlflow_run_id and uri.startswith("http"):
-        return f"{uri.rstrip('/')}/#/runs/{job.mlflow_run_id}"
-    return ""
+def _mlflow_run(job: TrainingJob) -> dict[str, str]:
+    """Where a person can open the job's MLflow run: the MLflow UI's run page when a UI is
+    configured (``MLFLOW_UI_URL``: the address a browser reaches, which an internal tracking
+    URI such as ``http://mlflow:5000`` is not); else the run id and the tracking URI to copy."""
+    ui = str(getattr(settings, "MLFLOW_UI_URL", "") or "").rstrip("/")
+    run_id = job.mlflow_run_id or ""
+    return {
+        "run_id": run_id,
+        "url": f"{ui}/#/runs/{run_id}" if ui and run_id else "",
+        "ui": ui,
+        "tracking_uri": str(settings.MLFLOW_TRACKING_URI),
+    }
+
+
+# The live curves of the job page: (series name in JobMetric, chart name, label, colour, units).
+LIVE_CURVES = [
+    ("loss", "loss", "Training loss", "#2563eb", ""),
+    ("holdout_auc", "auc", "Held-out AUC", "#059669", ""),
+    ("samples_per_s", "rate", "Samples / s", "#d97706", "samples/s"),
+]
+
+
+def _live_charts(series: dict[str, list[list[float]]]) -> dict[str, dict]:
+    return {
+        chart: curves.step_chart(series.get(name) or [], label=label, colour=colour, units=units)
+        for name, chart, label, colour, units in LIVE_CURVES
+    }
 
 
 @workspace_page()
@@ -233,7 +238,8 @@ def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
         .filter(job=job, name="checkpoint")
         .order_by("-step", "-id")[:50]
     )
-    calibration_line, calibration_top = _calibration_points(metrics.get("calibration") or [])
+    roc = metrics.get("roc") or []
+    calibration = metrics.get("calibration") or []
     importance = sorted((metrics.get("importance") or {}).items(), key=lambda item: -item[1])
     top_importance = max([abs(v) for _, v in importance] or [1.0]) or 1.0
     return render(
@@ -248,15 +254,16 @@ def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
             production=metrics.get("production"),
             slices=sorted((metrics.get("slices") or {}).items()),
             importance=[(ref, value, abs(value) / top_importance) for ref, value in importance],
-            roc_line=_roc_svg(metrics.get("roc") or []),
-            calibration_line=calibration_line,
-            calibration_top=calibration_top,
-            calibration=metrics.get("calibration") or [],
-            plot=PLOT,
+            roc_chart=curves.roc_chart([("TPR", roc, "#2563eb")]),
+            calibration_chart=curves.calibration_chart([("Observed CTR", calibration, "#2563eb")]),
+            live_charts=_live_charts(_series(workspace, job)),
+            hyperparameters=[
+                {**row, "text": param_text(row["value"])} for row in job_hyperparameters(job)
+            ],
             history=history,
             checkpoints=checkpoints,
             log_tail=_log_tail(job),
-            mlflow_link=_mlflow_link(job),
+            mlflow=_mlflow_run(job),
             running=job.state
             in {JobState.PENDING, JobState.ADMITTED, JobState.PLACED, JobState.RUNNING},
             model_dir=Path(job.model_path).name if job.model_path else "",

@@ -70,8 +70,13 @@ def test_experiment_page_in_a_browser(page):
     page.goto(f"/w/{workspace.slug}/experiments/")
     page.get_by_role("link", name="thumbs").click()
     expect(page.get_by_test_id("state")).to_have_text("Running")
-    expect(page.get_by_test_id("effect-chart")).to_be_visible()
-    assert page.locator("[data-testid=effect-chart] polygon").count() == 2
+    effect = page.get_by_test_id("effect-chart")
+    expect(effect).to_be_visible()
+    expect(effect).to_have_attribute("data-drawn", "true")  # uPlot: a canvas with both axes
+    expect(effect.locator("canvas")).to_have_count(1)
+    expect(effect.locator(".u-axis")).to_have_count(2)
+    expect(page.get_by_test_id("arm-chart")).to_have_attribute("data-drawn", "true")
+    expect(page.get_by_test_id("chart-ramp")).to_have_attribute("data-drawn", "true")
     expect(page.get_by_test_id("srm")).to_contain_text("ok")
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000

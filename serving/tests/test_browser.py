@@ -44,9 +44,18 @@ def test_deployment_page_charts_and_rollback_in_a_browser(page):
     page.get_by_role("link", name=dep.name, exact=True).first.click()
     production = page.get_by_test_id("production")
     expect(production).to_contain_text(f"v{second.version}")
-    # The charts are drawn client-side from the page's JSON: bars for the requests above.
-    expect(page.locator('svg[data-chart="qps"] rect').first).to_be_attached()
-    assert page.locator('svg[data-chart="mix"] rect').count() >= 1
+    # The charts are drawn client-side by uPlot from the page's JSON: a canvas with its two
+    # axes, the axis labels, and a legend that shows the hovered values with their units.
+    qps = page.locator('[data-chart="qps"]')
+    expect(qps).to_have_attribute("data-drawn", "true")
+    expect(qps.locator("canvas")).to_have_count(1)
+    expect(qps.locator(".u-axis")).to_have_count(2)
+    expect(qps.locator(".u-label").first).to_be_attached()
+    expect(qps).to_contain_text("Requests / s")
+    expect(qps.get_by_text("No data yet")).to_have_count(0)
+    expect(page.locator('[data-chart="mix"]')).to_have_attribute("data-drawn", "true")
+    qps.locator(".u-over").hover()
+    expect(qps.locator(".u-legend")).to_contain_text("req/s")
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000
     page.fill("input[name=reason]", "browser rollback check")

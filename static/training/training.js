@@ -1,5 +1,5 @@
-// Live parts of the training pages: job list progress, a job's curves, pipeline runs.
-// Plain DOM and SVG, no dependencies.
+// Live parts of the training pages: job list progress, a job's curves (drawn by the shared
+// chart helper, static/js/charts.js, over uPlot), pipeline runs, copy buttons.
 (function () {
   "use strict";
   function fmt(value, digits) { return value === null || value === undefined ? "–" : Number(value).toFixed(digits); }
@@ -29,25 +29,24 @@
     setTimeout(tick, 1500);
   }
 
-  function drawSeries(svg, points) {
-    if (!svg) return;
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    const ns = "http://www.w3.org/2000/svg";
-    const w = svg.width.baseVal.value, h = svg.height.baseVal.value, pad = 34;
-    if (!points || points.length === 0) {
-      const t = document.createElementNS(ns, "text"); t.setAttribute("x", 10); t.setAttribute("y", 20);
-      t.setAttribute("class", "axis"); t.textContent = "no data yet"; svg.appendChild(t); return;
-    }
-    const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
-    const x0 = Math.min(...xs), x1 = Math.max(...xs) || 1, y0 = Math.min(...ys), y1 = Math.max(...ys);
-    const sx = x => pad + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (w - pad - 8);
-    const sy = y => h - 18 - (y1 === y0 ? 0.5 : (y - y0) / (y1 - y0)) * (h - 30);
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("points", points.map(p => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "));
-    svg.appendChild(line);
-    for (const [text, x, y] of [[fmt(y1, 4), 2, 12], [fmt(y0, 4), 2, h - 20], [`step ${x1}`, w - 70, h - 4]]) {
-      const t = document.createElementNS(ns, "text"); t.setAttribute("x", x); t.setAttribute("y", y);
-      t.setAttribute("class", "axis"); t.textContent = text; svg.appendChild(t);
+  // The job page's live curves: [chart name, series name in live.json, label, colour, units]
+  // (the same as training.views.LIVE_CURVES, which draws the first frame).
+  const LIVE_CURVES = [
+    ["loss", "loss", "Training loss", "#2563eb", ""],
+    ["auc", "holdout_auc", "Held-out AUC", "#059669", ""],
+    ["rate", "samples_per_s", "Samples / s", "#d97706", "samples/s"],
+  ];
+
+  function drawCurves(series) {
+    if (typeof window.rankopsChart === "undefined") return;
+    for (const [chart, name, label, color, units] of LIVE_CURVES) {
+      const el = document.querySelector(`[data-rankops-chart][data-chart="${chart}"]`);
+      if (!el) continue;
+      const points = series[name] || [];
+      window.rankopsChart.update(el, points.length ? {
+        x: points.map(p => p[0]),
+        series: [{label, color, units, values: points.map(p => p[1])}],
+      } : {x: [], series: []});
     }
   }
 
@@ -62,14 +61,31 @@
       document.querySelector('#job-numbers [data-field="loss"]').textContent = fmt(job.loss, 4);
       document.querySelector('#job-numbers [data-field="samples_per_s"]').textContent = fmt(job.samples_per_s, 0);
       document.querySelector('#job-numbers [data-field="eta_s"]').textContent = fmt(job.eta_s, 0);
-      drawSeries(document.getElementById("chart-loss"), data.series.loss);
-      drawSeries(document.getElementById("chart-auc"), data.series.holdout_auc);
-      drawSeries(document.getElementById("chart-rate"), data.series.samples_per_s);
+      drawCurves(data.series);
       if (ACTIVE.includes(job.state)) setTimeout(tick, 1500);
       else if (running) window.location.reload();  // finished while open: show the evaluation
     }
-    tick();
+    // The page drew the first frame; poll only while the job is active.
+    if (!running) return;
+    if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", tick);
+    else tick();
   }
+
+  // <button data-copy="ID">: copies the text of element ID (a run id, a tracking URI).
+  function copyButtons() {
+    for (const button of document.querySelectorAll("button[data-copy]")) {
+      button.addEventListener("click", async () => {
+        const source = document.getElementById(button.dataset.copy);
+        if (!source || !navigator.clipboard) return;
+        const label = button.textContent;
+        try { await navigator.clipboard.writeText(source.textContent.trim()); button.textContent = "Copied"; }
+        catch (e) { button.textContent = "Select and copy it"; }
+        setTimeout(() => { button.textContent = label; }, 1500);
+      });
+    }
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", copyButtons);
+  else copyButtons();
 
   function pollRuns(table) {
     if (!table) return;
@@ -119,5 +135,5 @@
     show(false);
   }
 
-  window.rankopsTraining = {pollJobs, liveJob, pollRuns, drawSeries, recommendResources};
+  window.rankopsTraining = {pollJobs, liveJob, pollRuns, drawCurves, recommendResources};
 })();

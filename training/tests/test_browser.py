@@ -58,12 +58,14 @@ def test_live_progress_and_curves(chromium, live_server, workspace):
             " return b && parseFloat(b.style.width) > 0; }"
         )
         page.get_by_role("link", name=f"live #{job.pk}").click()
-        page.wait_for_function(
-            "() => { const l = document.querySelector('#chart-loss polyline');"
-            " return l && l.getAttribute('points').split(' ').length >= 2; }"
-        )
+        # The loss curve is drawn by uPlot (a canvas with its axes) as the job reports steps.
+        loss = page.locator('[data-chart="loss"]')
+        expect(loss).to_have_attribute("data-drawn", "true", timeout=60_000)
+        expect(loss.locator("canvas")).to_have_count(1)
+        expect(loss.locator(".u-axis")).to_have_count(2)
         # When the job ends the page reloads itself and shows the evaluation.
-        expect(page.locator('[data-testid="roc"] polyline')).to_have_count(1, timeout=60_000)
+        roc = page.locator('[data-testid="roc"]')
+        expect(roc.locator("canvas")).to_have_count(1, timeout=60_000)
         expect(page.locator("#job-state")).to_have_text("succeeded")
     finally:
         thread.join(120)
