@@ -110,3 +110,68 @@ def test_evaluate_gate_fails_the_run(workspace):
     assert pipelines.pipeline_run_advance(run.pk, dispatch=False) == RunState.FAILED
     run.refresh_from_db()
     assert "below the gate" in run.error
+
+
+def test_one_advance_at_a_time_and_the_wake_up_carries_the_lease(workspace):
+    """A second advance while the lease is held returns without running a stage; a waiting
+    run's lease is parked for its wake-up (the sweep leaves it alone) and only that wake-up
+    takes it early; a lapsed lease is re-queued by the sweep."""
+    from datetime import timedelta
+    from unittest.mock import patch
+
+    from django.utils import timezone
+
+    from training.models import PipelineRun
+
+    calls: list[str] = []
+
+    def waiting(run, stage, context):
+        calls.append(stage.name)
+        return pipelines.WAIT
+
+    pipelines.register_stage("test_wait", waiting)
+    try:
+        pipeline = pipelines.pipeline_create(
+            actor=None,
+            workspace=workspace,
+            name="lease",
+            stages=[{"name": "hold", "kind": "test_wait"}],
+        )
+        run = pipelines.pipeline_run_start(actor=None, pipeline=pipeline, dispatch=False)
+        runs = PipelineRun.objects.for_workspace(workspace)
+        runs.filter(pk=run.pk).update(lease_until=timezone.now() + timedelta(seconds=60))
+        assert pipelines.pipeline_run_advance(run.pk, dispatch=False) == RunState.RUNNING
+        assert calls == []  # someone else holds it: nothing ran
+        runs.filter(pk=run.pk).update(lease_until=None)
+        sent: list[tuple] = []
+        with patch.object(pipelines, "_dispatch", lambda *a: sent.append(a)):
+            pipelines.pipeline_run_advance(run.pk)
+            assert calls == ["hold"] and len(sent) == 1
+            run_id, countdown, token = sent[0]
+            assert run_id == run.pk and countdown == pipelines.WAIT_COUNTDOWN_S
+            parked = runs.get(pk=run.pk).lease_until
+            assert parked is not None and parked > timezone.now()
+            assert pipelines.pipeline_runs_resume() == 0  # its wake-up is on the way
+            pipelines.pipeline_run_advance(run.pk, dispatch=False)  # a stray delivery
+            assert calls == ["hold"]
+            pipelines.pipeline_run_advance(run.pk, dispatch=False, lease=token)  # the wake-up
+            assert calls == ["hold", "hold"]
+            assert runs.get(pk=run.pk).lease_until is None
+            runs.filter(pk=run.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+            assert pipelines.pipeline_runs_resume() == 1  # a lost wake-up is sent again
+    finally:
+        pipelines._HANDLERS.pop("test_wait", None)
+
+
+def test_the_held_out_comparison_uses_the_named_deployment_not_the_last_changed(workspace):
+    from serving.deployments import deployment_create
+    from serving.pipeline import production_model_resolver
+    from serving.tests.helpers import deployed, passing_version
+
+    scene, versions, _ = deployed(workspace, None, versions=1, name="main")
+    other = passing_version(scene, None, name="other-model", seed=5)
+    deployment_create(actor=None, workspace=workspace, name="side", version=other)  # newest
+    assert str(production_model_resolver(workspace, "main")).endswith(versions[0].artifact_path)
+    assert str(production_model_resolver(workspace, "side")).endswith(other.artifact_path)
+    assert production_model_resolver(workspace, "") is None  # two deployments: say which
+    assert production_model_resolver(workspace, "nope") is None
