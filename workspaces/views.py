@@ -33,6 +33,7 @@ DASHBOARD_SECTIONS = [
     ("models", "Models", "Registered model versions and deployments."),
     ("experiments", "Experiments", "A/B experiments and their results."),
     ("lineage", "Lineage", "From feature to experiment, with cost."),
+    ("quota", "Quota", "What the scheduler admits this workspace's jobs within."),
 ]
 
 
@@ -87,7 +88,6 @@ def dashboard(request: HttpRequest, workspace) -> HttpResponse:
             ],
             recent_events=recent,
             member_count=members_of(workspace=workspace).count(),
-            quota=workspace.quota.as_dict(),
             section="dashboard",
         ),
     )
@@ -217,3 +217,4 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     services.api_token_revoke(actor=request.user, token=token)
     messages.success(request, f"Token {token.prefix}… was revoked.")
     return redirect("tokens")
+

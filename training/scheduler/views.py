@@ -27,7 +27,7 @@ def queue_page(request: HttpRequest, workspace) -> HttpResponse:
             section="queue",
             rows=rows,
             groups=groups,
-            quotas=selectors.quotas_of(workspace=workspace),
+            quota=selectors.quota_summary(workspace=workspace),
             savings=savings_report(workspace=workspace),
         ),
     )
