@@ -308,6 +308,21 @@ def notification_mark_read(*, user: AbstractBaseUser, notification: Notification
     return notification
 
 
+def notifications_mark_all_read(*, user: AbstractBaseUser) -> int:
+    """Mark every unread notification of the user read (all their workspaces); returns how many."""
+    # The recipient filter is the scope, as in ``notifications_of``.
+    return (
+        Notification.objects.unscoped()
+        .filter(recipient=user, read_at__isnull=True)
+        .update(read_at=timezone.now())
+    )
+
+
+def notifications_unread_count(*, user: AbstractBaseUser) -> int:
+    """How many of the user's notifications are unread: the number on the shell's bell."""
+    return Notification.objects.unscoped().filter(recipient=user, read_at__isnull=True).count()
+
+
 # --- reads ---------------------------------------------------------------------------------------
 
 

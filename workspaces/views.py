@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from workspaces import services
+from workspaces import notifications, services
 from workspaces.dashboard import sections_for
 from workspaces.exceptions import ConflictError
 from workspaces.forms import MemberGrantForm, MemberRoleForm, TokenCreateForm
@@ -218,3 +218,47 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     messages.success(request, f"Token {token.prefix}… was revoked.")
     return redirect("tokens")
 
+
+INBOX_PAGE_SIZE = 50
+
+
+def _internal_link(link: str) -> str:
+    """A notification's link if it stays on this site (a path), else nothing to click."""
+    return link if link.startswith("/") and not link.startswith("//") else ""
+
+
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    """The user's notifications from all their workspaces, newest first."""
+    page = Paginator(notifications.notifications_of(user=request.user), INBOX_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    items = [(n, _internal_link(n.link)) for n in page.object_list]
+    return render(
+        request,
+        "workspaces/inbox.html",
+        {
+            "page": page,
+            "items": items,
+            "unread_on_page": sum(1 for n, _ in items if n.read_at is None),
+            "section": "inbox",
+        },
+    )
+
+
+@require_POST
+@login_required
+def inbox_mark_read(request: HttpRequest, notification_id: int) -> HttpResponse:
+    notification = get_object_or_404(
+        notifications.notifications_of(user=request.user), pk=notification_id
+    )
+    notifications.notification_mark_read(user=request.user, notification=notification)
+    return redirect("inbox")
+
+
+@require_POST
+@login_required
+def inbox_mark_all_read(request: HttpRequest) -> HttpResponse:
+    count = notifications.notifications_mark_all_read(user=request.user)
+    messages.success(request, f"{count} notification{'s' if count != 1 else ''} marked read.")
+    return redirect("inbox")
