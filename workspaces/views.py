@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from workspaces import notifications, services
@@ -223,8 +224,11 @@ INBOX_PAGE_SIZE = 50
 
 
 def _internal_link(link: str) -> str:
-    """A notification's link if it stays on this site (a path), else nothing to click."""
-    return link if link.startswith("/") and not link.startswith("//") else ""
+    """A notification's link if it is a path on this site, else nothing to click (the link is
+    stored text: ``javascript:``, ``//elsewhere`` and ``/\\elsewhere`` are not followed)."""
+    if link.startswith("/") and url_has_allowed_host_and_scheme(link, allowed_hosts=None):
+        return link
+    return ""
 
 
 @login_required
@@ -240,7 +244,6 @@ def inbox(request: HttpRequest) -> HttpResponse:
         {
             "page": page,
             "items": items,
-            "unread_on_page": sum(1 for n, _ in items if n.read_at is None),
             "section": "inbox",
         },
     )

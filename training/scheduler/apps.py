@@ -13,7 +13,7 @@ class SchedulerConfig(AppConfig):
     verbose_name = "Scheduler"
 
     def ready(self) -> None:
-        from training.scheduler.selectors import dashboard_section
+        from training.scheduler.views import dashboard_section
         from workspaces.dashboard import register_section
 
         register_section("quota", dashboard_section)

@@ -123,16 +123,6 @@ def quota_summary(*, workspace) -> dict[str, Any]:
     }
 
 
-def dashboard_section(*, workspace, user):
-    """The dashboard's "Quota" card: the same figures as the queue page."""
-    from workspaces.dashboard import DashboardSection
-
-    return DashboardSection(
-        template="scheduler/_dashboard_section.html",
-        context={"workspace": workspace, "quota": quota_summary(workspace=workspace)},
-    )
-
-
 def cluster_overview() -> dict[str, Any]:
     """Every node with its inventory, per-GPU allocation and fragmentation (staff view)."""
     nodes = list(Node.objects.order_by("kind", "name"))

@@ -261,13 +261,14 @@ def test_bell_counts_only_my_unread_notifications(workspace, other_workspace, in
 def test_inbox_lists_newest_first_with_safe_links(workspace, inbox_user):
     _notify(workspace, inbox_user, "older", link=f"/w/{workspace.slug}/experiments/ab1/")
     _notify(workspace, inbox_user, "newer", link="javascript:alert(1)")
+    _notify(workspace, inbox_user, "newest", link="//evil.example/x")
     page = browser(inbox_user).get(reverse("inbox"))
     assert page.status_code == 200
     html = page.content.decode()
-    assert html.index(">newer<") < html.index(">older<")
+    assert html.index(">newest<") < html.index(">newer<") < html.index(">older<")
     assert f'<a href="/w/{workspace.slug}/experiments/ab1/">older</a>' in html
-    assert "javascript:" not in html
-    assert html.count('data-testid="mark-read"') == 2
+    assert "javascript:" not in html and "evil.example" not in html
+    assert html.count('data-testid="mark-read"') == 3
     assert 'data-testid="mark-all-read"' in html
 
 
