@@ -308,14 +308,11 @@ def notification_mark_read(*, user: AbstractBaseUser, notification: Notification
     return notification
 
 
-def notifications_mark_all_read(*, user: AbstractBaseUser) -> int:
-    """Mark every unread notification of the user read (all their workspaces); returns how many."""
-    # The recipient filter is the scope, as in ``notifications_of``.
-    return (
-        Notification.objects.unscoped()
-        .filter(recipient=user, read_at__isnull=True)
-        .update(read_at=timezone.now())
-    )
+def notifications_mark_all_read(*, user: AbstractBaseUser, token: ApiToken | None = None) -> int:
+    """Mark the user's unread notifications read (those of every workspace, or of the token's
+    workspaces when it is narrowed to some); returns how many."""
+    inbox = notifications_of(user=user, token=token).order_by()
+    return inbox.filter(read_at__isnull=True).update(read_at=timezone.now())
 
 
 def notifications_unread_count(*, user: AbstractBaseUser) -> int:
