@@ -50,7 +50,10 @@ def quota_table(html: str) -> str:
 # 1. One stylesheet --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url_name", ["training-jobs", "serving-models", "scheduler-queue"])
+@pytest.mark.parametrize(
+    "url_name",
+    ["training-jobs", "serving-models", "scheduler-queue", "features-list", "workspace-dashboard"],
+)
 def test_pages_outside_features_link_the_shell_stylesheet_only(workspace, members, url_name):
     page = browser(members[Role.VIEWER]).get(reverse(url_name, kwargs={"ws": workspace.slug}))
     assert page.status_code == 200
@@ -329,3 +332,7 @@ def test_cluster_link_is_for_staff_only(workspace, members):
     assert f'href="{reverse("scheduler-cluster")}" data-testid="cluster-link"' in staff_html
     html = browser(members[Role.ADMIN]).get(f"/w/{workspace.slug}/").content.decode()
     assert "cluster-link" not in html and reverse("scheduler-cluster") not in html
+    cluster = browser(staff).get(reverse("scheduler-cluster"))
+    assert cluster.status_code == 200
+    assert static("css/app.css") in cluster.content.decode()
+    assert "<style>" not in cluster.content.decode()
