@@ -23,6 +23,7 @@ from lineage.audit import audit_item_decide
 from lineage.cost import platform_usage
 from lineage.models import AuditItem, AuditStatus, Edge, Node, Usage
 from lineage.projection import catch_up
+from workspaces.humanize import key_values
 from workspaces.models import Event, Quota, Workspace
 
 TRAIL_LIMIT = 500
@@ -77,18 +78,28 @@ class AuditItemAdmin(_Unscoped, admin.ModelAdmin):
         "object_id",
         "label",
         "owner_name",
+        "reason",
+        "resources_used",
         "status",
         "decided_by",
     ]
     list_filter = ["status", "category", "workspace", ("flagged_at", admin.DateFieldListFilter)]
     search_fields = ["label", "object_id", "owner_name", "reason"]
-    readonly_fields = [f.name for f in AuditItem._meta.fields]
+    exclude = ["resources"]
+    readonly_fields = [f.name for f in AuditItem._meta.fields if f.name != "resources"] + [
+        "resources_used"
+    ]
     actions = [
         _decide(AuditStatus.APPROVED, "Approve"),
         _decide(AuditStatus.REVOKED, "Revoke"),
         _decide(AuditStatus.REVIEWED, "Mark reviewed"),
     ]
     change_list_template = "lineage/admin_audit_changelist.html"
+
+    @admin.display(description="Resources")
+    def resources_used(self, obj: AuditItem) -> str:
+        """The flagged event's resource figures as a key/value list, not a dict."""
+        return key_values(obj.resources)
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("workspace")

@@ -311,9 +311,10 @@ def over_quota_rule(event: Event, refs: list[R], p: Projector) -> None:
     target = _first_target(refs)
     if target is not None:
         payload = event.payload or {}
-        reason = payload.get("reason") or (
-            f"exceeded {payload['exceeded']}" if payload.get("exceeded") else "over its quota"
-        )
+        exceeded = payload.get("exceeded")
+        if isinstance(exceeded, list | tuple):  # the scheduler sends ["gpu_milli 2000 > 0 (...)"]
+            exceeded = "; ".join(str(item) for item in exceeded)
+        reason = payload.get("reason") or (f"exceeded {exceeded}" if exceeded else "over its quota")
         p.flag(event, target, AuditCategory.OVER_QUOTA, str(reason))
 
 

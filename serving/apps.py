@@ -12,6 +12,11 @@ class ServingConfig(AppConfig):
         from workspaces.demo import register_demo_step
 
         register_demo_step(30, "serving", demo.run_serving_demo)
+
+        from serving.dashboard import dashboard_section
+        from workspaces.dashboard import register_section
+
+        register_section("models", dashboard_section)
         # Training offers plugin registries for pipeline stages and the production-model
         # resolver; they may not exist yet while training is being built.
         try:

@@ -308,6 +308,18 @@ def notification_mark_read(*, user: AbstractBaseUser, notification: Notification
     return notification
 
 
+def notifications_mark_all_read(*, user: AbstractBaseUser, token: ApiToken | None = None) -> int:
+    """Mark the user's unread notifications read (those of every workspace, or of the token's
+    workspaces when it is narrowed to some); returns how many."""
+    inbox = notifications_of(user=user, token=token).order_by()
+    return inbox.filter(read_at__isnull=True).update(read_at=timezone.now())
+
+
+def notifications_unread_count(*, user: AbstractBaseUser) -> int:
+    """How many of the user's notifications are unread: the number on the shell's bell."""
+    return Notification.objects.unscoped().filter(recipient=user, read_at__isnull=True).count()
+
+
 # --- reads ---------------------------------------------------------------------------------------
 
 

@@ -10,9 +10,10 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from workspaces import services
+from workspaces import notifications, services
 from workspaces.dashboard import sections_for
 from workspaces.exceptions import ConflictError
 from workspaces.forms import MemberGrantForm, MemberRoleForm, TokenCreateForm
@@ -33,6 +34,7 @@ DASHBOARD_SECTIONS = [
     ("models", "Models", "Registered model versions and deployments."),
     ("experiments", "Experiments", "A/B experiments and their results."),
     ("lineage", "Lineage", "From feature to experiment, with cost."),
+    ("quota", "Quota", "What the scheduler admits this workspace's jobs within."),
 ]
 
 
@@ -87,7 +89,6 @@ def dashboard(request: HttpRequest, workspace) -> HttpResponse:
             ],
             recent_events=recent,
             member_count=members_of(workspace=workspace).count(),
-            quota=workspace.quota.as_dict(),
             section="dashboard",
         ),
     )
@@ -217,3 +218,50 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     services.api_token_revoke(actor=request.user, token=token)
     messages.success(request, f"Token {token.prefix}… was revoked.")
     return redirect("tokens")
+
+
+INBOX_PAGE_SIZE = 50
+
+
+def _internal_link(link: str) -> str:
+    """A notification's link if it is a path on this site, else nothing to click (the link is
+    stored text: ``javascript:``, ``//elsewhere`` and ``/\\elsewhere`` are not followed)."""
+    if link.startswith("/") and url_has_allowed_host_and_scheme(link, allowed_hosts=None):
+        return link
+    return ""
+
+
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    """The user's notifications from all their workspaces, newest first."""
+    page = Paginator(notifications.notifications_of(user=request.user), INBOX_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    items = [(n, _internal_link(n.link)) for n in page.object_list]
+    return render(
+        request,
+        "workspaces/inbox.html",
+        {
+            "page": page,
+            "items": items,
+            "section": "inbox",
+        },
+    )
+
+
+@require_POST
+@login_required
+def inbox_mark_read(request: HttpRequest, notification_id: int) -> HttpResponse:
+    notification = get_object_or_404(
+        notifications.notifications_of(user=request.user), pk=notification_id
+    )
+    notifications.notification_mark_read(user=request.user, notification=notification)
+    return redirect("inbox")
+
+
+@require_POST
+@login_required
+def inbox_mark_all_read(request: HttpRequest) -> HttpResponse:
+    count = notifications.notifications_mark_all_read(user=request.user)
+    messages.success(request, f"{count} notification{'s' if count != 1 else ''} marked read.")
+    return redirect("inbox")

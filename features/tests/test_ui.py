@@ -347,7 +347,7 @@ def test_group_page_carries_the_chart_data_and_the_health_history(workspace, mem
     history = section(page, "health-history")
     assert history.count("<tr>") == 1 + 7  # header + checks
     assert "freshness: no data for 25 h (SLA 2 h)" in history
-    assert "90000 s" in history
+    assert ">1 day 1 h<" in history  # 90000 s, humanised
     assert "50%" in history
 
 

@@ -11,3 +11,9 @@ class SchedulerConfig(AppConfig):
     name = "training.scheduler"
     label = "scheduler"
     verbose_name = "Scheduler"
+
+    def ready(self) -> None:
+        from training.scheduler.views import dashboard_section
+        from workspaces.dashboard import register_section
+
+        register_section("quota", dashboard_section)

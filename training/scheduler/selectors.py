@@ -84,7 +84,7 @@ def queue_of(*, workspace) -> list[dict[str, Any]]:
     return rows
 
 
-def quotas_of(*, workspace) -> list[dict[str, Any]]:
+def _quota_rows(workspace) -> tuple[list[dict[str, Any]], dict[str, dict]]:
     usage = workspace_usage(workspace.pk)
     rows = []
     for quota in WorkspaceQuota.objects.for_workspace(workspace).order_by("gpu_type"):
@@ -101,7 +101,26 @@ def quotas_of(*, workspace) -> list[dict[str, Any]]:
                 "updated_at": quota.updated_at,
             }
         )
-    return rows
+    return rows, usage
+
+
+def quotas_of(*, workspace) -> list[dict[str, Any]]:
+    """One row per scheduler quota of the workspace (per GPU type) with what it uses of it."""
+    return _quota_rows(workspace)[0]
+
+
+def quota_summary(*, workspace) -> dict[str, Any]:
+    """The workspace's scheduler quota as both the dashboard and the queue page show it: the
+    rows of ``quotas_of`` and, for a workspace without a quota, what it uses now."""
+    rows, usage = _quota_rows(workspace)
+    in_use = usage.get("", {})
+    return {
+        "limited": bool(rows),
+        "rows": rows,
+        "used_cpu_milli": in_use.get("cpu_milli", 0),
+        "used_memory_mb": in_use.get("memory_mb", 0),
+        "used_gpu_milli": in_use.get("gpu_milli", 0),
+    }
 
 
 def cluster_overview() -> dict[str, Any]:

@@ -9,6 +9,7 @@ from django.shortcuts import render
 from training.scheduler import selectors
 from training.scheduler.lending import utilisation
 from training.scheduler.recommend import recommend, savings_report
+from workspaces.dashboard import DashboardSection
 from workspaces.views import _context, workspace_page
 
 
@@ -27,9 +28,17 @@ def queue_page(request: HttpRequest, workspace) -> HttpResponse:
             section="queue",
             rows=rows,
             groups=groups,
-            quotas=selectors.quotas_of(workspace=workspace),
+            quota=selectors.quota_summary(workspace=workspace),
             savings=savings_report(workspace=workspace),
         ),
+    )
+
+
+def dashboard_section(*, workspace, user) -> DashboardSection:
+    """The dashboard's "Quota" card: the same function and partial as the queue page."""
+    return DashboardSection(
+        template="scheduler/_dashboard_section.html",
+        context={"workspace": workspace, "quota": selectors.quota_summary(workspace=workspace)},
     )
 
 

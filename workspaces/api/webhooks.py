@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -145,6 +150,22 @@ class NotificationViewSet(viewsets.GenericViewSet):
             inbox = inbox.filter(read_at__isnull=unread)
         page = self.paginate_queryset(inbox)
         return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: OpenApiResponse(
+                inline_serializer("MarkedRead", {"marked_read": serializers.IntegerField()}),
+                description="How many unread notifications were marked read.",
+            )
+        },
+    )
+    @action(detail=False, methods=["post"], url_path="read-all")
+    def read_all(self, request: Request) -> Response:
+        count = notifications.notifications_mark_all_read(
+            user=request.user, token=request_token(request)
+        )
+        return Response({"marked_read": count})
 
     @extend_schema(request=None, responses={200: NotificationSerializer})
     @action(detail=True, methods=["post"], url_path="read")

@@ -118,4 +118,5 @@ ENDPOINTS += [
     ),
     Endpoint("GET", "/api/v1/notifications/", role=None),
     Endpoint("POST", "/api/v1/notifications/{pk}/read/", role=None, setup=_own_notification),
+    Endpoint("POST", "/api/v1/notifications/read-all/", role=None, setup=_own_notification),
 ]

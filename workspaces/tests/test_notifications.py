@@ -442,6 +442,27 @@ def test_someone_elses_notification_cannot_be_marked_read(workspace, client_for)
     assert hers.read_at is None
 
 
+def test_read_all_marks_only_the_callers_notifications_within_the_tokens_scope(
+    workspace, other_workspace, client_for
+):
+    alice = make_member(workspace, Role.VIEWER)
+    bob = make_member(workspace, Role.VIEWER)
+    here, there, bobs = (
+        _notification(workspace, alice),
+        _notification(other_workspace, alice),
+        _notification(workspace, bob),
+    )
+    narrowed = client_for(alice, workspaces=[workspace])
+    response = narrowed.post("/api/v1/notifications/read-all/")
+    assert response.status_code == 200 and response.json() == {"marked_read": 1}
+    for n in (here, there, bobs):
+        n.refresh_from_db()
+    assert here.read_at is not None and there.read_at is None and bobs.read_at is None
+    assert client_for(alice).post("/api/v1/notifications/read-all/").json() == {"marked_read": 1}
+    there.refresh_from_db()
+    assert there.read_at is not None and bobs.read_at is None
+
+
 def test_admin_console_lists_notifications_and_webhooks_read_only(workspace, client):
     admin_user = UserFactory(is_staff=True, is_superuser=True)
     alice = make_member(workspace, Role.VIEWER)
