@@ -1,6 +1,6 @@
 """The experiments demo step (order 40): the one action on the demo workspace. It presses "Try in
-an A/B experiment" on the ``context_stats`` feature group (hour, device and context CTR, which
-the demo's first model does not read): the loop adds them to the sample stream, builds samples,
+an A/B experiment" on the ``user_profile`` feature group (whose ``impressions_7d`` the demo's
+first model does not read): the loop adds its features to the sample stream, builds samples,
 trains the workspace's default template, checks the candidate against production on the same
 held-out rows, registers and gates it, loads it as the challenger inside ``feed-ranker`` and
 starts the experiment. Traffic is then simulated so the experiment page has results, a ramp
@@ -26,7 +26,7 @@ import numpy as np
 
 DEMO_WORKSPACE = "feed-pctr"
 DEMO_DEPLOYMENT = "feed-ranker"
-DEMO_GROUP = "context_stats"
+DEMO_GROUP = "user_profile"
 WAVES = 6
 USERS_PER_WAVE = 2500
 BASE_CTR = 0.05

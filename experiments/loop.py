@@ -157,6 +157,30 @@ def _deployment_of(workspace: Workspace, deployment: Any) -> Any:
     return dep
 
 
+def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
+    """400 now, not a failed first stage: the features must join the stream's label source."""
+    from features.models import FeatureGroup
+    from features.samples import _check_refs
+    from training.pipelines import workspace_stream
+
+    label_source = workspace_stream(workspace)["label_source"]
+    label_group = (
+        FeatureGroup.objects.for_workspace(workspace).filter(name=label_source).first()
+        if label_source
+        else None
+    )
+    if label_group is None:
+        return
+    if label_group.name == group:
+        raise ValidationError({"group": f"'{group}' is the sample stream's label source"})
+    try:
+        _check_refs(workspace, label_group, refs)
+    except ValidationError as exc:
+        raise ValidationError(
+            {"group": [m for messages in exc.message_dict.values() for m in messages]}
+        ) from exc
+
+
 def loops_of(workspace: Workspace):
     from training.models import PipelineRun
 
@@ -254,6 +278,7 @@ def loop_start(
     if evaluation is not None and group in (None, ""):
         group = group_from_candidate(actor=actor, workspace=workspace, evaluation=evaluation)
     group, refs = _features_of(workspace, group, features)
+    _check_joinable(workspace, group, refs)
     running = loops_of(workspace).filter(state=RunState.RUNNING, params__group=group).first()
     if running is not None:
         raise ConflictError(

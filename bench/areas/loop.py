@@ -8,8 +8,8 @@ trains on the local node and serves as ``feed-ranker``. Then, in Chromium (Debia
 Playwright), logged in as the demo developer:
 
 - ``loop_user_actions``: clicks and form submits from the page of a group that has data
-  (``context_stats``, which the first model does not read) to a running experiment: the one
-  button, then nothing but waiting on the loop's live page. Goal 1.
+  (``user_profile``, whose ``impressions_7d`` the first model does not read) to a running
+  experiment: the one button, then nothing but waiting on the loop's live page. Goal 1.
 - ``loop_wall_s``: from that click until the loop page says succeeded (samples built, trained,
   checked against production, registered, gated, loaded as challenger, experiment started);
   each stage's seconds are kept in ``parameters.stage_s``. Goal <= 300 on 2 cores.
@@ -34,7 +34,7 @@ from pathlib import Path
 from bench.harness import REPO_ROOT, BenchError, Context, gunicorn_server
 
 WORKSPACE = "feed-pctr"
-GROUP = "context_stats"
+GROUP = "user_profile"
 USER, PASSWORD = "alice", "alice-demo"
 LOOP_TIMEOUT_S = 900
 CHROMIUM = "/usr/bin/chromium"

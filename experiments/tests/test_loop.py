@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from experiments import loop
 from experiments.models import Experiment, ExperimentState
@@ -368,3 +369,23 @@ def test_the_version_page_shows_the_refusal_and_a_maintainer_overrides_there(
     assert Deployment.objects.for_workspace(workspace).get(pk=dep.pk).version_id == worse.pk
     client.force_login(members[Role.DEVELOPER])
     assert client.post(f"{page}quality-override/", {"reason": "x"}).status_code == 403
+
+
+def test_a_group_that_cannot_join_the_stream_is_refused_before_anything_runs(
+    workspace, members, production
+):
+    scene, _ = production
+    items_only = feature_registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name="by_context",
+        entity=EntityKind.CONTEXT,
+        entity_keys=["context_id"],
+        features=[{"name": "hour", "dtype": "int"}],
+    )
+    with pytest.raises(ValidationError) as refused:
+        loop.loop_start(actor=None, workspace=workspace, group=items_only.name, dispatch=False)
+    assert "joins on context_id" in str(refused.value.message_dict["group"])
+    with pytest.raises(ValidationError):
+        loop.loop_start(actor=None, workspace=workspace, group=scene.labels.name, dispatch=False)
+    assert not loop.loops_of(workspace).exists()
