@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.http import Http404
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.request import Request
@@ -26,6 +27,10 @@ class DatasetSerializer(serializers.ModelSerializer):
         "'<group>__<feature>' column per feature reference."
     )
     created_by = serializers.CharField(source="created_by.username", default=None)
+    progress = serializers.FloatField(
+        read_only=True,
+        help_text="Share of the build done (rows written over rows_total); 1 once ready.",
+    )
 
     class Meta:
         model = Dataset
@@ -40,6 +45,9 @@ class DatasetSerializer(serializers.ModelSerializer):
             "start_time",
             "end_time",
             "row_count",
+            "rows_total",
+            "rows_done",
+            "progress",
             "coverage",
             "columns",
             "path",
@@ -100,7 +108,13 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
                     datasets = datasets.filter(**{field: value})
         return datasets
 
-    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
+    @extend_schema(
+        request=DatasetCreateSerializer,
+        responses={202: DatasetSerializer},
+        description="Validates the request and queues the build: answers 202 with the dataset "
+        "`building` and its URL in Location; poll it until `status` is `ready` or `failed` "
+        "(`rows_done` of `rows_total`, `progress`).",
+    )
     def create(self, request: Request, ws: str) -> Response:
         serializer = DatasetCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -121,9 +135,17 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
             feature_refs=data["features"],
             start_time=data["start_time"],
             end_time=data["end_time"],
+            background=True,
         )
         fresh = datasets_of(workspace=self.workspace).get(pk=dataset.pk)
-        return Response(DatasetSerializer(fresh).data, status=status.HTTP_201_CREATED)
+        location = reverse(
+            "v1:dataset-detail", kwargs={"ws": self.workspace.slug, "pk": dataset.pk}
+        )
+        return Response(
+            DatasetSerializer(fresh).data,
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": location},
+        )
 
 
 class SampleStreamFeaturesViewSet(WorkspaceScopedViewSet):

@@ -62,15 +62,6 @@ def clock(monkeypatch):
     return clock
 
 
-@pytest.fixture
-def eager_celery():
-    """Tasks enqueued with .delay() run at once in this process (no broker, no worker)."""
-    before = (celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates)
-    celery_app.conf.task_always_eager = celery_app.conf.task_eager_propagates = True
-    yield
-    celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates = before
-
-
 class Receiver:
     """A webhook receiver on 127.0.0.1 in a thread."""
 

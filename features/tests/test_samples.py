@@ -301,15 +301,34 @@ def url(workspace, rest=""):
     return f"/api/v1/workspaces/{workspace.slug}/{rest}"
 
 
+@pytest.fixture
+def build(eager_celery, django_capture_on_commit_callbacks):
+    """POST a dataset through the API, then run its queued build as a worker would (eagerly,
+    after the commit); returns the 202 response and the dataset as the API shows it after."""
+
+    def post(client, workspace, body):
+        with django_capture_on_commit_callbacks(execute=True):
+            response = client.post(url(workspace, "datasets/"), body, format="json")
+        assert response.status_code == 202, response.content
+        return response, client.get(response["Location"]).json()
+
+    return post
+
+
 def test_create_dataset_joins_point_in_time_with_coverage(
-    workspace, members, scene, client_for, artifact_root
+    workspace, members, scene, client_for, artifact_root, build
 ):
     client = client_for(members[Role.DEVELOPER])
-    response = client.post(url(workspace, "datasets/"), create_body(), format="json")
+    response, body = build(client, workspace, create_body())
 
-    assert response.status_code == 201, response.content
-    body = response.json()
+    # The request only queues the build: 202, the dataset building, where to poll it.
+    queued = response.json()
+    assert response["Location"] == url(workspace, f"datasets/{queued['id']}/")
+    assert (queued["status"], queued["row_count"], queued["progress"]) == ("building", 0, 0.0)
+    assert (queued["rows_total"], queued["rows_done"]) == (None, 0)
+    assert body["id"] == queued["id"]
     assert body["status"] == "ready"
+    assert (body["rows_total"], body["rows_done"], body["progress"]) == (5, 5, 1.0)
     assert body["version"] == 1
     assert body["row_count"] == 5
     assert body["coverage"] == {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5}
@@ -318,7 +337,7 @@ def test_create_dataset_joins_point_in_time_with_coverage(
         *("user_id", "item_id", "event_time", "clicked"),
         *("users__age", "items__price"),
     ]
-    assert str(artifact_root) not in response.content.decode()
+    assert str(artifact_root) not in json.dumps(body)
 
     rows = pq.read_table(artifact_root / body["path"]).to_pylist()
     hour = timedelta(hours=1)
@@ -360,11 +379,11 @@ def test_create_dataset_joins_point_in_time_with_coverage(
     assert built.resources["bytes"] == (artifact_root / body["path"]).stat().st_size
 
 
-def test_retiring_a_feature_a_dataset_uses_is_a_conflict(workspace, members, scene, client_for):
-    created = client_for(members[Role.DEVELOPER]).post(
-        url(workspace, "datasets/"), create_body(), format="json"
-    )
-    assert created.status_code == 201
+def test_retiring_a_feature_a_dataset_uses_is_a_conflict(
+    workspace, members, scene, client_for, build
+):
+    _response, created = build(client_for(members[Role.DEVELOPER]), workspace, create_body())
+    assert created["status"] == "ready"
 
     response = client_for(members[Role.MAINTAINER]).patch(
         url(workspace, "feature-groups/users/features/age/"), {"status": "retired"}, format="json"
@@ -378,47 +397,45 @@ def test_retiring_a_feature_a_dataset_uses_is_a_conflict(workspace, members, sce
     )
 
 
-def test_a_later_version_of_the_same_name_increments(workspace, members, scene, client_for):
+def test_a_later_version_of_the_same_name_increments(workspace, members, scene, client_for, build):
     client = client_for(members[Role.DEVELOPER])
-    first = client.post(url(workspace, "datasets/"), create_body(), format="json").json()
-    second = client.post(
-        url(workspace, "datasets/"), create_body(features=["users:segment"]), format="json"
-    ).json()
-    other = client.post(url(workspace, "datasets/"), create_body(name="other"), format="json")
+    _, first = build(client, workspace, create_body())
+    _, second = build(client, workspace, create_body(features=["users:segment"]))
+    _, other = build(client, workspace, create_body(name="other"))
 
-    assert (first["version"], second["version"], other.json()["version"]) == (1, 2, 1)
+    assert (first["version"], second["version"], other["version"]) == (1, 2, 1)
     assert second["path"].endswith("/clicks/v=2/data.parquet")
     assert second["coverage"] == {"users:segment": 3 / 5}
     names = client.get(url(workspace, "datasets/?name=clicks")).json()["results"]
     assert [(d["name"], d["version"]) for d in names] == [("clicks", 2), ("clicks", 1)]
 
 
-def test_start_and_end_time_filter_labels(workspace, members, scene, client_for, artifact_root):
+def test_start_and_end_time_filter_labels(
+    workspace, members, scene, client_for, artifact_root, build
+):
     client = client_for(members[Role.DEVELOPER])
     hour = timedelta(hours=1)
-    response = client.post(
-        url(workspace, "datasets/"),
+    _response, body = build(
+        client,
+        workspace,
         # end is exclusive: the label at exactly T0 + 3h is left out, as is the one before T0
         create_body(start_time=T0.isoformat(), end_time=(T0 + 3 * hour).isoformat()),
-        format="json",
     )
 
-    assert response.status_code == 201, response.content
-    body = response.json()
     assert body["row_count"] == 3
     rows = pq.read_table(artifact_root / body["path"]).to_pylist()
     assert {r["event_time"] for r in rows} == {T0 + hour}
     assert body["coverage"] == {"users:age": 1 / 3, "items:price": 2 / 3}
 
 
-def test_create_ignores_fields_it_does_not_take(workspace, members, scene, client_for):
-    response = client_for(members[Role.DEVELOPER]).post(
-        url(workspace, "datasets/"),
-        create_body(version=99, status="failed", row_count=7, path="/etc/passwd", workspace=1),
-        format="json",
+def test_create_ignores_fields_it_does_not_take(workspace, members, scene, client_for, build):
+    _response, body = build(
+        client_for(members[Role.DEVELOPER]),
+        workspace,
+        create_body(
+            version=99, status="failed", row_count=7, rows_done=9, path="/etc/passwd", workspace=1
+        ),
     )
-    assert response.status_code == 201
-    body = response.json()
     assert (body["version"], body["status"], body["row_count"]) == (1, "ready", 5)
     assert body["path"].startswith(f"datasets/ws={workspace.pk}/clicks/")
 
