@@ -37,6 +37,7 @@ REFERENCES = [
         make=_label_source,
         body=lambda ctx, ref: _dataset_body(ctx, label_source=ref),
         missing="no_such_group",
+        success=202,
     ),
     BodyReference(
         "POST",
@@ -46,6 +47,7 @@ REFERENCES = [
         body=lambda ctx, ref: _dataset_body(ctx, features=[ref]),
         missing="no_such_group:age",
         attr="features.0",
+        success=202,
     ),
     BodyReference(
         "POST",

@@ -770,3 +770,156 @@ def test_sample_stream_refuses_a_feature_its_label_source_cannot_join(
     assert joined.status_code == 200, joined.content
     assert refused.status_code == 400
     assert "session_id" in refused.json()["detail"]
+
+
+# --- (c) background builds and their progress ------------------------------------------------
+
+
+def _create(workspace, members, scene, **extra):
+    return samples.dataset_create(
+        actor=members[Role.DEVELOPER],
+        workspace=workspace,
+        name="clicks",
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+        **extra,
+    )
+
+
+def test_a_background_build_is_queued_after_the_commit_and_records_its_progress(
+    workspace, members, scene, monkeypatch, eager_celery, django_capture_on_commit_callbacks
+):
+    monkeypatch.setattr(samples, "READ_BATCH_ROWS", 2)  # several chunks from five rows
+    seen = []
+    record = samples._record_progress
+
+    def spy(dataset_id, *, rows_total, rows_done):
+        record(dataset_id, rows_total=rows_total, rows_done=rows_done)
+        stored = Dataset.objects.unscoped().get(pk=dataset_id)
+        seen.append((stored.status, stored.rows_total, stored.rows_done))
+
+    monkeypatch.setattr(samples, "_record_progress", spy)
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        dataset = _create(workspace, members, scene, background=True)
+    assert dataset.status == DatasetStatus.BUILDING
+    assert (dataset.rows_total, dataset.rows_done, dataset.progress) == (None, 0, 0.0)
+    assert len(queued) == 1 and seen == []  # nothing runs before the commit
+
+    queued[0]()  # the commit: the task is sent (and, eagerly, run)
+
+    assert seen[0] == ("building", 5, 0)  # counted before the join
+    assert len(seen) > 2 and seen[-1] == ("building", 5, 5)
+    assert [done for _, _, done in seen] == sorted(done for _, _, done in seen)
+    dataset.refresh_from_db()
+    assert (dataset.status, dataset.row_count, dataset.rows_total, dataset.rows_done) == (
+        "ready",
+        5,
+        5,
+        5,
+    )
+    assert dataset.progress == 1.0
+
+
+def test_a_build_that_cannot_be_queued_fails_with_the_reason(
+    workspace, members, scene, monkeypatch, django_capture_on_commit_callbacks
+):
+    from features import tasks
+
+    def refuse(*args, **kwargs):
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(tasks.dataset_build_task, "apply_async", refuse)
+    with django_capture_on_commit_callbacks(execute=True):
+        dataset = _create(workspace, members, scene, background=True)
+
+    dataset.refresh_from_db()
+    assert dataset.status == DatasetStatus.FAILED
+    assert dataset.error == (
+        "the build could not be queued (ConnectionRefusedError); create the dataset again"
+    )
+    assert not Consumer.objects.for_workspace(workspace).filter(
+        kind="dataset", object_id=str(dataset.pk), live=True
+    )
+
+
+def test_the_build_task_is_idempotent(workspace, members, scene):
+    from features import tasks
+
+    dataset = _create(workspace, members, scene)  # built synchronously (the pipeline's path)
+    assert dataset.status == DatasetStatus.READY
+    before = event_count()
+    assert tasks.dataset_build_task.apply(args=[dataset.pk]).get() == "ready"
+    assert tasks.dataset_build_task.apply(args=[10**9]).get() is None
+    assert event_count() == before
+
+
+# --- (d) the preview: counts before anything is built ----------------------------------------
+
+
+def test_preview_gives_the_builds_row_count_and_coverage_and_writes_nothing(
+    workspace, members, scene, artifact_root
+):
+    before = written()
+    preview = samples.dataset_preview(
+        workspace=workspace,
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+    )
+    hour = timedelta(hours=1)
+    window = samples.dataset_preview(
+        workspace=workspace,
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+        start_time=T0,
+        end_time=T0 + 3 * hour,
+    )
+
+    # The same numbers test_create_dataset_joins_point_in_time_with_coverage gets by building.
+    assert (preview.label_rows, preview.sampled_rows, preview.exact) == (5, 5, True)
+    assert preview.coverage == {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5}
+    assert (window.label_rows, window.coverage) == (
+        3,
+        {"users:age": pytest.approx(1 / 3), "items:price": pytest.approx(2 / 3)},
+    )
+    assert written() == before
+    assert not (artifact_root / "datasets").exists()
+
+
+def test_preview_measures_coverage_on_a_bounded_reproducible_sample(workspace, members, scene):
+    def preview():
+        return samples.dataset_preview(
+            workspace=workspace,
+            label_group=scene["impressions"],
+            label_columns=["clicked"],
+            feature_refs=["users:age", "items:price"],
+            sample_rows=2,
+        )
+
+    first = preview()
+    assert (first.label_rows, first.sampled_rows, first.exact) == (5, 2, False)
+    assert preview() == first  # the same sample each time
+
+
+@pytest.mark.parametrize(
+    ("overrides", "attr"),
+    [
+        ({"label_columns": ["nope"]}, "label_columns.0"),
+        ({"feature_refs": ["users:age", "sessions:length"]}, "features.1"),
+        ({"start_time": T0, "end_time": T0}, "end_time"),
+    ],
+)
+def test_preview_refuses_what_create_refuses(workspace, members, scene, overrides, attr):
+    from django.core.exceptions import ValidationError
+
+    arguments = {
+        "workspace": workspace,
+        "label_group": scene["impressions"],
+        "label_columns": ["clicked"],
+        "feature_refs": ["users:age"],
+    } | overrides
+    with pytest.raises(ValidationError) as refused:
+        samples.dataset_preview(**arguments)
+    assert attr in refused.value.message_dict
