@@ -923,3 +923,29 @@ def test_preview_refuses_what_create_refuses(workspace, members, scene, override
     with pytest.raises(ValidationError) as refused:
         samples.dataset_preview(**arguments)
     assert attr in refused.value.message_dict
+
+
+def test_the_preview_api_answers_the_numbers_and_writes_nothing(
+    workspace, members, scene, client_for, artifact_root
+):
+    client = client_for(members[Role.DEVELOPER])
+    before = written()
+    body = create_body()
+    del body["name"]
+
+    response = client.post(url(workspace, "datasets/preview/"), body, format="json")
+    refused = client.post(
+        url(workspace, "datasets/preview/"), create_body(label_columns=["nope"]), format="json"
+    )
+
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "label_rows": 5,
+        "sampled_rows": 5,
+        "exact": True,
+        "coverage": {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5},
+    }
+    assert refused.status_code == 400
+    assert refused.json()["attr"] == "label_columns.0"
+    assert written() == before
+    assert not (artifact_root / "datasets").exists()
