@@ -489,6 +489,8 @@ def test_a_building_dataset_shows_a_progress_bar_that_refreshes_until_it_is_buil
     assert '<progress aria-label="Build progress" max="2" value="1">' in halfway
     assert "1 of 2 rows written (50%)" in halfway
     assert 'hx-trigger="every 2s"' in halfway
+    listing = text(client.get(reverse("features-datasets", kwargs={"ws": workspace.slug})))
+    assert '<span class="muted small" data-testid="list-progress">50%</span>' in listing
 
     for callback in queued:  # the worker runs the build
         callback()
