@@ -335,6 +335,20 @@ def test_the_evidence_is_the_analysis_at_decision_time_not_the_last_snapshot(wor
     assert event.payload["evidence"] == evidence
 
 
+def test_an_experiment_discarded_in_review_keeps_an_empty_read_out_as_evidence(workspace, members):
+    dev, maintainer = members[Role.DEVELOPER], members[Role.MAINTAINER]
+    dep, (treatment,) = make_deployment(workspace)
+    exp = _create(workspace, dev, dep, [treatment], ramp_plan=[5, 50], guardrails=[])
+    exp = services.experiment_submit(actor=dev, experiment=exp)
+    assert exp.state == ExperimentState.PENDING_REVIEW
+
+    exp = services.experiment_conclude(actor=maintainer, experiment=exp, action="discard")
+
+    assert exp.state == ExperimentState.CONCLUDED
+    arms = exp.decision["evidence"]["summary"]["arms"]
+    assert {name: arm["units"] for name, arm in arms.items()} == {"control": 0, "treatment": 0}
+
+
 def test_cuped_uses_pre_period_clicks_and_narrows_the_interval(workspace, members):
     dev = members[Role.DEVELOPER]
     dep, (treatment,) = make_deployment(workspace)
