@@ -3,9 +3,15 @@
 import os
 
 from celery import Celery
+from celery.signals import task_postrun
+
+from config.quiet_ticks import log_tick_work
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("rankops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# Ticks whose INFO lines LOGGING drops say so themselves when they did something.
+task_postrun.connect(log_tick_work, weak=False)

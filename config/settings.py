@@ -453,7 +453,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     # Every line names the request it belongs to ("-" outside one): the X-Request-ID a client
     # quotes from a 500 body finds the traceback.
-    "filters": {"request_id": {"()": "workspaces.middleware.RequestIdLogFilter"}},
+    "filters": {
+        "request_id": {"()": "workspaces.middleware.RequestIdLogFilter"},
+        # Drops the INFO lines about frequent periodic tasks (config/quiet_ticks.py).
+        "quiet_ticks": {"()": "config.quiet_ticks.QuietTicksFilter"},
+    },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
     },
@@ -465,5 +469,12 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # An idle platform is quiet: no "Sending due task" / "received" / "succeeded" every 2 s.
+        **{
+            name: {"filters": ["quiet_ticks"]}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
+    },
 }

@@ -669,12 +669,6 @@ def experiment_conclude(
     if action not in ("promote", "discard"):
         raise ValidationError({"action": "promote or discard"})
     _move(exp, ExperimentState.CONCLUDED)
-    latest = Snapshot.objects.for_workspace(exp.workspace_id).filter(experiment=exp).first()
-    evidence = {
-        "snapshot_id": latest.pk if latest else None,
-        "snapshot_at": latest.created_at.isoformat() if latest else None,
-        "summary": summary_of(latest.result, exp) if latest else {},
-    }
     version_id = None
     if action == "promote":
         choices = {a["name"]: a["version_id"] for a in exp.arms[1:]}
@@ -683,6 +677,16 @@ def experiment_conclude(
         if arm not in choices:
             raise ValidationError({"arm": f"one of {sorted(choices)}"})
         version_id = choices[arm]
+    # The evidence is the read-out at the moment of the decision, not the last scheduled
+    # snapshot (feedback keeps arriving between snapshots): analysed now, before routing is
+    # cleared, and kept as the experiment's final snapshot so the chart ends where it was decided.
+    decided_at = timezone.now()
+    final = snapshot_take(experiment=exp, now=decided_at)
+    evidence = {
+        "snapshot_id": final.pk,
+        "snapshot_at": final.created_at.isoformat(),
+        "summary": summary_of(final.result, exp),
+    }
     if exp.block_start is not None:
         routing_bridge.clear(
             actor=actor,
@@ -705,10 +709,10 @@ def experiment_conclude(
         "version_id": version_id,
         "note": str(note)[:2000],
         "by": getattr(actor, "username", ""),
-        "at": timezone.now().isoformat(),
+        "at": decided_at.isoformat(),
         "evidence": evidence,
     }
-    exp.ended_at = exp.ended_at or timezone.now()
+    exp.ended_at = exp.ended_at or decided_at
     exp.next_ramp_at = None
     exp.save(update_fields=["state", "decision", "ended_at", "next_ramp_at"])
     refs = [Ref.to(exp, role="input" if version_id else "subject")]

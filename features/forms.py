@@ -226,12 +226,23 @@ class DatasetCreateForm(forms.Form):
     def clean_end_time(self):
         return self._utc("end_time")
 
-    def service_arguments(self) -> dict[str, Any]:
+    def preview_arguments(self) -> dict[str, Any]:
+        """The inputs of ``samples.dataset_preview`` (everything but the name)."""
         data = self.cleaned_data
         return {
-            "name": data["name"].strip(),
             "label_columns": _entity_keys(data["label_columns"]),
             "feature_refs": list(data["features"]),
             "start_time": data["start_time"],
             "end_time": data["end_time"],
         }
+
+    def service_arguments(self) -> dict[str, Any]:
+        return {"name": self.cleaned_data["name"].strip(), **self.preview_arguments()}
+
+
+class DatasetPreviewForm(DatasetCreateForm):
+    """The dataset form as its Preview button sends it: the name may still be empty."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["name"].required = False

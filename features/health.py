@@ -88,12 +88,15 @@ def _duration(seconds: float) -> str:
 
 
 def measure_freshness(*, group: FeatureGroup, now: datetime) -> tuple[float | None, bool]:
-    """Seconds since the last batch arrived, and whether that breaks the freshness SLA (a group
-    that never got a batch breaks it once it is older than its SLA)."""
+    """Age in seconds of the group's newest event (its event-time column, not the moment a batch
+    arrived: a producer that re-sends week-old rows keeps nothing fresh), and whether that age
+    breaks the freshness SLA. A group that never got a batch breaks it once it is older than its
+    SLA; one whose batches carried no event time falls back to when the last batch arrived."""
     sla = group.freshness_sla_seconds
-    if group.last_ingested_at is None:
+    newest = group.last_event_time or group.last_ingested_at
+    if newest is None:
         return None, (now - group.created_at).total_seconds() > sla
-    lag = max(0.0, (now - group.last_ingested_at).total_seconds())
+    lag = max(0.0, (now - newest).total_seconds())
     return lag, lag > sla
 
 
@@ -266,7 +269,10 @@ def measure(*, group: FeatureGroup, now: datetime) -> Measures:
         )
     elif stale:
         measures.problems.append(
-            {"kind": "freshness", "detail": f"last batch {_duration(lag)} ago (SLA {sla})"}
+            {
+                "kind": "freshness",
+                "detail": f"newest event is {_duration(lag)} old (freshness SLA {sla})",
+            }
         )
     if measures.coverage is not None and measures.coverage < COVERAGE_THRESHOLD:
         measures.problems.append(
@@ -308,7 +314,7 @@ def _transition_messages(
         "broken": (
             f"Feature group '{group.name}' is broken",
             (
-                f"No batch has arrived for {_duration(lag)}; its freshness SLA is {sla}."
+                f"Its newest event is {_duration(lag)} old; its freshness SLA is {sla}."
                 if lag is not None
                 else f"No batch has ever arrived; its freshness SLA is {sla}."
             )
@@ -316,7 +322,7 @@ def _transition_messages(
         ),
         "recovered": (
             f"Feature group '{group.name}' recovered",
-            f"Batches arrive again (last one {_duration(lag or 0)} ago, SLA {sla}).",
+            f"Fresh events arrive again (the newest is {_duration(lag or 0)} old, SLA {sla}).",
         ),
         "coverage_dropped": (
             f"Online coverage of '{group.name}' dropped to {(measures.coverage or 0):.0%}",

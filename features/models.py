@@ -274,6 +274,12 @@ class Dataset(models.Model):
     )
     path = models.CharField(max_length=500, blank=True)
     row_count = models.PositiveBigIntegerField(default=0)
+    rows_total = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Label rows the build joins; unknown until it counted."
+    )
+    rows_done = models.PositiveBigIntegerField(
+        default=0, help_text="Rows the build has written so far."
+    )
     coverage = models.JSONField(default=dict, blank=True, help_text="feature ref -> share non-null")
     error = models.TextField(blank=True)
     created_by = models.ForeignKey(
@@ -294,6 +300,16 @@ class Dataset(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+    @property
+    def progress(self) -> float:
+        """Share of the build done: 1 once ready, rows written over rows to write while it runs
+        (0 while queued or counting)."""
+        if self.status == DatasetStatus.READY:
+            return 1.0
+        if not self.rows_total:
+            return 0.0
+        return min(self.rows_done / self.rows_total, 1.0)
 
 
 class HealthCheck(models.Model):

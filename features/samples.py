@@ -31,6 +31,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,10 @@ TIME_COLUMN = "event_time"
 MAX_LABEL_COLUMNS = 100
 MAX_ERROR_CHARS = 2000
 READ_BATCH_ROWS = 64 * 1024
+# A preview measures coverage on at most this many label rows (a reproducible sample): its cost
+# stays bounded however large the window; the label count itself is exact.
+PREVIEW_SAMPLE_ROWS = 10_000
+PREVIEW_SEED = 7
 # DuckDB's Parquet reader exposes the row position as a virtual column of this name; a real column
 # of the same name would silently shadow it and break the tie-break, so such groups are refused.
 ROW_NUMBER_COLUMN = "file_row_number"
@@ -284,9 +289,14 @@ def dataset_create(
     feature_refs: list[str],
     start_time: datetime | None = None,
     end_time: datetime | None = None,
+    background: bool = False,
 ) -> Dataset:
     """Create the next version of a named training sample over ``[start_time, end_time)`` and
-    build it; the dataset is registered as a consumer of every feature and label it reads."""
+    build it; the dataset is registered as a consumer of every feature and label it reads.
+
+    Internal callers that need the data now (a pipeline stage) build it here and get it ready or
+    failed. With ``background`` (the page and the API) the dataset is returned ``building`` and
+    a Celery task builds it after the commit, recording its progress on the row."""
     with transaction.atomic():
         _check_name(name)
         label_version = _check_label_source(workspace, label_group, label_columns)
@@ -364,12 +374,90 @@ def dataset_create(
                 label=label,
                 feature_name=ref.feature,
             )
-    # Synchronous for now; a Celery task can call dataset_build(id) instead (it is idempotent).
+        if background:
+            transaction.on_commit(partial(_enqueue_build, dataset.pk))
+    if background:
+        return dataset
     return dataset_build(dataset.pk) or dataset
+
+
+def _enqueue_build(dataset_id: int) -> None:
+    """Queue the build task; a broker that refuses it fails the dataset with the reason, so the
+    page never shows a build that nothing will run."""
+    from features.tasks import dataset_build_task
+
+    try:
+        dataset_build_task.apply_async(args=[dataset_id])
+    except Exception as exc:  # the broker is down or refuses the message
+        logger.warning("could not queue the build of dataset %s", dataset_id, exc_info=True)
+        _finish_failed(
+            dataset_id,
+            f"the build could not be queued ({type(exc).__name__}); create the dataset again",
+        )
 
 
 def _dataset_ref(dataset: Dataset, *, role: str = "subject") -> Ref:
     return Ref(kind=Dataset.event_kind, object_id=dataset.pk, label=str(dataset), role=role)
+
+
+# --- preview ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetPreview:
+    """What a dataset would hold, measured before anything is created."""
+
+    label_rows: int  # label events in the window: the dataset's row count (exact)
+    sampled_rows: int  # label rows the coverage was measured on
+    coverage: dict[str, float | None]  # feature ref -> share of sampled rows with a value
+
+    @property
+    def exact(self) -> bool:
+        return self.sampled_rows == self.label_rows
+
+
+def dataset_preview(
+    *,
+    workspace: Workspace,
+    label_group: FeatureGroup,
+    label_columns: list[str],
+    feature_refs: list[str],
+    start_time: datetime | None = None,
+    end_time: datetime | None = None,
+    sample_rows: int = PREVIEW_SAMPLE_ROWS,
+) -> DatasetPreview:
+    """The row count and per-feature coverage a dataset of these inputs would have, read from
+    the offline store with the build's own point-in-time join, and writing nothing. The count is
+    exact; coverage is measured on a reproducible sample of at most ``sample_rows`` labels (all
+    of them when there are fewer), joined against only their entities' feature rows."""
+    _check_label_source(workspace, label_group, label_columns)
+    refs, _resolved = _check_refs(workspace, label_group, feature_refs)
+    _check_output_columns(label_group, label_columns, refs)
+    start_time, end_time = _check_window(start_time, end_time)
+    draft = Dataset(  # never saved: the build's queries read only these fields
+        workspace=workspace,
+        label_group=label_group,
+        label_columns=list(label_columns),
+        feature_refs=[str(ref) for ref in refs],
+        start_time=start_time,
+        end_time=end_time,
+    )
+    count_query, count_params = _label_count_query(draft)
+    query, params, outputs, _versions = _build_query(draft, sample_rows=sample_rows)
+    counts = "".join(f", count({quote(column)})" for column, _ in outputs)
+    with offline_store.connect() as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        label_rows = int(connection.sql(count_query, params=count_params).fetchall()[0][0])
+        measured = connection.sql(
+            f"SELECT count(*){counts} FROM ({query})",  # noqa: S608 - the build's query
+            params=params,
+        ).fetchall()[0]
+    sampled = int(measured[0])
+    coverage = {
+        text: (int(present) / sampled if sampled else None)
+        for (_column, text), present in zip(outputs, measured[1:], strict=True)
+    }
+    return DatasetPreview(label_rows=label_rows, sampled_rows=sampled, coverage=coverage)
 
 
 # --- build -----------------------------------------------------------------------------------
@@ -411,8 +499,15 @@ def _reader(param: str) -> str:
     )
 
 
-def _label_sql(dataset: Dataset, version: FeatureGroupVersion, params: dict[str, Any]) -> str:
-    """The labelled events inside the dataset's window, with their batch and row position."""
+def _label_sql(
+    dataset: Dataset,
+    version: FeatureGroupVersion,
+    params: dict[str, Any],
+    *,
+    sample_rows: int | None = None,
+) -> str:
+    """The labelled events inside the dataset's window, with their batch and row position; with
+    ``sample_rows``, a reproducible reservoir sample of at most that many of them."""
     group = dataset.label_group
     specs = version.feature_map()
     pattern = offline_store.parquet_glob(
@@ -450,11 +545,21 @@ def _label_sql(dataset: Dataset, version: FeatureGroupVersion, params: dict[str,
         params["end_time"] = dataset.end_time.isoformat()
         conditions.append(f"{time} < CAST($end_time AS TIMESTAMPTZ)")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    return f"SELECT {', '.join(selected)} FROM {_reader('label_glob')}{where}"  # noqa: S608 - quoted identifiers, bound values
+    labels = f"SELECT {', '.join(selected)} FROM {_reader('label_glob')}{where}"  # noqa: S608 - quoted identifiers, bound values
+    if sample_rows is None:
+        return labels
+    # The sample is taken after the window filter (a subquery), not of the whole file.
+    return (
+        f"SELECT * FROM ({labels}) "  # noqa: S608 - the query above
+        f"USING SAMPLE reservoir({int(sample_rows)} ROWS) REPEATABLE ({PREVIEW_SEED})"
+    )
 
 
-def _feature_sql(source: _Source, pattern: str, params: dict[str, Any]) -> str:
-    """The group version's rows, one per (entity, time): latest batch, then last row, wins."""
+def _feature_sql(
+    source: _Source, pattern: str, params: dict[str, Any], *, labelled_only: bool = False
+) -> str:
+    """The group version's rows, one per (entity, time): latest batch, then last row, wins; with
+    ``labelled_only``, only the entities of the ``labels`` CTE (a preview's sample)."""
     param = f"{source.alias}_glob"
     params[param] = pattern
     specs = source.version.feature_map()
@@ -469,8 +574,12 @@ def _feature_sql(source: _Source, pattern: str, params: dict[str, Any]) -> str:
             for index, (feature, _, _) in enumerate(source.features)
         ),
     ]
+    where = ""
+    if labelled_only:
+        same = " AND ".join(f'"labels".{k} = "__rows".{k}' for k in keys)
+        where = f'WHERE EXISTS (SELECT 1 FROM "labels" WHERE {same}) '  # noqa: S608 - quoted
     return (
-        f"SELECT {', '.join(selected)} FROM {_reader(param)} "  # noqa: S608 - quoted identifiers
+        f'SELECT {", ".join(selected)} FROM {_reader(param)} AS "__rows" {where}'  # noqa: S608 - quoted identifiers
         f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)}, {time} "
         f"ORDER BY {BATCH_ID_SQL} DESC, {ROW_NUMBER_COLUMN} DESC) = 1"
     )
@@ -504,8 +613,11 @@ def _sources(dataset: Dataset) -> list[_Source]:
     return list(sources.values())
 
 
-def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str, str]], dict]:
-    """The point-in-time query, its parameters, (output column, ref) pairs and versions used."""
+def _build_query(
+    dataset: Dataset, *, sample_rows: int | None = None
+) -> tuple[str, dict[str, Any], list[tuple[str, str]], dict]:
+    """The point-in-time query, its parameters, (output column, ref) pairs and versions used;
+    with ``sample_rows``, over a sample of the labels (and only their entities' feature rows)."""
     label_group = dataset.label_group
     label_version = _current_version(label_group)
     specs = label_version.feature_map()
@@ -514,7 +626,8 @@ def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str,
         raise DatasetBuildError(f"'{label_group.name}' has no column '{missing[0]}' any more")
     _check_reader_columns(label_group, label_version, attr="label_source")
     params: dict[str, Any] = {}
-    ctes = [f'"labels" AS ({_label_sql(dataset, label_version, params)})']
+    labels = _label_sql(dataset, label_version, params, sample_rows=sample_rows)
+    ctes = [f'"labels" AS ({labels})']
     selected = [
         *(f'"labels".{quote(k)}' for k in label_group.entity_keys),
         f'"labels"."__t" AS {quote(TIME_COLUMN)}',
@@ -533,7 +646,10 @@ def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str,
         specs = source.version.feature_map()
         if pattern is not None:
             alias = quote(source.alias)
-            ctes.append(f"{alias} AS ({_feature_sql(source, pattern, params)})")
+            feature_rows = _feature_sql(
+                source, pattern, params, labelled_only=sample_rows is not None
+            )
+            ctes.append(f"{alias} AS ({feature_rows})")
             on = [f'"labels".{quote(k)} = {alias}.{quote(k)}' for k in source.group.entity_keys]
             on.append(f'"labels"."__t" >= {alias}."__t"')
             joins.append(f"ASOF LEFT JOIN {alias} ON {' AND '.join(on)}")
@@ -552,8 +668,23 @@ def _build_query(dataset: Dataset) -> tuple[str, dict[str, Any], list[tuple[str,
     return query, params, outputs, versions
 
 
+def _label_count_query(dataset: Dataset) -> tuple[str, dict[str, Any]]:
+    """Counts the dataset's label rows (its window over the label group's current version)."""
+    params: dict[str, Any] = {}
+    labels = _label_sql(dataset, _current_version(dataset.label_group), params)
+    return f"SELECT count(*) FROM ({labels})", params  # noqa: S608 - the query above
+
+
+def _record_progress(dataset_id: int, *, rows_total: int, rows_done: int) -> None:
+    """Store how far a build got, outside its transaction so the page sees it move."""
+    Dataset.objects.unscoped().filter(pk=dataset_id, status=DatasetStatus.BUILDING).update(
+        rows_total=rows_total, rows_done=rows_done
+    )
+
+
 def _write_file(dataset: Dataset) -> _Built:
     query, params, outputs, versions = _build_query(dataset)
+    count_query, count_params = _label_count_query(dataset)
     final = dataset_file(dataset)
     final.parent.mkdir(parents=True, exist_ok=True)
     temporary = final.parent / f".{DATA_FILE}-{uuid.uuid4().hex}.tmp"
@@ -562,6 +693,9 @@ def _write_file(dataset: Dataset) -> _Built:
     try:
         with offline_store.connect() as connection:
             connection.execute("SET TimeZone = 'UTC'")
+            # One row per label event: the count is the size of the file to come.
+            total = int(connection.sql(count_query, params=count_params).fetchall()[0][0])
+            _record_progress(dataset.pk, rows_total=total, rows_done=0)
             reader = connection.sql(query, params=params).to_arrow_reader(READ_BATCH_ROWS)
             schema = file_schema(reader.schema)
             with pq.ParquetWriter(temporary, schema, compression="zstd") as writer:
@@ -571,6 +705,7 @@ def _write_file(dataset: Dataset) -> _Built:
                     for column in present:
                         values = chunk.column(column)
                         present[column] += len(values) - values.null_count
+                    _record_progress(dataset.pk, rows_total=total, rows_done=rows)
         os.replace(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)
@@ -618,11 +753,21 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
     if dataset is None or dataset.status != DatasetStatus.BUILDING:
         return dataset
     dataset.status = DatasetStatus.READY
-    dataset.row_count = built.rows
+    dataset.row_count = dataset.rows_total = dataset.rows_done = built.rows
     dataset.coverage = built.coverage
     dataset.error = ""
     dataset.built_at = timezone.now()
-    dataset.save(update_fields=["status", "row_count", "coverage", "error", "built_at"])
+    dataset.save(
+        update_fields=[
+            "status",
+            "row_count",
+            "rows_total",
+            "rows_done",
+            "coverage",
+            "error",
+            "built_at",
+        ]
+    )
     event_record(
         actor=dataset.created_by,
         workspace=dataset.workspace,

@@ -1,5 +1,6 @@
 """Celery tasks of the features app: thin, idempotent, taking ids. Beat runs the health checks
-every minute and the online materialisation every five minutes (config/settings.py)."""
+every minute and the online materialisation every five minutes (config/settings.py); dataset
+builds asked for from a page or the API run here."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 from celery import shared_task
 from django.core.cache import cache
 
-from features import health, materialization
+from features import health, materialization, samples
 from features.models import FeatureGroup
 from workspaces.task_slots import SLOT_RETRY_SECONDS, workspace_task_slot
 
@@ -76,3 +77,16 @@ def materialize_online(group_ids: list[int] | None = None) -> dict[str, int]:
         "rows_written": sum(d.rows_written for d in done),
         "batches": sum(d.batches for d in done),
     }
+
+
+@shared_task(
+    name="features.tasks.dataset_build",
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def dataset_build_task(dataset_id: int) -> str | None:
+    """Build one dataset that is still ``building`` (queued by ``samples.dataset_create`` with
+    ``background``); a redelivery of a finished build does nothing."""
+    dataset = samples.dataset_build(int(dataset_id))
+    return dataset.status if dataset is not None else None

@@ -36,8 +36,18 @@ urlpatterns = [
     path("w/<slug:ws>/features/datasets/", views.dataset_list, name="features-datasets"),
     path("w/<slug:ws>/features/datasets/new/", views.dataset_create, name="features-dataset-new"),
     path(
+        "w/<slug:ws>/features/datasets/new/preview/",
+        views.dataset_preview,
+        name="features-dataset-preview",
+    ),
+    path(
         "w/<slug:ws>/features/datasets/<str:name>/v<int:version>/",
         views.dataset_page,
         name="features-dataset",
+    ),
+    path(
+        "w/<slug:ws>/features/datasets/<str:name>/v<int:version>/progress/",
+        views.dataset_progress,
+        name="features-dataset-progress",
     ),
 ]

@@ -20,11 +20,13 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
 
 from features import ingestion, registry, samples
 from features.forms import (
     BatchUploadForm,
     DatasetCreateForm,
+    DatasetPreviewForm,
     FeatureGroupCreateForm,
     LifecycleForm,
     SchemaRows,
@@ -32,6 +34,8 @@ from features.forms import (
 )
 from features.models import (
     LIFECYCLE_MOVES,
+    Dataset,
+    DatasetStatus,
     Dtype,
     EntityKind,
     Feature,
@@ -457,10 +461,8 @@ def dataset_list(request: HttpRequest, workspace) -> HttpResponse:
     )
 
 
-@workspace_page(Role.DEVELOPER)
-def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
-    """Build a training sample from the registry. The build runs inside the request for now; the
-    dataset page shows its status (and reloads itself while it is still building)."""
+def _dataset_choices(workspace) -> tuple[list[str], list[str]]:
+    """The form's choices: live groups (label sources) and their live features."""
     groups = list(
         feature_groups_of(workspace=workspace)
         .exclude(status=Lifecycle.RETIRED)
@@ -475,6 +477,25 @@ def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
         .order_by("group__name", "name")
         .values_list("group__name", "name")
     ]
+    return groups, refs
+
+
+def _label_group(workspace, form, groups: list[str]) -> FeatureGroup:
+    label_group = (
+        feature_groups_of(workspace=workspace)
+        .filter(name=form.cleaned_data["label_source"])
+        .first()
+    )
+    if label_group is None:
+        raise ValidationError({"label_source": f"one of {', '.join(groups) or '(no groups yet)'}"})
+    return label_group
+
+
+@workspace_page(Role.DEVELOPER)
+def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
+    """Create a training sample from the registry. The build is queued (a Celery task); the
+    dataset page shows its progress until it is ready or failed."""
+    groups, refs = _dataset_choices(workspace)
     form = DatasetCreateForm(
         request.POST if request.method == "POST" else None, groups=groups, feature_refs=refs
     )
@@ -482,20 +503,12 @@ def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
     if request.method == "POST":
         status = 400
         if form.is_valid():
-            label_group = (
-                feature_groups_of(workspace=workspace)
-                .filter(name=form.cleaned_data["label_source"])
-                .first()
-            )
             try:
-                if label_group is None:
-                    raise ValidationError(
-                        {"label_source": f"one of {', '.join(groups) or '(no groups yet)'}"}
-                    )
                 dataset = samples.dataset_create(
                     actor=request.user,
                     workspace=workspace,
-                    label_group=label_group,
+                    label_group=_label_group(workspace, form, groups),
+                    background=True,
                     **form.service_arguments(),
                 )
             except (ValidationError, ConflictError) as exc:
@@ -518,11 +531,44 @@ def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
     )
 
 
-@workspace_page()
-def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def dataset_preview(request: HttpRequest, workspace) -> HttpResponse:
+    """The form's Preview: how many label rows and what coverage per feature the dataset would
+    have, rendered as a fragment; nothing is created. Bad input answers 400 with the fields."""
+    groups, refs = _dataset_choices(workspace)
+    form = DatasetPreviewForm(request.POST, groups=groups, feature_refs=refs)
+    preview = None
+    if form.is_valid():
+        try:
+            preview = samples.dataset_preview(
+                workspace=workspace,
+                label_group=_label_group(workspace, form, groups),
+                **form.preview_arguments(),
+            )
+        except (ValidationError, ConflictError) as exc:
+            report_service_error(form, None, exc)
+    rows = []
+    if preview is not None:
+        rows = [{"ref": ref, **_coverage_bar(share)} for ref, share in preview.coverage.items()]
+    return render(
+        request,
+        "features/_dataset_preview.html",
+        {"form": form, "preview": preview, "coverage_rows": rows},
+        status=200 if preview is not None else 400,
+    )
+
+
+def _dataset_of(workspace, name: str, version: int) -> Dataset:
     dataset = datasets_of(workspace=workspace).filter(name=name, version=version).first()
     if dataset is None:
         raise Http404(f"No dataset '{name}' v{version}.")
+    return dataset
+
+
+@workspace_page()
+def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+    dataset = _dataset_of(workspace, name, version)
     coverage = dataset.coverage if isinstance(dataset.coverage, dict) else {}
     rows = []
     for ref in dataset.feature_refs or []:
@@ -536,6 +582,22 @@ def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> Ht
         "features/dataset_detail.html",
         _context(request, dataset=dataset, coverage_rows=rows, section="features"),
     )
+
+
+@require_GET
+@workspace_page()
+def dataset_progress(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+    """The progress bar of a building dataset, polled by htmx every 2 s; once the build is over
+    it tells htmx to reload the page (which then shows the rows and coverage, or the error)."""
+    dataset = _dataset_of(workspace, name, version)
+    response = render(
+        request,
+        "features/_dataset_progress.html",
+        {"dataset": dataset, "workspace": workspace},
+    )
+    if dataset.status != DatasetStatus.BUILDING:
+        response["HX-Refresh"] = "true"
+    return response
 
 
 def _coverage_bar(share: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
 from experiments import services
-from experiments.models import Experiment, ExperimentState, FeedbackEvent, Layer
+from experiments.models import Experiment, ExperimentState, FeedbackEvent, Layer, Snapshot
 from experiments.tests.factories import log_predictions, make_deployment
 from serving.routing import route, routing_table
 from workspaces.exceptions import ConflictError
@@ -291,10 +291,62 @@ def test_discard_keeps_the_decision_and_its_evidence(workspace, members):
     )
     assert exp.state == ExperimentState.CONCLUDED
     assert exp.decision["action"] == "discard"
-    assert exp.decision["evidence"]["snapshot_id"] == snap.pk
+    # The evidence is a final snapshot taken at the decision, not the earlier one.
+    final = Snapshot.objects.for_workspace(workspace).filter(experiment=exp).first()
+    assert final.pk != snap.pk
+    assert exp.decision["evidence"]["snapshot_id"] == final.pk
     assert routing_table(workspace, dep.name)["layers"] == []
     with pytest.raises(ConflictError):
         services.experiment_conclude(actor=maintainer, experiment=exp, action="discard")
+
+
+def test_the_evidence_is_the_analysis_at_decision_time_not_the_last_snapshot(workspace, members):
+    dev, maintainer = members[Role.DEVELOPER], members[Role.MAINTAINER]
+    dep, (treatment,) = make_deployment(workspace)
+    exp = services.experiment_submit(
+        actor=dev, experiment=_create(workspace, dev, dep, [treatment], ramp_plan=[20])
+    )
+    table = routing_table(workspace, dep.name)
+    served = log_predictions(
+        workspace, dep, lambda u: route(table, u), [f"u{i}" for i in range(400)]
+    )
+    stale = services.snapshot_take(experiment=exp)  # before any feedback: CTR 0.0 / 0.0
+    assert {a["ctr"] for a in stale.result["arms"].values()} == {0.0}
+    # Feedback that arrives after the last scheduled snapshot.
+    clicks = {"control": 6, "treatment": 7}
+    events = [
+        {"request_id": rid, "event_id": f"late-{rid}", "impressions": 10, "clicks": clicks[arm]}
+        for rid, _unit, arm in served
+        if arm
+    ]
+    services.feedback_record(actor=None, workspace=workspace, events=events)
+
+    exp = services.experiment_conclude(actor=maintainer, experiment=exp, action="discard")
+
+    evidence = exp.decision["evidence"]
+    arms = evidence["summary"]["arms"]
+    assert arms["control"]["ctr"] == pytest.approx(0.6)
+    assert arms["treatment"]["ctr"] == pytest.approx(0.7)
+    assert arms["control"]["units"] + arms["treatment"]["units"] == len(events)
+    assert evidence["snapshot_id"] != stale.pk
+    final = Snapshot.objects.for_workspace(workspace).get(pk=evidence["snapshot_id"])
+    assert final.result["arms"]["treatment"]["ctr"] == pytest.approx(0.7)
+    event = Event.objects.for_workspace(workspace).get(verb="experiments.experiment.concluded")
+    assert event.payload["evidence"] == evidence
+
+
+def test_an_experiment_discarded_in_review_keeps_an_empty_read_out_as_evidence(workspace, members):
+    dev, maintainer = members[Role.DEVELOPER], members[Role.MAINTAINER]
+    dep, (treatment,) = make_deployment(workspace)
+    exp = _create(workspace, dev, dep, [treatment], ramp_plan=[5, 50], guardrails=[])
+    exp = services.experiment_submit(actor=dev, experiment=exp)
+    assert exp.state == ExperimentState.PENDING_REVIEW
+
+    exp = services.experiment_conclude(actor=maintainer, experiment=exp, action="discard")
+
+    assert exp.state == ExperimentState.CONCLUDED
+    arms = exp.decision["evidence"]["summary"]["arms"]
+    assert {name: arm["units"] for name, arm in arms.items()} == {"control": 0, "treatment": 0}
 
 
 def test_cuped_uses_pre_period_clicks_and_narrows_the_interval(workspace, members):

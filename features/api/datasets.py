@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.http import Http404
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from features import samples
 from features.lookup import MAX_FEATURES
-from features.models import Dataset
+from features.models import Dataset, FeatureGroup
 from features.selectors import datasets_of, feature_groups_of
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.exceptions import ReferenceNotFound
@@ -26,6 +28,10 @@ class DatasetSerializer(serializers.ModelSerializer):
         "'<group>__<feature>' column per feature reference."
     )
     created_by = serializers.CharField(source="created_by.username", default=None)
+    progress = serializers.FloatField(
+        read_only=True,
+        help_text="Share of the build done (rows written over rows_total); 1 once ready.",
+    )
 
     class Meta:
         model = Dataset
@@ -40,6 +46,9 @@ class DatasetSerializer(serializers.ModelSerializer):
             "start_time",
             "end_time",
             "row_count",
+            "rows_total",
+            "rows_done",
+            "progress",
             "coverage",
             "columns",
             "path",
@@ -75,6 +84,20 @@ class DatasetCreateSerializer(serializers.Serializer):
     end_time = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
+class DatasetPreviewRequestSerializer(DatasetCreateSerializer):
+    name = serializers.CharField(max_length=63, required=False, help_text="Not needed.")
+
+
+class DatasetPreviewSerializer(serializers.Serializer):
+    label_rows = serializers.IntegerField(help_text="Label events in the window (exact).")
+    sampled_rows = serializers.IntegerField(help_text="Label rows the coverage was measured on.")
+    exact = serializers.BooleanField(help_text="Coverage was measured on every label row.")
+    coverage = serializers.DictField(
+        child=serializers.FloatField(allow_null=True),
+        help_text="Feature reference -> share of the sampled rows with a value.",
+    )
+
+
 class SampleStreamFeatureSerializer(serializers.Serializer):
     feature = serializers.CharField(max_length=140, help_text="'group:feature'.")
 
@@ -89,7 +112,7 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
 
     serializer_class = DatasetSerializer
     lookup_value_regex = r"\d+"
-    action_roles = {"create": Role.DEVELOPER}
+    action_roles = {"create": Role.DEVELOPER, "preview": Role.DEVELOPER}
 
     def get_workspace_queryset(self) -> QuerySet:
         datasets = datasets_of(workspace=self.workspace)
@@ -100,30 +123,70 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
                     datasets = datasets.filter(**{field: value})
         return datasets
 
-    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
+    @extend_schema(
+        request=DatasetCreateSerializer,
+        responses={202: DatasetSerializer},
+        description="Validates the request and queues the build: answers 202 with the dataset "
+        "`building` and its URL in Location; poll it until `status` is `ready` or `failed` "
+        "(`rows_done` of `rows_total`, `progress`).",
+    )
     def create(self, request: Request, ws: str) -> Response:
         serializer = DatasetCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        label_group = (
-            feature_groups_of(workspace=self.workspace).filter(name=data["label_source"]).first()
-        )
-        if label_group is None:
-            raise ReferenceNotFound(
-                f"no feature group '{data['label_source']}'", attr="label_source"
-            )
         dataset = samples.dataset_create(
             actor=request.user,
             workspace=self.workspace,
             name=data["name"],
-            label_group=label_group,
+            label_group=self._label_group(data["label_source"]),
+            label_columns=data["label_columns"],
+            feature_refs=data["features"],
+            start_time=data["start_time"],
+            end_time=data["end_time"],
+            background=True,
+        )
+        fresh = datasets_of(workspace=self.workspace).get(pk=dataset.pk)
+        location = reverse(
+            "v1:dataset-detail", kwargs={"ws": self.workspace.slug, "pk": dataset.pk}
+        )
+        return Response(
+            DatasetSerializer(fresh).data,
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": location},
+        )
+
+    def _label_group(self, name: str) -> FeatureGroup:
+        label_group = feature_groups_of(workspace=self.workspace).filter(name=name).first()
+        if label_group is None:
+            raise ReferenceNotFound(f"no feature group '{name}'", attr="label_source")
+        return label_group
+
+    @extend_schema(
+        request=DatasetPreviewRequestSerializer,
+        responses={200: DatasetPreviewSerializer},
+        description="What a dataset of this body would hold (its row count, and each feature's "
+        "coverage measured on a bounded sample of the labels), without creating anything.",
+    )
+    @action(detail=False, methods=["post"])
+    def preview(self, request: Request, ws: str) -> Response:
+        serializer = DatasetPreviewRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        preview = samples.dataset_preview(
+            workspace=self.workspace,
+            label_group=self._label_group(data["label_source"]),
             label_columns=data["label_columns"],
             feature_refs=data["features"],
             start_time=data["start_time"],
             end_time=data["end_time"],
         )
-        fresh = datasets_of(workspace=self.workspace).get(pk=dataset.pk)
-        return Response(DatasetSerializer(fresh).data, status=status.HTTP_201_CREATED)
+        body = {
+            "label_rows": preview.label_rows,
+            "sampled_rows": preview.sampled_rows,
+            "exact": preview.exact,
+            "coverage": preview.coverage,
+        }
+        return Response(DatasetPreviewSerializer(body).data)
 
 
 class SampleStreamFeaturesViewSet(WorkspaceScopedViewSet):

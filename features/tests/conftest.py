@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from config.celery import app as celery_app
 from features import ingestion
 from features.tests.factories import make_group, user_row
 from workspaces.models import Role
@@ -25,3 +26,13 @@ def profile(workspace):
         actor=developer, group=group, body=json.dumps({"rows": rows}).encode(), format="json"
     )
     return group
+
+
+@pytest.fixture
+def eager_celery():
+    """Tasks enqueued with .delay()/.apply_async() run at once in this process (no broker, no
+    worker); pair with ``django_capture_on_commit_callbacks(execute=True)`` for on-commit ones."""
+    before = (celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates)
+    celery_app.conf.task_always_eager = celery_app.conf.task_eager_propagates = True
+    yield
+    celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates = before

@@ -80,3 +80,81 @@ def test_register_a_group_and_upload_a_csv_through_the_pages(page, workspace):
     assert (group.freshness_sla_seconds, group.owner) == (12 * 3600, user)
     assert Batch.objects.for_workspace(workspace).get(group=group).rows == 3
     assert not [url for url in requested if "/api/" in url]
+
+
+def test_preview_then_build_a_dataset_and_watch_its_progress(page, workspace, monkeypatch):
+    """The dataset form's Preview shows the row count and coverage without creating anything;
+    Build queues the build and the dataset page's progress bar (htmx) follows it until the page
+    reloads itself showing the result. The "worker" here is the test: it runs the queued build."""
+    from features import ingestion, registry, samples, tasks
+    from features.models import Dataset, EntityKind
+
+    user = make_member(workspace, Role.DEVELOPER, username="sampler")
+    clicks = registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name="clicks",
+        entity=EntityKind.LABEL,
+        entity_keys=["user_id"],
+        features=[{"name": "clicked", "dtype": "int"}],
+        online=False,
+    )
+    users = registry.feature_group_register(
+        actor=None,
+        workspace=workspace,
+        name="users",
+        entity=EntityKind.USER,
+        entity_keys=["user_id"],
+        features=[
+            {"name": "age", "dtype": "int"},
+            {"name": "score", "dtype": "float"},
+            {"name": "emb", "dtype": "embedding", "dimension": 2},
+        ],
+        online=False,
+    )
+    labels = (
+        b"user_id,event_time,clicked\n"
+        b"u1,2026-11-01T03:00:00+00:00,1\nu2,2026-11-01T04:00:00+00:00,0\n"
+        b"u9,2026-11-01T05:00:00+00:00,1\n"
+    )
+    for group, body in ((clicks, labels), (users, CSV)):
+        ingestion.batch_ingest(actor=user, group=group, body=body, format="csv")
+    queued: list[int] = []  # the broker: the test runs what the page queued
+    monkeypatch.setattr(
+        tasks.dataset_build_task, "apply_async", lambda args, **kw: queued.append(args[0])
+    )
+
+    page.goto("/accounts/login/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", TEST_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.goto(f"/w/{workspace.slug}/features/datasets/new/")
+    page.fill("#id_name", "ctr_sample")
+    page.select_option("#id_label_source", "clicks")
+    page.fill("#id_label_columns", "clicked")
+    page.fill("[data-feature-search]", "users:")
+    page.get_by_label("users:age").check()
+
+    # The numbers first; then a preview of bad input names the field; nothing is created.
+    page.get_by_role("button", name="Preview").click()
+    expect(page.get_by_test_id("preview-rows")).to_have_text("3")
+    expect(page.get_by_test_id("preview-coverage")).to_have_text("66.7%")  # u9 has no row
+    page.fill("#id_label_columns", "bought")
+    page.get_by_role("button", name="Preview").click()
+    expect(page.get_by_test_id("preview")).to_contain_text("'clicks' has no column 'bought'")
+    page.fill("#id_label_columns", "clicked")
+    assert not Dataset.objects.for_workspace(workspace).exists()
+
+    page.get_by_role("button", name="Build dataset").click()
+    expect(page.get_by_role("heading", name="ctr_sample v1")).to_be_visible()
+    expect(page.get_by_test_id("progress-text")).to_contain_text("Queued")
+    dataset = Dataset.objects.for_workspace(workspace).get(name="ctr_sample")
+    assert queued == [dataset.pk]
+
+    samples.dataset_build(queued.pop())  # the worker takes it
+    # The next poll (every 2 s) sees the build over and reloads the page.
+    expect(page.get_by_test_id("status")).to_have_text("ready", timeout=15_000)
+    expect(page.get_by_test_id("building")).to_have_count(0)
+    expect(page.locator('[data-testid="coverage"] tr[data-ref="users:age"]')).to_contain_text(
+        "66.7%"
+    )

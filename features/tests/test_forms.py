@@ -433,12 +433,16 @@ def test_the_dataset_form_lists_groups_and_registry_features(workspace, develope
     assert "data-feature-search" in page
 
 
-def test_a_developer_builds_a_dataset_through_the_form(workspace, developer, sources):
+def test_a_developer_builds_a_dataset_through_the_form(
+    workspace, developer, sources, eager_celery, django_capture_on_commit_callbacks
+):
     from features.models import Dataset
 
     client = browser(developer)
-    response = client.post(dataset_url(workspace), dataset_post())
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        response = client.post(dataset_url(workspace), dataset_post())
     assert response.status_code == 302
+    assert len(queued) == 1  # the build task, sent after the commit
     dataset = Dataset.objects.for_workspace(workspace).get(name="ctr_train")
     assert response["Location"] == reverse(
         "features-dataset", kwargs={"ws": workspace.slug, "name": "ctr_train", "version": 1}
@@ -447,25 +451,142 @@ def test_a_developer_builds_a_dataset_through_the_form(workspace, developer, sou
     assert dataset.feature_refs == ["profile:age", "profile:ctr_7d"]
     assert dataset.start_time.isoformat() == "2026-10-01T00:00:00+00:00"
     page = text(client.get(response["Location"]))
-    assert "Dataset 'ctr_train' v1: ready." in page
+    assert "Dataset 'ctr_train' v1: building." in page  # the flash from the request
     assert 'data-testid="building"' not in page
+    assert "hx-trigger" not in page
 
 
-def test_a_building_dataset_says_so_and_reloads(workspace, developer, sources):
-    from features.models import Dataset, DatasetStatus
+def progress_url(workspace, name="ctr_train", version=1) -> str:
+    return reverse(
+        "features-dataset-progress",
+        kwargs={"ws": workspace.slug, "name": name, "version": version},
+    )
 
-    browser(developer).post(dataset_url(workspace), dataset_post())
-    Dataset.objects.for_workspace(workspace).update(status=DatasetStatus.BUILDING)
+
+def test_a_building_dataset_shows_a_progress_bar_that_refreshes_until_it_is_built(
+    workspace, developer, sources, eager_celery, django_capture_on_commit_callbacks
+):
+    from features.models import Dataset
+
+    client = browser(developer)
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        client.post(dataset_url(workspace), dataset_post())
+    dataset = Dataset.objects.for_workspace(workspace).get(name="ctr_train")
+    assert (dataset.status, dataset.rows_total, dataset.rows_done) == ("building", None, 0)
+    page_url = reverse(
+        "features-dataset", kwargs={"ws": workspace.slug, "name": "ctr_train", "version": 1}
+    )
+    page = text(client.get(page_url))
+    assert "Building: the point-in-time join is running." in page
+    assert f'hx-get="{progress_url(workspace)}" hx-trigger="every 2s"' in page
+    assert '<noscript><meta http-equiv="refresh" content="5"></noscript>' in page
+
+    queued_bar = client.get(progress_url(workspace), HTTP_HX_REQUEST="true")
+    assert "Queued" in text(queued_bar) and "HX-Refresh" not in queued_bar
+
+    Dataset.objects.for_workspace(workspace).filter(pk=dataset.pk).update(rows_total=2, rows_done=1)
+    halfway = text(client.get(progress_url(workspace)))
+    assert '<progress aria-label="Build progress" max="2" value="1">' in halfway
+    assert "1 of 2 rows written (50%)" in halfway
+    assert 'hx-trigger="every 2s"' in halfway
+    listing = text(client.get(reverse("features-datasets", kwargs={"ws": workspace.slug})))
+    assert '<span class="muted small" data-testid="list-progress">50%</span>' in listing
+
+    for callback in queued:  # the worker runs the build
+        callback()
+    done = client.get(progress_url(workspace), HTTP_HX_REQUEST="true")
+    assert done["HX-Refresh"] == "true"  # htmx reloads the page, which shows the result
+    assert "hx-trigger" not in text(done) and "Built: 2 rows." in text(done)
+    page = text(client.get(page_url))
+    assert 'data-testid="building"' not in page and "hx-trigger" not in page
+
+
+def test_a_failed_build_shows_its_error(
+    workspace, developer, sources, eager_celery, django_capture_on_commit_callbacks, monkeypatch
+):
+    from features import samples
+
+    def broken(dataset):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(samples, "_write_file", broken)
+    client = browser(developer)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(dataset_url(workspace), dataset_post())
     page = text(
-        browser(developer).get(
+        client.get(
             reverse(
                 "features-dataset",
                 kwargs={"ws": workspace.slug, "name": "ctr_train", "version": 1},
             )
         )
     )
-    assert "Building: the point-in-time join is running." in page
-    assert '<meta http-equiv="refresh" content="5">' in page
+    assert 'data-testid="status">failed<' in page
+    assert '<p class="error" data-testid="error">OSError: disk full</p>' in page
+    assert "hx-trigger" not in page
+    bar = client.get(progress_url(workspace), HTTP_HX_REQUEST="true")
+    assert bar["HX-Refresh"] == "true"
+    assert "The build failed: OSError: disk full" in text(bar)
+
+
+def preview_url(workspace) -> str:
+    return reverse("features-dataset-preview", kwargs={"ws": workspace.slug})
+
+
+def test_the_form_has_a_preview_button_that_posts_the_form(workspace, developer, sources):
+    page = text(browser(developer).get(dataset_url(workspace)))
+    assert f'hx-post="{preview_url(workspace)}"' in page
+    assert 'hx-include="closest form" hx-target="#dataset-preview"' in page
+
+
+def test_preview_shows_row_count_and_coverage_and_creates_nothing(
+    workspace, developer, sources, django_capture_on_commit_callbacks
+):
+    from features.models import Dataset
+    from workspaces.models import Event
+
+    events = Event.objects.for_workspace(workspace).count()
+    client = browser(developer)
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        whole = client.post(preview_url(workspace), dataset_post(name=""), HTTP_HX_REQUEST="true")
+        # The window ends at 03:30: only u1's label (03:00) is inside.
+        part = client.post(
+            preview_url(workspace),
+            dataset_post(end_time="2026-11-01T03:30", features=["profile:age"]),
+        )
+    assert whole.status_code == 200, text(whole)
+    assert '<strong data-testid="preview-rows">2</strong> label rows in the window' in text(whole)
+    assert text(whole).count('data-testid="preview-coverage">100.0%') == 2
+    assert part.status_code == 200
+    assert '<strong data-testid="preview-rows">1</strong> label row in the window' in text(part)
+    assert not Dataset.objects.for_workspace(workspace).exists()
+    assert Event.objects.for_workspace(workspace).count() == events
+    assert queued == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        ({"label_columns": "bought"}, "label_columns", "'clicks' has no column 'bought'"),
+        ({"features": []}, "features", "This field is required."),
+        ({"label_source": "ghost"}, "label_source", "one of clicks, profile"),
+    ],
+)
+def test_preview_of_bad_input_is_400_naming_the_field(
+    workspace, developer, sources, overrides, field, message
+):
+    from features.models import Dataset
+
+    response = browser(developer).post(preview_url(workspace), dataset_post(**overrides))
+    assert response.status_code == 400
+    assert f'<li data-field="{field}">' in text(response)
+    assert message in text(response)
+    assert not Dataset.objects.for_workspace(workspace).exists()
+
+
+def test_a_viewer_cannot_preview_and_preview_takes_only_post(workspace, viewer, developer, sources):
+    assert browser(viewer).post(preview_url(workspace), dataset_post()).status_code == 403
+    assert browser(developer).get(preview_url(workspace)).status_code == 405
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from config.celery import app as celery_app
@@ -58,15 +60,6 @@ def clock(monkeypatch):
     # touch_ingested() reads the wall clock; batch_ingest() has no `now` to hand it.
     monkeypatch.setattr(registry, "timezone", SimpleNamespace(now=clock.now))
     return clock
-
-
-@pytest.fixture
-def eager_celery():
-    """Tasks enqueued with .delay() run at once in this process (no broker, no worker)."""
-    before = (celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates)
-    celery_app.conf.task_always_eager = celery_app.conf.task_eager_propagates = True
-    yield
-    celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates = before
 
 
 class Receiver:
@@ -267,6 +260,43 @@ def test_a_group_that_never_received_data_breaks_after_its_sla(
     assert result.freshness_lag_seconds is None
     assert "no batch" in result.problems[0]["detail"]
     assert notified(group, "feature_group.broken") == [owner.username]
+
+
+def test_freshness_is_the_age_of_the_newest_event_not_of_the_last_batch(
+    workspace, clock, django_capture_on_commit_callbacks
+):
+    """A batch that arrives now but whose newest event is 8 days old is stale: the lag is
+    measured from the event-time column, so a one-day SLA is broken and the page badge says so."""
+    owner = make_member(workspace, Role.DEVELOPER)
+    group = make_group(workspace, actor=owner, name="week_old", freshness_sla_seconds=86400)
+    newest = clock.now() - timedelta(days=8)
+    rows = [user_row(i, when=iso(newest - timedelta(hours=i))) for i in range(3)]
+    push(group, owner, rows, clock)
+    group.refresh_from_db()
+    assert group.last_ingested_at == clock.now()  # ingested just now
+
+    result = check(group, clock, django_capture_on_commit_callbacks)
+
+    assert result.status == HealthStatus.BROKEN
+    assert result.freshness_lag_seconds == pytest.approx(8 * 86400, abs=1)
+    assert result.problems[0] == {
+        "kind": "freshness",
+        "detail": "newest event is 8.0 days old (freshness SLA 24.0 h)",
+    }
+    assert notified(group, "feature_group.broken") == [owner.username]
+    web = Client()
+    web.force_login(owner)
+    page = web.get(
+        reverse("features-group", kwargs={"ws": workspace.slug, "name": group.name})
+    ).content.decode()
+    assert '<span class="health health-broken" data-testid="health">broken</span>' in page
+
+    # Fresh events (not just a fresh batch) recover it.
+    clock.advance(minutes=1)
+    push(group, owner, [user_row(9, when=iso(clock.now()))], clock)
+    recovered = check(group, clock, django_capture_on_commit_callbacks)
+    assert recovered.status == HealthStatus.HEALTHY
+    assert recovered.freshness_lag_seconds == pytest.approx(0, abs=1)
 
 
 # --- drift -------------------------------------------------------------------------------------

@@ -301,15 +301,34 @@ def url(workspace, rest=""):
     return f"/api/v1/workspaces/{workspace.slug}/{rest}"
 
 
+@pytest.fixture
+def build(eager_celery, django_capture_on_commit_callbacks):
+    """POST a dataset through the API, then run its queued build as a worker would (eagerly,
+    after the commit); returns the 202 response and the dataset as the API shows it after."""
+
+    def post(client, workspace, body):
+        with django_capture_on_commit_callbacks(execute=True):
+            response = client.post(url(workspace, "datasets/"), body, format="json")
+        assert response.status_code == 202, response.content
+        return response, client.get(response["Location"]).json()
+
+    return post
+
+
 def test_create_dataset_joins_point_in_time_with_coverage(
-    workspace, members, scene, client_for, artifact_root
+    workspace, members, scene, client_for, artifact_root, build
 ):
     client = client_for(members[Role.DEVELOPER])
-    response = client.post(url(workspace, "datasets/"), create_body(), format="json")
+    response, body = build(client, workspace, create_body())
 
-    assert response.status_code == 201, response.content
-    body = response.json()
+    # The request only queues the build: 202, the dataset building, where to poll it.
+    queued = response.json()
+    assert response["Location"] == url(workspace, f"datasets/{queued['id']}/")
+    assert (queued["status"], queued["row_count"], queued["progress"]) == ("building", 0, 0.0)
+    assert (queued["rows_total"], queued["rows_done"]) == (None, 0)
+    assert body["id"] == queued["id"]
     assert body["status"] == "ready"
+    assert (body["rows_total"], body["rows_done"], body["progress"]) == (5, 5, 1.0)
     assert body["version"] == 1
     assert body["row_count"] == 5
     assert body["coverage"] == {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5}
@@ -318,7 +337,7 @@ def test_create_dataset_joins_point_in_time_with_coverage(
         *("user_id", "item_id", "event_time", "clicked"),
         *("users__age", "items__price"),
     ]
-    assert str(artifact_root) not in response.content.decode()
+    assert str(artifact_root) not in json.dumps(body)
 
     rows = pq.read_table(artifact_root / body["path"]).to_pylist()
     hour = timedelta(hours=1)
@@ -360,11 +379,11 @@ def test_create_dataset_joins_point_in_time_with_coverage(
     assert built.resources["bytes"] == (artifact_root / body["path"]).stat().st_size
 
 
-def test_retiring_a_feature_a_dataset_uses_is_a_conflict(workspace, members, scene, client_for):
-    created = client_for(members[Role.DEVELOPER]).post(
-        url(workspace, "datasets/"), create_body(), format="json"
-    )
-    assert created.status_code == 201
+def test_retiring_a_feature_a_dataset_uses_is_a_conflict(
+    workspace, members, scene, client_for, build
+):
+    _response, created = build(client_for(members[Role.DEVELOPER]), workspace, create_body())
+    assert created["status"] == "ready"
 
     response = client_for(members[Role.MAINTAINER]).patch(
         url(workspace, "feature-groups/users/features/age/"), {"status": "retired"}, format="json"
@@ -378,47 +397,45 @@ def test_retiring_a_feature_a_dataset_uses_is_a_conflict(workspace, members, sce
     )
 
 
-def test_a_later_version_of_the_same_name_increments(workspace, members, scene, client_for):
+def test_a_later_version_of_the_same_name_increments(workspace, members, scene, client_for, build):
     client = client_for(members[Role.DEVELOPER])
-    first = client.post(url(workspace, "datasets/"), create_body(), format="json").json()
-    second = client.post(
-        url(workspace, "datasets/"), create_body(features=["users:segment"]), format="json"
-    ).json()
-    other = client.post(url(workspace, "datasets/"), create_body(name="other"), format="json")
+    _, first = build(client, workspace, create_body())
+    _, second = build(client, workspace, create_body(features=["users:segment"]))
+    _, other = build(client, workspace, create_body(name="other"))
 
-    assert (first["version"], second["version"], other.json()["version"]) == (1, 2, 1)
+    assert (first["version"], second["version"], other["version"]) == (1, 2, 1)
     assert second["path"].endswith("/clicks/v=2/data.parquet")
     assert second["coverage"] == {"users:segment": 3 / 5}
     names = client.get(url(workspace, "datasets/?name=clicks")).json()["results"]
     assert [(d["name"], d["version"]) for d in names] == [("clicks", 2), ("clicks", 1)]
 
 
-def test_start_and_end_time_filter_labels(workspace, members, scene, client_for, artifact_root):
+def test_start_and_end_time_filter_labels(
+    workspace, members, scene, client_for, artifact_root, build
+):
     client = client_for(members[Role.DEVELOPER])
     hour = timedelta(hours=1)
-    response = client.post(
-        url(workspace, "datasets/"),
+    _response, body = build(
+        client,
+        workspace,
         # end is exclusive: the label at exactly T0 + 3h is left out, as is the one before T0
         create_body(start_time=T0.isoformat(), end_time=(T0 + 3 * hour).isoformat()),
-        format="json",
     )
 
-    assert response.status_code == 201, response.content
-    body = response.json()
     assert body["row_count"] == 3
     rows = pq.read_table(artifact_root / body["path"]).to_pylist()
     assert {r["event_time"] for r in rows} == {T0 + hour}
     assert body["coverage"] == {"users:age": 1 / 3, "items:price": 2 / 3}
 
 
-def test_create_ignores_fields_it_does_not_take(workspace, members, scene, client_for):
-    response = client_for(members[Role.DEVELOPER]).post(
-        url(workspace, "datasets/"),
-        create_body(version=99, status="failed", row_count=7, path="/etc/passwd", workspace=1),
-        format="json",
+def test_create_ignores_fields_it_does_not_take(workspace, members, scene, client_for, build):
+    _response, body = build(
+        client_for(members[Role.DEVELOPER]),
+        workspace,
+        create_body(
+            version=99, status="failed", row_count=7, rows_done=9, path="/etc/passwd", workspace=1
+        ),
     )
-    assert response.status_code == 201
-    body = response.json()
     assert (body["version"], body["status"], body["row_count"]) == (1, "ready", 5)
     assert body["path"].startswith(f"datasets/ws={workspace.pk}/clicks/")
 
@@ -753,3 +770,182 @@ def test_sample_stream_refuses_a_feature_its_label_source_cannot_join(
     assert joined.status_code == 200, joined.content
     assert refused.status_code == 400
     assert "session_id" in refused.json()["detail"]
+
+
+# --- (c) background builds and their progress ------------------------------------------------
+
+
+def _create(workspace, members, scene, **extra):
+    return samples.dataset_create(
+        actor=members[Role.DEVELOPER],
+        workspace=workspace,
+        name="clicks",
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+        **extra,
+    )
+
+
+def test_a_background_build_is_queued_after_the_commit_and_records_its_progress(
+    workspace, members, scene, monkeypatch, eager_celery, django_capture_on_commit_callbacks
+):
+    monkeypatch.setattr(samples, "READ_BATCH_ROWS", 2)  # several chunks from five rows
+    seen = []
+    record = samples._record_progress
+
+    def spy(dataset_id, *, rows_total, rows_done):
+        record(dataset_id, rows_total=rows_total, rows_done=rows_done)
+        stored = Dataset.objects.unscoped().get(pk=dataset_id)
+        seen.append((stored.status, stored.rows_total, stored.rows_done))
+
+    monkeypatch.setattr(samples, "_record_progress", spy)
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        dataset = _create(workspace, members, scene, background=True)
+    assert dataset.status == DatasetStatus.BUILDING
+    assert (dataset.rows_total, dataset.rows_done, dataset.progress) == (None, 0, 0.0)
+    assert len(queued) == 1 and seen == []  # nothing runs before the commit
+
+    queued[0]()  # the commit: the task is sent (and, eagerly, run)
+
+    assert seen[0] == ("building", 5, 0)  # counted before the join
+    assert len(seen) > 2 and seen[-1] == ("building", 5, 5)
+    assert [done for _, _, done in seen] == sorted(done for _, _, done in seen)
+    dataset.refresh_from_db()
+    assert (dataset.status, dataset.row_count, dataset.rows_total, dataset.rows_done) == (
+        "ready",
+        5,
+        5,
+        5,
+    )
+    assert dataset.progress == 1.0
+
+
+def test_a_build_that_cannot_be_queued_fails_with_the_reason(
+    workspace, members, scene, monkeypatch, django_capture_on_commit_callbacks
+):
+    from features import tasks
+
+    def refuse(*args, **kwargs):
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(tasks.dataset_build_task, "apply_async", refuse)
+    with django_capture_on_commit_callbacks(execute=True):
+        dataset = _create(workspace, members, scene, background=True)
+
+    dataset.refresh_from_db()
+    assert dataset.status == DatasetStatus.FAILED
+    assert dataset.error == (
+        "the build could not be queued (ConnectionRefusedError); create the dataset again"
+    )
+    assert not Consumer.objects.for_workspace(workspace).filter(
+        kind="dataset", object_id=str(dataset.pk), live=True
+    )
+
+
+def test_the_build_task_is_idempotent(workspace, members, scene):
+    from features import tasks
+
+    dataset = _create(workspace, members, scene)  # built synchronously (the pipeline's path)
+    assert dataset.status == DatasetStatus.READY
+    before = event_count()
+    assert tasks.dataset_build_task.apply(args=[dataset.pk]).get() == "ready"
+    assert tasks.dataset_build_task.apply(args=[10**9]).get() is None
+    assert event_count() == before
+
+
+# --- (d) the preview: counts before anything is built ----------------------------------------
+
+
+def test_preview_gives_the_builds_row_count_and_coverage_and_writes_nothing(
+    workspace, members, scene, artifact_root
+):
+    before = written()
+    preview = samples.dataset_preview(
+        workspace=workspace,
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+    )
+    hour = timedelta(hours=1)
+    window = samples.dataset_preview(
+        workspace=workspace,
+        label_group=scene["impressions"],
+        label_columns=["clicked"],
+        feature_refs=["users:age", "items:price"],
+        start_time=T0,
+        end_time=T0 + 3 * hour,
+    )
+
+    # The same numbers test_create_dataset_joins_point_in_time_with_coverage gets by building.
+    assert (preview.label_rows, preview.sampled_rows, preview.exact) == (5, 5, True)
+    assert preview.coverage == {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5}
+    assert (window.label_rows, window.coverage) == (
+        3,
+        {"users:age": pytest.approx(1 / 3), "items:price": pytest.approx(2 / 3)},
+    )
+    assert written() == before
+    assert not (artifact_root / "datasets").exists()
+
+
+def test_preview_measures_coverage_on_a_bounded_reproducible_sample(workspace, members, scene):
+    def preview():
+        return samples.dataset_preview(
+            workspace=workspace,
+            label_group=scene["impressions"],
+            label_columns=["clicked"],
+            feature_refs=["users:age", "items:price"],
+            sample_rows=2,
+        )
+
+    first = preview()
+    assert (first.label_rows, first.sampled_rows, first.exact) == (5, 2, False)
+    assert preview() == first  # the same sample each time
+
+
+@pytest.mark.parametrize(
+    ("overrides", "attr"),
+    [
+        ({"label_columns": ["nope"]}, "label_columns.0"),
+        ({"feature_refs": ["users:age", "sessions:length"]}, "features.1"),
+        ({"start_time": T0, "end_time": T0}, "end_time"),
+    ],
+)
+def test_preview_refuses_what_create_refuses(workspace, members, scene, overrides, attr):
+    from django.core.exceptions import ValidationError
+
+    arguments = {
+        "workspace": workspace,
+        "label_group": scene["impressions"],
+        "label_columns": ["clicked"],
+        "feature_refs": ["users:age"],
+    } | overrides
+    with pytest.raises(ValidationError) as refused:
+        samples.dataset_preview(**arguments)
+    assert attr in refused.value.message_dict
+
+
+def test_the_preview_api_answers_the_numbers_and_writes_nothing(
+    workspace, members, scene, client_for, artifact_root
+):
+    client = client_for(members[Role.DEVELOPER])
+    before = written()
+    body = create_body()
+    del body["name"]
+
+    response = client.post(url(workspace, "datasets/preview/"), body, format="json")
+    refused = client.post(
+        url(workspace, "datasets/preview/"), create_body(label_columns=["nope"]), format="json"
+    )
+
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "label_rows": 5,
+        "sampled_rows": 5,
+        "exact": True,
+        "coverage": {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5},
+    }
+    assert refused.status_code == 400
+    assert refused.json()["attr"] == "label_columns.0"
+    assert written() == before
+    assert not (artifact_root / "datasets").exists()

@@ -100,6 +100,17 @@
     });
   }
 
+  // htmx does not swap a 4xx answer; a swap target marked data-swap-errors shows its 400 body
+  // (the fields at fault) like a success, e.g. the dataset form's Preview. htmx fires the event on
+  // the target.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var target = event.target;
+    if (event.detail.xhr.status === 400 && target.closest && target.closest("[data-swap-errors]")) {
+      event.detail.shouldSwap = true;
+      event.detail.isError = false;
+    }
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-feature-search]").forEach(setUpFeaturePicker);
     document.querySelectorAll("form[data-busy-text]").forEach(setUpBusyNote);
