@@ -274,10 +274,10 @@ def loop_start(
     from training import pipelines
     from training.models import RunState
 
-    dep = _deployment_of(workspace, deployment)
     if evaluation is not None and group in (None, ""):
         group = group_from_candidate(actor=actor, workspace=workspace, evaluation=evaluation)
     group, refs = _features_of(workspace, group, features)
+    dep = _deployment_of(workspace, deployment)
     _check_joinable(workspace, group, refs)
     running = loops_of(workspace).filter(state=RunState.RUNNING, params__group=group).first()
     if running is not None:
@@ -289,9 +289,22 @@ def loop_start(
     return pipelines.pipeline_run_start(
         actor=actor,
         pipeline=pipeline,
-        params={"group": group, "features": refs, "deployment": dep.name},
+        params={"group": group, "features": refs, "deployment": dep.name, **_recipe(dep)},
         dispatch=dispatch,
     )
+
+
+def _recipe(dep) -> dict[str, Any]:
+    """What the candidate trains with: the workspace's default model when it names parameters
+    (``template.model``), else the production model's own recipe (its job's template and
+    params), so the comparison on the same rows is about the feature, not the settings."""
+    model = (dep.workspace.template or {}).get("model") or {}
+    if isinstance(model.get("params"), dict) and model["params"] and model.get("template"):
+        return {"template": model["template"], "train_params": dict(model["params"])}
+    job = dep.version.job if dep.version.job_id else None
+    if job is not None and job.template:
+        return {"template": job.template, "train_params": dict(job.params or {})}
+    return {}
 
 
 @transaction.atomic
