@@ -186,6 +186,8 @@ def run(ctx: Context) -> dict[str, float]:
     if not Path(CHROMIUM).exists():
         raise BenchError(f"the loop bench drives Debian's chromium ({CHROMIUM}); install it")
     setup_started = time.monotonic()
+    # The pages' scripts (htmx polls the loop page) come from WhiteNoise, as in production.
+    _manage(ctx, "collectstatic", "--noinput")
     with _worker(ctx), gunicorn_server(ctx, workers=2, threads=4) as port:
         base = f"http://127.0.0.1:{port}"
         ctx.log("demo_setup and the demo's features, training and serving steps ...")
