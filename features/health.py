@@ -417,7 +417,7 @@ def _announce(
         .filter(group=group, live=True)
         .order_by("pk")
     ]
-    link = f"/api/v1/workspaces/{group.workspace.slug}/feature-groups/{group.name}/health/"
+    link = f"/w/{group.workspace.slug}/features/groups/{group.name}/"  # the page, not JSON
     for transition, (title, body) in _transition_messages(
         group, measures, transitions, new_drift
     ).items():

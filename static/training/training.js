@@ -3,6 +3,19 @@
 (function () {
   "use strict";
   function fmt(value, digits) { return value === null || value === undefined ? "–" : Number(value).toFixed(digits); }
+  // Seconds in words, as the pages' `duration` filter writes them ("45 s", "3 h 12 min").
+  function duration(value) {
+    if (value === null || value === undefined || !isFinite(value)) return "–";
+    const total = Math.round(Math.abs(value));
+    if (total < 60) return `${total} s`;
+    const minutes = Math.floor(total / 60);
+    if (minutes < 60) return `${minutes} min`;
+    const hours = Math.floor(minutes / 60), rest = minutes % 60;
+    if (hours < 24) return rest ? `${hours} h ${rest} min` : `${hours} h`;
+    const days = Math.floor(hours / 24), h = hours % 24;
+    const d = `${days} day${days === 1 ? "" : "s"}`;
+    return days >= 7 || !h ? d : `${d} ${h} h`;
+  }
   async function getJSON(url) { const r = await fetch(url, {credentials: "same-origin"}); return r.json(); }
   const ACTIVE = ["pending", "admitted", "placed", "running"];
 
@@ -22,7 +35,7 @@
         row.querySelector('[data-field="progress"]').style.width = `${Math.round(job.progress * 100)}%`;
         set("steps", `${job.step}/${job.total_steps}`);
         set("loss", fmt(job.loss, 4)); set("samples_per_s", fmt(job.samples_per_s, 0));
-        set("eta_s", job.eta_s === null ? "–" : `${fmt(job.eta_s, 0)} s`); set("auc", fmt(job.auc, 4));
+        set("eta_s", duration(job.eta_s)); set("auc", fmt(job.auc, 4));
       }
       setTimeout(tick, active ? 1500 : 10000);
     }
@@ -60,7 +73,7 @@
       for (const f of ["step", "total_steps", "epoch"]) { const el = document.querySelector(`#job-numbers [data-field="${f}"]`); if (el) el.textContent = job[f]; }
       document.querySelector('#job-numbers [data-field="loss"]').textContent = fmt(job.loss, 4);
       document.querySelector('#job-numbers [data-field="samples_per_s"]').textContent = fmt(job.samples_per_s, 0);
-      document.querySelector('#job-numbers [data-field="eta_s"]').textContent = fmt(job.eta_s, 0);
+      document.querySelector('#job-numbers [data-field="eta_s"]').textContent = duration(job.eta_s);
       drawCurves(data.series);
       if (ACTIVE.includes(job.state)) setTimeout(tick, 1500);
       else if (running) window.location.reload();  // finished while open: show the evaluation

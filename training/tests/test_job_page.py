@@ -131,3 +131,19 @@ def test_without_an_mlflow_ui_the_run_id_and_tracking_uri_are_there_to_copy(
     assert f'<code id="mlflow-run-id">{RUN_ID}</code>' in run
     assert '<code id="mlflow-tracking-uri">sqlite:////srv/mlflow/mlflow.db</code>' in run
     assert 'data-copy="mlflow-run-id"' in run and "mlflow ui --backend-store-uri" in run
+
+
+@pytest.mark.django_db
+def test_the_eta_reads_in_words(workspace, client):
+    from training.models import JobState, TrainingJob
+    from workspaces.models import Role
+    from workspaces.testing.factories import make_member
+
+    job = TrainingJob.objects.create(
+        workspace=workspace, name="long", template="logreg", state=JobState.RUNNING, eta_s=11520
+    )
+    client.force_login(make_member(workspace, Role.VIEWER))
+    page = client.get(f"/w/{workspace.slug}/training/jobs/{job.pk}/").content.decode()
+    assert '<span data-field="eta_s">3 h 12 min</span>' in page
+    listing = client.get(f"/w/{workspace.slug}/training/").content.decode()
+    assert "3 h 12 min" in listing and "11520 s" not in listing
