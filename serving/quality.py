@@ -24,10 +24,12 @@ from workspaces.exceptions import ConflictError
 
 logger = logging.getLogger(__name__)
 
-# A drop or rise beyond these fails; fewer held-out rows than ``min_rows`` cannot tell two
-# models apart at that resolution (the AUC's standard error on 200 rows is about 0.04), so the
-# verdict is "not evaluated" rather than a coin toss.
-DEFAULT_POLICY = {"max_auc_drop": 0.002, "max_logloss_rise": 0.002, "min_rows": 200}
+# A drop or rise beyond these fails. The defaults sit above what retraining the same recipe moves
+# on its own: on the demo data (4,000 held-out rows) two trainings differing by one uninformative
+# feature moved AUC by 0.004, and the AUC's standard error there is about 0.01; the planted
+# regression this gate exists for was 0.027. Fewer held-out rows than ``min_rows`` cannot tell
+# two models apart (the AUC's standard error on 200 rows is about 0.04): "not evaluated".
+DEFAULT_POLICY = {"max_auc_drop": 0.01, "max_logloss_rise": 0.01, "min_rows": 200}
 PASSED, FAILED, NOT_EVALUATED = "passed", "failed", "not_evaluated"
 
 

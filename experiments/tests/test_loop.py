@@ -127,7 +127,7 @@ def test_a_worse_candidate_fails_the_loop_at_the_quality_gate_and_an_override_pa
     bundle = str(Path(settings.ARTIFACT_ROOT) / dep.version.artifact_path)
     # the agent's comparison on the same 5000 held-out rows: production is clearly better
     job.metrics = {
-        "holdout": {"auc": 0.700, "logloss": 0.61, "rows": 5000},
+        "holdout": {"auc": 0.700, "logloss": 0.62, "rows": 5000},
         "production": {"auc": 0.727, "logloss": 0.60, "rows": 5000, "bundle": bundle},
     }
     job.save()
@@ -136,7 +136,7 @@ def test_a_worse_candidate_fails_the_loop_at_the_quality_gate_and_an_override_pa
     gate = run.stage_runs.get(name="quality_gate")
     assert gate.state == RunState.FAILED
     assert "AUC 0.7000 is lower than production's 0.7270" in gate.error
-    assert "logloss 0.6100 is higher than production's 0.6000" in gate.error
+    assert "logloss 0.6200 is higher than production's 0.6000" in gate.error
     summary = loop.loop_summary(run)
     assert summary["failed_stage"] == "quality_gate" and summary["quality_gate_failed"]
 
@@ -389,3 +389,24 @@ def test_a_group_that_cannot_join_the_stream_is_refused_before_anything_runs(
     with pytest.raises(ValidationError):
         loop.loop_start(actor=None, workspace=workspace, group=scene.labels.name, dispatch=False)
     assert not loop.loops_of(workspace).exists()
+
+
+def test_a_drop_within_the_policy_passes_and_the_policy_is_the_workspaces(
+    workspace, members, production
+):
+    from serving.quality import job_verdict
+    from workspaces.services import workspace_update
+
+    scene, dep = production
+    worse = _worse_version(scene, dep)  # 0.027 below production
+    job = TrainingJob.objects.for_workspace(workspace).get(pk=worse.job_id)
+    job.metrics = {**job.metrics, "holdout": {"auc": 0.722, "logloss": 0.60, "rows": 5000}}
+    assert job_verdict(job, dep)["status"] == "passed"  # 0.005: within the default 0.01
+    workspace_update(
+        actor=None,
+        workspace=workspace,
+        template={**workspace.template, "quality_gate": {"max_auc_drop": 0.001}},
+    )
+    dep.workspace.refresh_from_db()
+    verdict = job_verdict(job, dep)
+    assert verdict["status"] == "failed" and verdict["failures"][0]["limit"] == 0.001
