@@ -113,8 +113,13 @@ def _wait_loop(page, timeout_s: float) -> str:
 
 
 def _browser_runs(base: str, ctx: Context) -> dict[str, float]:
+    import os
+
     from playwright.sync_api import sync_playwright
 
+    # Playwright's sync API runs an event loop in this thread; the few ORM reads made beside it
+    # are ordinary blocking calls (as conftest's allow_orm_beside_playwright does for tests).
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     measures: dict[str, float] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
