@@ -32,7 +32,43 @@ def _treatment_id(ctx: MatrixContext) -> int:
     return make_deployment(ctx.workspace)[1][0].pk
 
 
+def _group_name(ctx: MatrixContext) -> str:
+    from features import registry
+    from features.models import EntityKind
+
+    return registry.feature_group_register(
+        actor=None,
+        workspace=ctx.workspace,
+        name=f"refg{next(_keys)}",
+        entity=EntityKind.USER,
+        entity_keys=["user_id"],
+        features=[{"name": "f", "dtype": "float"}],
+    ).name
+
+
+def _loop_body(ctx: MatrixContext, *, group: str | None = None, deployment=None) -> dict:
+    return {"group": group or _group_name(ctx), "deployment": deployment or _deployment_name(ctx)}
+
+
 REFERENCES = [
+    BodyReference(
+        "POST",
+        WS + "/loops/",
+        "group",
+        make=_group_name,
+        body=lambda ctx, ref: _loop_body(ctx, group=ref),
+        missing="no_such_group",
+        success=202,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/loops/",
+        "deployment",
+        make=_deployment_name,
+        body=lambda ctx, ref: _loop_body(ctx, deployment=ref),
+        missing="no-such-deployment",
+        success=202,
+    ),
     BodyReference(
         "POST",
         WS + "/experiments/",
@@ -52,6 +88,7 @@ REFERENCES = [
 ]
 
 NO_REFERENCES = {
+    "POST " + WS + "/loops/{pk}/retry/": "a reason only; the loop is in the URL",
     "POST " + WS + "/experiments/{key}/submit/": "no body; the experiment is in the URL",
     "POST " + WS + "/experiments/{key}/approve/": "a note only",
     "POST " + WS + "/experiments/{key}/ramp/": "no body",

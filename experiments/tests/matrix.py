@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from experiments import services
+from experiments import loop, services
 from experiments.tests.factories import make_deployment
 from workspaces.models import Role
 from workspaces.testing.permission_matrix import Endpoint, MatrixContext
@@ -55,7 +55,48 @@ def _layer(ctx: MatrixContext) -> dict:
     }
 
 
+def _loop(ctx: MatrixContext, *, failed: bool = False) -> dict:
+    from training import pipelines
+    from training.models import PipelineRun, RunState
+
+    run = pipelines.pipeline_run_start(
+        actor=None, pipeline=loop._loop_pipeline(ctx.workspace), params={}, dispatch=False
+    )
+    if failed:
+        PipelineRun.objects.for_workspace(ctx.workspace).filter(pk=run.pk).update(
+            state=RunState.FAILED
+        )
+    return {"pk": run.pk}
+
+
+def _new_loop(ctx: MatrixContext) -> dict:
+    from features import registry
+    from features.models import EntityKind
+
+    dep, _ = make_deployment(ctx.workspace)
+    group = registry.feature_group_register(
+        actor=None,
+        workspace=ctx.workspace,
+        name=f"mxg{next(_keys)}",
+        entity=EntityKind.USER,
+        entity_keys=["user_id"],
+        features=[{"name": "f", "dtype": "float"}],
+    )
+    return {"group": group.name, "deployment": dep.name}
+
+
 ENDPOINTS = [
+    Endpoint("GET", WS + "/loops/", role=Role.VIEWER),
+    Endpoint("POST", WS + "/loops/", role=Role.DEVELOPER, success=202, body=_new_loop),
+    Endpoint("GET", WS + "/loops/{pk}/", setup=_loop, has_object=True),
+    Endpoint(
+        "POST",
+        WS + "/loops/{pk}/retry/",
+        role=Role.DEVELOPER,
+        setup=lambda ctx: _loop(ctx, failed=True),
+        has_object=True,
+        body=lambda ctx: {},
+    ),
     Endpoint("GET", WS + "/experiments/", role=Role.VIEWER),
     Endpoint("POST", WS + "/experiments/", role=Role.DEVELOPER, success=201, body=_new_experiment),
     Endpoint("GET", WS + "/experiments/{key}/", setup=_key(), has_object=True),

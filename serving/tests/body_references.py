@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 
+from serving.models import ModelVersion
 from serving.tests import matrix
 from serving.tests.helpers import log_stock_run, register_stock_model
 from training.bundle import build_model
@@ -76,7 +77,33 @@ def _version_of_the_deployed_model(ctx: MatrixContext) -> int:
     return matrix._version(ctx, name=_model_name(ctx)).pk
 
 
+def _quality_deployment(ctx: MatrixContext) -> str:
+    """The deployment the version in the URL failed against (another workspace: one of its
+    own, which must not be found)."""
+    if "home" not in ctx.extra:
+        return ctx.extra["quality_deployment"]
+    from serving.models import Deployment, RegisteredModel
+
+    model = RegisteredModel.objects.create(workspace=ctx.workspace, name=f"refq-{next(_n)}")
+    version = ModelVersion.objects.create(
+        workspace=ctx.workspace, model=model, version=1, artifact_path=f"mx/{model.name}/1"
+    )
+    return Deployment.objects.create(
+        workspace=ctx.workspace, name=model.name, model=model, version=version
+    ).name
+
+
 REFERENCES = [
+    BodyReference(
+        "POST",
+        WS + "/model-versions/{pk}/quality-override/",
+        "deployment",
+        setup=matrix._failed_quality_version,
+        make=_quality_deployment,
+        body=lambda ctx, ref: {"reason": "body reference", "deployment": ref},
+        missing="no-such-deployment",
+        success=200,
+    ),
     BodyReference(
         "POST",
         WS + "/model-versions/",

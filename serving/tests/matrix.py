@@ -81,6 +81,31 @@ def _release_body(ctx):
     return {"version_id": _version(ctx, name=dep.model.name).pk, "reason": "matrix"}
 
 
+def _failed_quality_version(ctx: MatrixContext) -> dict:
+    """A version that failed the quality gate against a deployment's production."""
+    from serving.models import Deployment, RegisteredModel
+
+    model = RegisteredModel.objects.create(workspace=ctx.workspace, name=f"mxq{next(_n)}")
+    production, version = (
+        ModelVersion.objects.create(
+            workspace=ctx.workspace, model=model, version=v, artifact_path=f"mx/{model.name}/{v}"
+        )
+        for v in (1, 2)
+    )
+    dep = Deployment.objects.create(
+        workspace=ctx.workspace, name=model.name, model=model, version=production
+    )
+    version.quality = {
+        "status": "failed",
+        "deployment": dep.name,
+        "production_version_id": dep.version_id,
+        "failures": [{"metric": "auc", "candidate": 0.7, "production": 0.73, "limit": 0.01}],
+    }
+    version.save(update_fields=["quality"])
+    ctx.extra["quality_deployment"] = dep.name
+    return {"pk": version.pk}
+
+
 ENDPOINTS = [
     Endpoint("GET", WS + "/models/", role=Role.VIEWER),
     Endpoint("GET", WS + "/models/{name}/", setup=_model, has_object=True),
@@ -108,6 +133,14 @@ ENDPOINTS = [
         success=202,
         setup=_version_kwargs,
         has_object=True,
+    ),
+    Endpoint(
+        "POST",
+        WS + "/model-versions/{pk}/quality-override/",
+        role=Role.MAINTAINER,
+        setup=_failed_quality_version,
+        has_object=True,
+        body=lambda ctx: {"reason": "matrix"},
     ),
     Endpoint("GET", WS + "/deployments/", role=Role.VIEWER),
     Endpoint(
