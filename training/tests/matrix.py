@@ -114,6 +114,8 @@ ENDPOINTS = [
         setup=_job,
         has_object=True,
     ),
+    Endpoint("GET", WS + "/training-templates/", role=Role.VIEWER),
+    Endpoint("GET", WS + "/training-templates/logreg/", role=Role.VIEWER),
     Endpoint("GET", WS + "/entry-points/", role=Role.VIEWER),
     Endpoint(
         "POST",
