@@ -115,7 +115,12 @@ ENDPOINTS = [
         has_object=True,
     ),
     Endpoint("GET", WS + "/training-templates/", role=Role.VIEWER),
-    Endpoint("GET", WS + "/training-templates/logreg/", role=Role.VIEWER),
+    Endpoint(
+        "GET",
+        WS + "/training-templates/{name}/",
+        role=Role.VIEWER,
+        setup=lambda ctx: {"name": "logreg"},
+    ),
     Endpoint("GET", WS + "/entry-points/", role=Role.VIEWER),
     Endpoint(
         "POST",
