@@ -12,17 +12,11 @@ from django.core.exceptions import ValidationError
 
 from features.models import Dataset, DatasetStatus
 from training.models import EntryPoint, Pipeline, PriorityClass
-from training.params import Param, param_text, params_defaults, params_schema, template_names
+from training.params import Param, param_text, params_schema, template_names
 
 # A template job's param ``<name>`` is the form field ``param_<name>``; an object param's key
 # ``<key>`` is ``param_<name>__<key>``.
 PARAM_PREFIX = "param_"
-
-
-def template_params() -> dict[str, dict[str, Any]]:
-    """Each built-in template's params with their defaults (the shared ones included), from the
-    schemas in ``training.params``."""
-    return {name: params_defaults(name) for name in template_names()}
 
 
 def _choice_messages(choices: list[tuple[str, str]]) -> dict[str, str]:
@@ -79,21 +73,18 @@ class IntListField(forms.CharField):
             raise ValidationError(self.error_messages["invalid"], code="invalid") from None
 
 
-def _param_label(name: str, param: Param) -> str:
-    return param.label or name.replace("_", " ").capitalize()
-
-
 def param_field(name: str, param: Param) -> forms.Field:
     """The form field of one param: a number input with its bounds, a checkbox, a select of
     the choices or a text input; prefilled with the default. Blank means the default; the
     bounds themselves are the service's check, whose error is shown next to the field."""
     allowed = f"Give {param.allowed()}."
     messages = {"invalid": allowed, "invalid_choice": allowed, "required": allowed}
+    says = "" if param.type == "bool" else f" {param.allowed()[:1].upper()}{param.allowed()[1:]}."
     default = "" if param.default == "" else f" Default: {param_text(param.default)}."
     common = {
-        "label": _param_label(name, param),
+        "label": param.title(name),
         "initial": param.default,
-        "help_text": f"{param.help} {param.allowed()[:1].upper()}{param.allowed()[1:]}.{default}",
+        "help_text": f"{param.help}{says}{default}",
         "error_messages": messages,
     }
     bounds = {
@@ -216,8 +207,8 @@ class JobCreateForm(forms.Form):
         params: dict[str, Any] = {}
         for field_name, (name, key) in self.param_names.items():
             value = self.cleaned_data.get(field_name)
-            if field_name not in self.changed_data or value is None:
-                continue
+            if field_name not in self.changed_data or value is None or value == "":
+                continue  # blank: the default
             if key:
                 params.setdefault(name, {})[key] = value
             else:

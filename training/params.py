@@ -45,12 +45,16 @@ class Param:
         if self.type not in PARAM_TYPES:
             raise ValueError(f"unknown param type {self.type!r}")
 
-    def describe(self) -> dict[str, Any]:
-        """The schema as the API shows it."""
+    def title(self, name: str) -> str:
+        """What a form labels the param ``name`` with."""
+        return self.label or name.replace("_", " ").capitalize()
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The schema of the param ``name`` as the API shows it."""
         out: dict[str, Any] = {
             "type": self.type,
             "default": self.default,
-            "label": self.label,
+            "label": self.title(name),
             "help": self.help,
             "allowed": self.allowed(),
         }
@@ -61,7 +65,7 @@ class Param:
         if self.choices:
             out["choices"] = list(self.choices)
         if self.fields:
-            out["fields"] = {name: p.describe() for name, p in self.fields.items()}
+            out["fields"] = {key: p.describe(key) for key, p in self.fields.items()}
         return out
 
     def _bounds(self) -> str:

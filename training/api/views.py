@@ -141,7 +141,7 @@ class TrainingTemplateViewSet(WorkspaceScopedViewSet):
         return {
             "name": name,
             "description": DESCRIPTIONS.get(name, ""),
-            "params": {param: spec.describe() for param, spec in schema.items()},
+            "params": {param: spec.describe(param) for param, spec in schema.items()},
         }
 
     def list(self, request: Request, ws: str) -> Response:

@@ -217,6 +217,8 @@ def test_template_params_changed_from_their_defaults_are_sent(
         "param_hidden": "128, 64",
         "param_dropout": "0.1",
         "param_scheduler__auto_recommend": "on",
+        "param_device": "",  # blank: the default ("auto"), not sent
+        "param_batch_size": "",
     }
     body.pop("param_epoch_eval")  # unchecked
     response = client.post(_new_job_url(workspace), body)
