@@ -189,6 +189,25 @@ class JobCreateForm(forms.Form):
     def param_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.param_names]
 
+    def _param_fields(self, *, advanced: bool) -> list[forms.BoundField]:
+        return [
+            self[field]
+            for field, (name, _) in self.param_names.items()
+            if self.schema[name].advanced == advanced
+        ]
+
+    @property
+    def main_param_fields(self) -> list[forms.BoundField]:
+        return self._param_fields(advanced=False)
+
+    @property
+    def advanced_param_fields(self) -> list[forms.BoundField]:
+        return self._param_fields(advanced=True)
+
+    @property
+    def advanced_param_errors(self) -> bool:
+        return any(bound.errors for bound in self.advanced_param_fields)
+
     def clean_params(self) -> dict[str, Any]:
         return _json_object(self.cleaned_data.get("params", ""), field="params")
 

@@ -38,6 +38,8 @@ class Param:
     choices: tuple[str, ...] = ()
     fields: Mapping[str, Param] = field(default_factory=dict)
     label: str = ""
+    # Tuning few jobs need: a form shows it folded away.
+    advanced: bool = False
     # Why the bounds are what they are, when a person should know (the workspace's limit).
     note: str = ""
 
@@ -57,6 +59,7 @@ class Param:
             "label": self.title(name),
             "help": self.help,
             "allowed": self.allowed(),
+            "advanced": self.advanced,
         }
         if self.min is not None:
             out["min"] = self.min
@@ -177,22 +180,49 @@ COMMON: dict[str, Param] = {
     ),
     "slice_column": Param("str", "", "Column to break the held-out metrics down by (blank: none)."),
     "device": Param(
-        "str", "auto", 'Torch device: "auto" (CUDA when there is one), "cpu", "cuda", "cuda:1".'
+        "str",
+        "auto",
+        'Torch device: "auto" (CUDA when there is one), "cpu", "cuda", "cuda:1".',
+        advanced=True,
     ),
-    "threads": Param("int", 0, "CPU threads for torch (0: torch's default).", min=0, max=256),
-    "log_every_steps": Param("int", 10, "Progress and loss every N steps.", min=1, max=100_000),
-    "checkpoint_every_steps": Param("int", 200, "Checkpoint every N steps.", min=1, max=10_000_000),
+    "threads": Param(
+        "int", 0, "CPU threads for torch (0: torch's default).", min=0, max=256, advanced=True
+    ),
+    "log_every_steps": Param(
+        "int", 10, "Progress and loss every N steps.", min=1, max=100_000, advanced=True
+    ),
+    "checkpoint_every_steps": Param(
+        "int", 200, "Checkpoint every N steps.", min=1, max=10_000_000, advanced=True
+    ),
     "checkpoint_every_s": Param(
-        "float", 30.0, "Checkpoint at least this often (seconds).", min=0.1, max=86_400.0
+        "float",
+        30.0,
+        "Checkpoint at least this often (seconds).",
+        min=0.1,
+        max=86_400.0,
+        advanced=True,
     ),
-    "epoch_eval": Param("bool", True, "Held-out AUC and log loss after every epoch."),
-    "importance": Param("bool", True, "Permutation feature importance on the held-out rows."),
+    "epoch_eval": Param(
+        "bool",
+        True,
+        "Held-out AUC and log loss after every epoch.",
+        label="Evaluate after every epoch",
+        advanced=True,
+    ),
+    "importance": Param(
+        "bool",
+        True,
+        "Permutation feature importance on the held-out rows.",
+        label="Feature importance",
+        advanced=True,
+    ),
     "step_sleep_s": Param(
         "float",
         0.0,
         "Pause after each step (a throttle for demos; 0: full speed).",
         min=0.0,
         max=10.0,
+        advanced=True,
     ),
     "scheduler": Param(
         "object",
@@ -206,6 +236,7 @@ COMMON: dict[str, Param] = {
                 label="Apply the resource recommendation at admission",
             )
         },
+        advanced=True,
     ),
 }
 
@@ -240,7 +271,7 @@ def params_schema(template: str = "", *, workspace=None, policy: bool = True) ->
     ``COMMON`` for an entry point or an unknown template), the training length bounded by the
     workspace's policy unless ``policy`` is false (no database then)."""
     own = template_schemas().get(template, {}) if template else {}
-    schema = {**COMMON, **own}
+    schema = {**own, **COMMON}  # the template's own first: what a form shows first
     return _with_policy(schema, workspace) if policy else schema
 
 

@@ -115,6 +115,7 @@ class ParamSchemaSerializer(serializers.Serializer):
     label = serializers.CharField(allow_blank=True)
     help = serializers.CharField(allow_blank=True)
     allowed = serializers.CharField(help_text="What it allows, in words (as errors say it).")
+    advanced = serializers.BooleanField(help_text="Tuning few jobs need (a form may fold it).")
     min = serializers.FloatField(required=False, help_text="Inclusive; each item's for int_list.")
     max = serializers.FloatField(required=False, help_text="Inclusive; each item's for int_list.")
     choices = serializers.ListField(child=serializers.CharField(), required=False)

@@ -186,6 +186,15 @@ def test_the_form_generates_one_field_per_param_of_the_picked_template(
     assert re.search(r'<input type="checkbox" name="param_epoch_eval"[^>]* checked>', html)
     assert 'name="param_hidden" value="64, 32"' in html
     assert "Whole numbers separated by commas, each from 1 to 4096. Default: 64, 32." in html
+    # the template's own params come first; tuning few jobs need is folded away
+    assert names[:4] == [
+        "param_embedding_dim",
+        "param_cross_layers",
+        "param_hidden",
+        "param_dropout",
+    ]
+    folded = html.split('data-testid="advanced-params">')[1].split("</details>")[0]
+    assert 'name="param_device"' in folded and 'name="param_epochs"' not in folded
     # the free JSON params are for entry points only
     assert 'name="params"' not in html
     # the template select swaps the fields with htmx
@@ -243,6 +252,7 @@ LAYERS = "whole numbers separated by commas, each from 1 to 4096"
         ("param_hidden", "64, 0", f"Give {LAYERS}."),
         ("param_dropout", "0.95", "Give a number from 0 to 0.9."),
         ("param_cross_layers", "9", "Give a whole number from 0 to 8."),
+        ("param_threads", "999", "Give a whole number from 0 to 256."),
     ],
 )
 def test_a_template_param_out_of_its_schema_is_shown_next_to_its_field(
@@ -254,7 +264,10 @@ def test_a_template_param_out_of_its_schema_is_shown_next_to_its_field(
     errors = response.context["form"].errors
     assert list(errors) == [field]
     assert errors[field] == [message]
-    assert f'data-error-for="{field}"' in response.content.decode()
+    html = response.content.decode()
+    assert f'data-error-for="{field}"' in html
+    # the folded params open when one of them is wrong
+    assert ('data-testid="advanced-params" open>' in html) == (field == "param_threads")
     assert not TrainingJob.objects.for_workspace(workspace).exists()
 
 

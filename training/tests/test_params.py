@@ -199,11 +199,13 @@ def test_the_templates_endpoint_lists_descriptions_and_schemas(workspace, dev):
         "label": "Hidden layers",
         "help": "Widths of the MLP's hidden layers, e.g. 64,32.",
         "allowed": "whole numbers separated by commas, each from 1 to 4096",
+        "advanced": False,
         "min": 1.0,
         "max": 4096.0,
     }
     assert fine["params"]["epoch_eval"]["type"] == "bool"
     assert fine["params"]["epoch_eval"]["default"] is True
+    assert fine["params"]["epoch_eval"]["advanced"] is True
     assert fine["params"]["scheduler"]["fields"]["auto_recommend"]["type"] == "bool"
     # the shared params are in every template's schema; a template's own only in its own
     assert set(COMMON) <= set(rows["logreg"]["params"])
