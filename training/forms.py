@@ -79,7 +79,11 @@ def param_field(name: str, param: Param) -> forms.Field:
     bounds themselves are the service's check, whose error is shown next to the field."""
     allowed = f"Give {param.allowed()}."
     messages = {"invalid": allowed, "invalid_choice": allowed, "required": allowed}
-    says = "" if param.type == "bool" else f" {param.allowed()[:1].upper()}{param.allowed()[1:]}."
+    says = (
+        ""
+        if param.type in {"bool", "str"}
+        else f" {param.allowed()[:1].upper()}{param.allowed()[1:]}."
+    )
     default = "" if param.default == "" else f" Default: {param_text(param.default)}."
     common = {
         "label": param.title(name),
