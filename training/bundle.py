@@ -152,11 +152,16 @@ def _lookup(columns: Mapping[str, Sequence[Any]], feature: FeatureSpec, n: int) 
 # Template registry: name -> builder(spec) -> torch.nn.Module whose forward(dense, cat) gives
 # logits of shape [n]. Templates register themselves in ``training.templates``.
 TEMPLATES: dict[str, Callable[[BundleSpec], Any]] = {}
+# The built-in templates' own param schemas (``training.params.Param`` by name); a template
+# registered without one (an entry point's user code) takes free-form params.
+TEMPLATE_PARAMS: dict[str, Mapping[str, Any]] = {}
 
 
-def register_template(name: str) -> Callable:
+def register_template(name: str, *, params: Mapping[str, Any] | None = None) -> Callable:
     def decorate(builder: Callable[[BundleSpec], Any]) -> Callable[[BundleSpec], Any]:
         TEMPLATES[name] = builder
+        if params is not None:
+            TEMPLATE_PARAMS[name] = params
         return builder
 
     return decorate

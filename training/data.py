@@ -153,7 +153,9 @@ def fit_bundle_spec(job: JobSpec, table, train_rows: int) -> BundleSpec:
                 std = float(values.std())
                 feature.std = std if std > 1e-12 else 1.0
         fitted.append(feature)
-    hparams = {k: v for k, v in job.params.items() if not isinstance(v, dict | list)}
+    # Lists stay (fine_ranking's ``hidden`` layer widths); objects are options for the
+    # platform (``scheduler``), not the model.
+    hparams = {k: v for k, v in job.params.items() if not isinstance(v, dict)}
     return BundleSpec(
         template=job.template or "entry_point",
         features=fitted,

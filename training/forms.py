@@ -12,25 +12,11 @@ from django.core.exceptions import ValidationError
 
 from features.models import Dataset, DatasetStatus
 from training.models import EntryPoint, Pipeline, PriorityClass
+from training.params import Param, param_text, params_schema, template_names
 
-# What the runner and the agent read from ``params`` for every template (name: default).
-COMMON_PARAMS: dict[str, Any] = {
-    "epochs": 2,
-    "batch_size": 512,
-    "lr": 0.01,
-    "max_steps": 0,
-    "label": "",
-    "slice_column": "",
-}
-
-
-def template_params() -> dict[str, dict[str, Any]]:
-    """Each built-in template's known params with their defaults (common ones included)."""
-    from training.services import _known_templates
-    from training.templates import fine_ranking, two_tower
-
-    own = {"fine_ranking": fine_ranking.DEFAULTS, "two_tower": two_tower.DEFAULTS}
-    return {name: {**COMMON_PARAMS, **own.get(name, {})} for name in sorted(_known_templates())}
+# A template job's param ``<name>`` is the form field ``param_<name>``; an object param's key
+# ``<key>`` is ``param_<name>__<key>``.
+PARAM_PREFIX = "param_"
 
 
 def _choice_messages(choices: list[tuple[str, str]]) -> dict[str, str]:
@@ -53,20 +39,87 @@ def put_service_errors(form: forms.Form, exc: ValidationError, aliases: dict[str
     """Attach a service's ValidationError to the fields it names (or to the form)."""
     errors = exc.message_dict if hasattr(exc, "error_dict") else {None: exc.messages}
     for key, messages in errors.items():
-        # "params.epochs" (a rule on one param) belongs next to the params field.
+        # "params.epochs" (a rule on one param) belongs next to that param's own field, or
+        # else next to the params field, saying which param it is about.
         target = aliases.get(key, key)
-        if target not in form.fields and key:
+        named = target in form.fields
+        if not named and key:
             target = aliases.get(key.split(".")[0], key.split(".")[0])
         if target not in form.fields:
             target = None
         for message in messages:
-            if target is None and key:
+            if not named and key:
                 message = f"{key}: {message}"
             form.add_error(target, message)
 
 
+class IntListField(forms.CharField):
+    """Whole numbers separated by commas (``64, 32``) as a list of ints."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return ", ".join(str(v) for v in value)
+        return value
+
+    def to_python(self, value: Any) -> list[int] | None:
+        if isinstance(value, list | tuple):
+            return [int(v) for v in value]
+        text = super().to_python(value)
+        if not text:
+            return None
+        try:
+            return [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+
+def param_field(name: str, param: Param) -> forms.Field:
+    """The form field of one param: a number input with its bounds, a checkbox, a select of
+    the choices or a text input; prefilled with the default. Blank means the default; the
+    bounds themselves are the service's check, whose error is shown next to the field."""
+    allowed = f"Give {param.allowed()}."
+    messages = {"invalid": allowed, "invalid_choice": allowed, "required": allowed}
+    says = (
+        ""
+        if param.type in {"bool", "str"}
+        else f" {param.allowed()[:1].upper()}{param.allowed()[1:]}."
+    )
+    default = "" if param.default == "" else f" Default: {param_text(param.default)}."
+    common = {
+        "label": param.title(name),
+        "initial": param.default,
+        "help_text": f"{param.help}{says}{default}",
+        "error_messages": messages,
+    }
+    bounds = {
+        key: _widget_number(value)
+        for key, value in (("min", param.min), ("max", param.max))
+        if value is not None
+    }
+    if param.type == "int":
+        return forms.IntegerField(
+            required=False, widget=forms.NumberInput(attrs={**bounds, "step": "1"}), **common
+        )
+    if param.type == "float":
+        return forms.FloatField(
+            required=False, widget=forms.NumberInput(attrs={**bounds, "step": "any"}), **common
+        )
+    if param.type == "bool":
+        return forms.BooleanField(required=False, **common)
+    if param.type == "choice":
+        return forms.ChoiceField(choices=[(c, c) for c in param.choices], **common)
+    if param.type == "int_list":
+        return IntListField(required=False, **common)
+    return forms.CharField(required=False, **common)
+
+
+def _widget_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
 class JobCreateForm(forms.Form):
-    """A new training job: a built-in template or one of the workspace's entry points."""
+    """A new training job: a built-in template (one field per param of its schema) or one of the
+    workspace's entry points (free JSON params)."""
 
     name = forms.CharField(max_length=63, help_text="Lower case letters, digits and dashes.")
     dataset = forms.ChoiceField()
@@ -74,7 +127,7 @@ class JobCreateForm(forms.Form):
     params = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
-        help_text='A JSON object, e.g. {"epochs": 2, "lr": 0.01}.',
+        help_text='A JSON object of what the entry point reads, e.g. {"epochs": 2, "depth": 3}.',
     )
     cpu_milli = forms.IntegerField(label="CPU (milli-cores)", initial=1000)
     memory_mb = forms.IntegerField(label="Memory (MiB)", initial=1024)
@@ -91,14 +144,14 @@ class JobCreateForm(forms.Form):
     # Service error keys that belong to a differently named field here.
     SERVICE_FIELDS = {"template": "code", "entry_point": "code"}
 
-    def __init__(self, *args, workspace, **kwargs) -> None:
+    def __init__(self, *args, workspace, params_url: str = "", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.workspace = workspace
         datasets = Dataset.objects.for_workspace(workspace).filter(status=DatasetStatus.READY)
         dataset_choices = [(str(d.pk), f"{d.name} v{d.version}") for d in datasets]
         self.fields["dataset"].choices = dataset_choices
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
-        templates = [(f"template:{name}", name) for name in template_params()]
+        templates = [(f"template:{name}", name) for name in template_names()]
         entries = [
             (f"entry_point:{e.name}", e.name)
             for e in EntryPoint.objects.for_workspace(workspace).order_by("name")
@@ -107,9 +160,83 @@ class JobCreateForm(forms.Form):
             [("Entry points of this workspace", entries)] if entries else []
         )
         self.fields["code"].error_messages.update(_choice_messages(templates + entries))
+        if params_url:
+            # The param fields follow the picked template (htmx swaps the fragment in).
+            self.fields["code"].widget.attrs.update(
+                {
+                    "hx-get": params_url,
+                    "hx-target": "#job-params",
+                    "hx-swap": "outerHTML",
+                    "hx-trigger": "change",
+                }
+            )
+        offered = {value for value, _ in templates + entries}
+        picked = self.data.get("code") if self.is_bound else self.initial.get("code")
+        if picked not in offered:
+            picked = templates[0][0] if templates else ""
+        kind, _, code = str(picked).partition(":")
+        # The template whose param fields the form holds ("" for an entry point).
+        self.template = code if kind == "template" else ""
+        self.schema = params_schema(self.template, workspace=workspace) if self.template else {}
+        self.param_names: dict[str, tuple[str, str]] = {}  # field -> (param, object key)
+        for name, param in self.schema.items():
+            for key, sub in param.fields.items() if param.type == "object" else [("", param)]:
+                field_name = f"{PARAM_PREFIX}{name}" + (f"__{key}" if key else "")
+                self.fields[field_name] = param_field(key or name, sub)
+                self.param_names[field_name] = (name, key)
+        self.service_fields = {
+            **self.SERVICE_FIELDS,
+            **{f"params.{name}": field for field, (name, _) in self.param_names.items()},
+        }
+
+    @property
+    def param_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.param_names]
+
+    def _param_fields(self, *, advanced: bool) -> list[forms.BoundField]:
+        return [
+            self[field]
+            for field, (name, _) in self.param_names.items()
+            if self.schema[name].advanced == advanced
+        ]
+
+    @property
+    def main_param_fields(self) -> list[forms.BoundField]:
+        return self._param_fields(advanced=False)
+
+    @property
+    def advanced_param_fields(self) -> list[forms.BoundField]:
+        return self._param_fields(advanced=True)
+
+    @property
+    def advanced_param_errors(self) -> bool:
+        return any(bound.errors for bound in self.advanced_param_fields)
 
     def clean_params(self) -> dict[str, Any]:
         return _json_object(self.cleaned_data.get("params", ""), field="params")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.template and data.get("params"):
+            self.add_error(
+                None,
+                f"A built-in template takes only its own params (the fields shown for "
+                f"{self.template}); free JSON params are for entry points.",
+            )
+        return data
+
+    def template_params(self) -> dict[str, Any]:
+        """The template's params a person set: those changed from their defaults."""
+        params: dict[str, Any] = {}
+        for field_name, (name, key) in self.param_names.items():
+            value = self.cleaned_data.get(field_name)
+            if field_name not in self.changed_data or value is None or value == "":
+                continue  # blank: the default
+            if key:
+                params.setdefault(name, {})[key] = value
+            else:
+                params[name] = value
+        return params
 
     def service_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``job_create`` (besides actor and workspace)."""
@@ -120,7 +247,7 @@ class JobCreateForm(forms.Form):
             "dataset": Dataset.objects.for_workspace(self.workspace).get(pk=int(data["dataset"])),
             "template": code if kind == "template" else "",
             "entry_point": code if kind == "entry_point" else "",
-            "params": data["params"],
+            "params": self.template_params() if kind == "template" else data["params"],
             "cpu_milli": data["cpu_milli"],
             "memory_mb": data["memory_mb"],
             "gpu_count": data["gpu_count"],

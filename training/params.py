@@ -1,18 +1,333 @@
-"""A job's hyperparameters as it ran them: the params it was given over the defaults its
-built-in template declares (the job page and the version comparison show both)."""
+"""Training params: the typed schema of what a job may be given, the one check at job creation,
+and a job's hyperparameters as it ran them (the job page and the version comparison show both
+the params it was given and the defaults its template fills in).
+
+``COMMON`` holds what the runner, the data loader, evaluation, the agent and the scheduler read
+from every job's params; each built-in template declares its own (``PARAMS`` in its module,
+registered with ``training.bundle.register_template``). A template job may be given only the
+params of its schema; an entry point (user code) reads whatever it documents, so its params are
+free-form and only ``COMMON``'s rules apply to the names it shares.
+
+No Django at import time: the training child imports the templates, which import this module.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+PARAM_TYPES = ("int", "float", "bool", "str", "choice", "int_list", "object")
+
+
+class ParamError(ValueError):
+    """A value its param's schema does not allow: the message says what it allows."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One param: its type, default, bounds (``min``/``max``, inclusive; for ``int_list`` each
+    item's), ``choices`` (``choice``), ``fields`` (an ``object``'s own params) and help text."""
+
+    type: str
+    default: Any
+    help: str = ""
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    fields: Mapping[str, Param] = field(default_factory=dict)
+    label: str = ""
+    # Tuning few jobs need: a form shows it folded away.
+    advanced: bool = False
+    # Why the bounds are what they are, when a person should know (the workspace's limit).
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.type not in PARAM_TYPES:
+            raise ValueError(f"unknown param type {self.type!r}")
+
+    def title(self, name: str) -> str:
+        """What a form labels the param ``name`` with."""
+        return self.label or name.replace("_", " ").capitalize()
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The schema of the param ``name`` as the API shows it."""
+        out: dict[str, Any] = {
+            "type": self.type,
+            "default": self.default,
+            "label": self.title(name),
+            "help": self.help,
+            "allowed": self.allowed(),
+            "advanced": self.advanced,
+        }
+        if self.min is not None:
+            out["min"] = self.min
+        if self.max is not None:
+            out["max"] = self.max
+        if self.choices:
+            out["choices"] = list(self.choices)
+        if self.fields:
+            out["fields"] = {key: p.describe(key) for key, p in self.fields.items()}
+        return out
+
+    def _bounds(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"from {_number(self.min)} to {_number(self.max)}"
+        if self.min is not None:
+            return f"of at least {_number(self.min)}"
+        if self.max is not None:
+            return f"of at most {_number(self.max)}"
+        return ""
+
+    def allowed(self) -> str:
+        """What the param allows, in words (the error messages and the form's help say it)."""
+        bounds = self._bounds()
+        if self.type == "int":
+            text = f"a whole number {bounds}".rstrip()
+        elif self.type == "float":
+            text = f"a number {bounds}".rstrip()
+        elif self.type == "bool":
+            text = "true or false"
+        elif self.type == "choice":
+            text = "one of: " + ", ".join(self.choices)
+        elif self.type == "int_list":
+            text = "whole numbers separated by commas" + (f", each {bounds}" if bounds else "")
+        elif self.type == "object":
+            text = "an object with: " + ", ".join(sorted(self.fields))
+        else:
+            text = "text"
+        return f"{text} ({self.note})" if self.note else text
+
+    def _refuse(self) -> ParamError:
+        return ParamError(f"Give {self.allowed()}.")
+
+    def _in_bounds(self, value: float) -> bool:
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+    def clean(self, value: Any) -> Any:
+        """The value normalised (``2.0`` -> ``2`` for an int, ``"64,32"`` -> ``[64, 32]``);
+        ``ParamError`` when the schema does not allow it. ``object`` values: see ``check``."""
+        if self.type == "int":
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int) or not self._in_bounds(value):
+                raise self._refuse()
+            return value
+        if self.type == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise self._refuse()
+            if not math.isfinite(value) or not self._in_bounds(value):
+                raise self._refuse()
+            return float(value)
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise self._refuse()
+            return value
+        if self.type == "choice":
+            if value not in self.choices:
+                raise self._refuse()
+            return value
+        if self.type == "int_list":
+            items = value
+            if isinstance(value, str):
+                try:
+                    items = [int(x) for x in value.split(",") if x.strip()]
+                except ValueError:
+                    raise self._refuse() from None
+            if not isinstance(items, list | tuple) or not items:
+                raise self._refuse()
+            item = replace(self, type="int", note="")
+            try:
+                return [item.clean(x) for x in items]
+            except ParamError:
+                raise self._refuse() from None
+        if self.type == "str":
+            if not isinstance(value, str):
+                raise self._refuse()
+            return value
+        cleaned, errors = check(self.fields, value, free=False, prefix="")
+        if errors:
+            raise ParamError("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        return cleaned
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+# What every job's params may hold, whatever its code: read by the runner
+# (training/runner.py), the data loader (data.py), the agent (agent.py) and the scheduler's
+# admission (scheduler/admission.py). Keep it in step with what those read.
+COMMON: dict[str, Param] = {
+    "epochs": Param("int", 2, "Passes over the training rows.", min=1, max=1000),
+    "max_steps": Param(
+        "int", 0, "Stop after this many optimiser steps (0: epochs decide).", min=0, max=10**7
+    ),
+    "batch_size": Param("int", 512, "Rows per optimiser step.", min=1, max=1_000_000),
+    "lr": Param("float", 0.01, "Adam learning rate.", min=0.0, max=10.0, label="Learning rate"),
+    "weight_decay": Param("float", 0.0, "Adam weight decay (L2).", min=0.0, max=1.0),
+    "seed": Param("int", 0, "Fixes initialisation and batch order.", min=0, max=2**31 - 1),
+    "holdout_fraction": Param(
+        "float",
+        0.2,
+        "The newest share of rows held out for evaluation (a time-ordered split).",
+        min=0.0,
+        max=0.9,
+    ),
+    "label": Param(
+        "str", "", "Label column (blank: the dataset's first label).", label="Label column"
+    ),
+    "slice_column": Param("str", "", "Column to break the held-out metrics down by (blank: none)."),
+    "device": Param(
+        "str",
+        "auto",
+        'Torch device: "auto" (CUDA when there is one), "cpu", "cuda", "cuda:1".',
+        advanced=True,
+    ),
+    "threads": Param(
+        "int", 0, "CPU threads for torch (0: torch's default).", min=0, max=256, advanced=True
+    ),
+    "log_every_steps": Param(
+        "int", 10, "Progress and loss every N steps.", min=1, max=100_000, advanced=True
+    ),
+    "checkpoint_every_steps": Param(
+        "int", 200, "Checkpoint every N steps.", min=1, max=10_000_000, advanced=True
+    ),
+    "checkpoint_every_s": Param(
+        "float",
+        30.0,
+        "Checkpoint at least this often (seconds).",
+        min=0.1,
+        max=86_400.0,
+        advanced=True,
+    ),
+    "epoch_eval": Param(
+        "bool",
+        True,
+        "Held-out AUC and log loss after every epoch.",
+        label="Evaluate after every epoch",
+        advanced=True,
+    ),
+    "importance": Param(
+        "bool",
+        True,
+        "Permutation feature importance on the held-out rows.",
+        label="Feature importance",
+        advanced=True,
+    ),
+    "step_sleep_s": Param(
+        "float",
+        0.0,
+        "Pause after each step (a throttle for demos; 0: full speed).",
+        min=0.0,
+        max=10.0,
+        advanced=True,
+    ),
+    "scheduler": Param(
+        "object",
+        {},
+        "Scheduling options.",
+        fields={
+            "auto_recommend": Param(
+                "bool",
+                False,
+                "Exploration jobs: apply the resource recommendation at admission.",
+                label="Apply the resource recommendation at admission",
+            )
+        },
+        advanced=True,
+    ),
+}
+
+
+def template_schemas() -> dict[str, dict[str, Param]]:
+    """Each built-in template's own params (without ``COMMON``), by template name."""
+    import training.templates  # noqa: F401  (registers the built-in templates)
+    from training.bundle import TEMPLATE_PARAMS
+
+    return {name: dict(TEMPLATE_PARAMS[name]) for name in sorted(TEMPLATE_PARAMS)}
+
+
+def template_names() -> list[str]:
+    return list(template_schemas())
+
+
+def _with_policy(schema: dict[str, Param], workspace) -> dict[str, Param]:
+    """``epochs`` and ``max_steps`` bounded by the workspace's policy (``max_job_epochs``,
+    ``max_job_steps``; the platform defaults without a workspace)."""
+    from workspaces.selectors import workspace_policy
+
+    policy = workspace_policy(workspace)
+    limited = dict(schema)
+    note = "the workspace's limit"
+    limited["epochs"] = replace(schema["epochs"], max=policy.max_job_epochs, note=note)
+    limited["max_steps"] = replace(schema["max_steps"], max=policy.max_job_steps, note=note)
+    return limited
+
+
+def params_schema(template: str = "", *, workspace=None, policy: bool = True) -> dict[str, Param]:
+    """The params a job of ``template`` may be given (``COMMON`` and the template's own; only
+    ``COMMON`` for an entry point or an unknown template), the training length bounded by the
+    workspace's policy unless ``policy`` is false (no database then)."""
+    own = template_schemas().get(template, {}) if template else {}
+    schema = {**own, **COMMON}  # the template's own first: what a form shows first
+    return _with_policy(schema, workspace) if policy else schema
+
+
+def params_defaults(template: str) -> dict[str, Any]:
+    """The value each param of ``template`` has when a job is not given it."""
+    return {name: param.default for name, param in params_schema(template, policy=False).items()}
+
+
+def params_resolved(template: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """What a template job runs with: its params over its template's defaults."""
+    return {**params_defaults(template), **params}
+
+
+def check(
+    schema: Mapping[str, Param], params: Any, *, free: bool, prefix: str = "params"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Params against ``schema``: the normalised params and the errors by field
+    (``params.<name>``). ``free`` lets names outside the schema through unchecked."""
+    where = (lambda name: f"{prefix}.{name}") if prefix else str
+    if not isinstance(params, dict):
+        return {}, {prefix or "value": "Give an object."}
+    cleaned: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name, value in params.items():
+        param = schema.get(name)
+        if param is None:
+            if free:
+                cleaned[name] = value
+            else:
+                errors[where(name)] = "Unknown param; use one of: " + ", ".join(sorted(schema))
+            continue
+        try:
+            cleaned[name] = param.clean(value)
+        except ParamError as exc:
+            errors[where(name)] = str(exc)
+    return cleaned, errors
+
+
+def job_params_check(
+    *, template: str, entry_point: str = "", params: Any, workspace=None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The one check of a new job's params: a built-in template's job only its schema's params,
+    each of its type and within its bounds (``epochs``/``max_steps`` within the workspace's
+    policy); an entry point's (or an unknown template's) anything, with ``COMMON``'s rules on
+    the names it shares. Returns the normalised params and the errors by ``params.<name>``."""
+    known = bool(template) and not entry_point and template in template_schemas()
+    return check(
+        params_schema(template if known else "", workspace=workspace), params, free=not known
+    )
 
 
 def job_hyperparameters(job) -> list[dict[str, Any]]:
     """``[{"name", "value", "source"}]`` sorted by name; ``source`` is ``"set"`` for a param the
     job was given and ``"default"`` for one its template fills in."""
-    from training.forms import template_params
-
     given = dict(job.params or {})
-    defaults = template_params().get(job.template or "", {}) if job.template else {}
+    defaults = params_defaults(job.template) if job.template else {}
     rows = [{"name": name, "value": given[name], "source": "set"} for name in given] + [
         {"name": name, "value": value, "source": "default"}
         for name, value in defaults.items()

@@ -25,6 +25,7 @@ from training.models import (
     PriorityClass,
     TrainingJob,
 )
+from training.params import job_params_check
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
@@ -110,34 +111,10 @@ def job_max_wall_s(job: TrainingJob) -> float:
 
 
 def _known_templates() -> set[str]:
-    import training.templates  # noqa: F401
-    from training.bundle import TEMPLATES
+    """The built-in templates: those registered with a param schema."""
+    from training.params import template_schemas
 
-    return set(TEMPLATES) - {"entry_point"}
-
-
-def job_params_check(*, workspace: Workspace | None, params: dict) -> tuple[dict, dict]:
-    """``epochs`` and ``max_steps`` are whole numbers within the workspace's policy
-    (``max_job_epochs``, ``max_job_steps``; the platform defaults without a workspace).
-    Returns the params with those made integers, and the errors by field (``params.<name>``)."""
-    from workspaces.selectors import workspace_policy
-
-    policy = workspace_policy(workspace)
-    limits = {"epochs": (1, policy.max_job_epochs), "max_steps": (0, policy.max_job_steps)}
-    errors: dict[str, str] = {}
-    for name, (low, high) in limits.items():
-        if name not in params:
-            continue
-        value = params[name]
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            errors[f"params.{name}"] = (
-                f"Give a whole number from {low} to {high} (the workspace's limit)."
-            )
-        else:
-            params = {**params, name: value}
-    return params, errors
+    return set(template_schemas())
 
 
 def _check_job_input(
@@ -150,7 +127,9 @@ def _check_job_input(
     params: Any,
     resources: dict[str, Any],
     priority_class: str,
-) -> None:
+) -> dict[str, Any]:
+    """Every rule on a new job's input at once (``ValidationError`` by field); returns the
+    params normalised by their schema (``training.params.job_params_check``)."""
     # What the job names must be of this workspace (404, another's like a missing one) ...
     if (
         entry_point
@@ -177,7 +156,10 @@ def _check_job_input(
     if not isinstance(params, dict):
         errors["params"] = "must be an object"
     else:
-        errors.update(job_params_check(workspace=workspace, params=params)[1])
+        params, param_errors = job_params_check(
+            template=template, entry_point=entry_point, params=params, workspace=workspace
+        )
+        errors.update(param_errors)
     for name in ("cpu_milli", "memory_mb"):
         value = resources.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -192,6 +174,7 @@ def _check_job_input(
         errors["priority_class"] = f"use one of {PriorityClass.values}"
     if errors:
         raise ValidationError(errors)
+    return params
 
 
 def _request_tick_on_commit() -> None:
@@ -230,14 +213,13 @@ def job_create(
     The dataset's features become consumers (kind ``training_job``) so they cannot be retired
     under a model being trained on them.
     """
-    params = {} if params is None else params
-    _check_job_input(
+    params = _check_job_input(
         workspace=workspace,
         template=template,
         entry_point=entry_point,
         dataset=dataset,
         base_job=base_job,
-        params=params,
+        params={} if params is None else params,
         resources={
             "cpu_milli": cpu_milli,
             "memory_mb": memory_mb,

@@ -7,6 +7,11 @@ from training import views
 urlpatterns = [
     path("w/<slug:ws>/training/", views.job_list, name="training-jobs"),
     path("w/<slug:ws>/training/jobs/new/", views.job_new, name="training-job-new"),
+    path(
+        "w/<slug:ws>/training/jobs/new/params/",
+        views.job_new_params,
+        name="training-job-new-params",
+    ),
     path("w/<slug:ws>/training/jobs.json", views.job_list_json, name="training-jobs-json"),
     path("w/<slug:ws>/training/jobs/<int:pk>/", views.job_page, name="training-job"),
     path(

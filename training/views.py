@@ -12,6 +12,7 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from training import curves, services
@@ -21,7 +22,6 @@ from training.forms import (
     PipelineCreateForm,
     PipelineRunForm,
     put_service_errors,
-    template_params,
 )
 from training.models import (
     CandidateEvaluation,
@@ -109,37 +109,53 @@ def _recommended_initial(workspace, form: JobCreateForm) -> dict[str, int]:
     }
 
 
+def _job_params_url(workspace) -> str:
+    return reverse("training-job-new-params", kwargs={"ws": workspace.slug})
+
+
 @workspace_page(Role.DEVELOPER)
 def job_new(request: HttpRequest, workspace) -> HttpResponse:
-    """The new-job form; a valid one is handed to ``job_create`` (the API's service)."""
+    """The new-job form; a valid one is handed to ``job_create`` (the API's service). The
+    param fields are the picked template's schema (``?code=template:<name>`` picks one)."""
+    url = _job_params_url(workspace)
     if request.method == "POST":
-        form = JobCreateForm(request.POST, workspace=workspace)
+        form = JobCreateForm(request.POST, workspace=workspace, params_url=url)
         if form.is_valid():
             try:
                 job = services.job_create(
                     actor=request.user, workspace=workspace, **form.service_arguments()
                 )
             except ValidationError as exc:
-                put_service_errors(form, exc, JobCreateForm.SERVICE_FIELDS)
+                put_service_errors(form, exc, form.service_fields)
             except ConflictError as exc:
                 form.add_error(exc.attr if exc.attr in form.fields else None, str(exc))
             else:
                 messages.success(request, f"Job {job.name} #{job.pk} submitted.")
                 return redirect("training-job", ws=workspace.slug, pk=job.pk)
     else:
-        form = JobCreateForm(workspace=workspace)
+        form = JobCreateForm(
+            workspace=workspace, params_url=url, initial={"code": request.GET.get("code", "")}
+        )
         form.initial.update(_recommended_initial(workspace, form))
     return render(
         request,
         "training/job_new.html",
-        _context(
-            request,
-            section="training",
-            form=form,
-            template_params=sorted(template_params().items()),
-        ),
+        _context(request, section="training", form=form),
         status=400 if form.errors else 200,
     )
+
+
+@workspace_page(Role.DEVELOPER)
+def job_new_params(request: HttpRequest, workspace) -> HttpResponse:
+    """The new-job form's params fragment for ``?code=``: one field per param of a template's
+    schema, prefilled with its defaults, or the free JSON params of an entry point (the form
+    swaps it in when the template select changes)."""
+    form = JobCreateForm(
+        workspace=workspace,
+        params_url=_job_params_url(workspace),
+        initial={"code": request.GET.get("code", "")},
+    )
+    return render(request, "training/_job_params.html", {"form": form})
 
 
 @workspace_page()

@@ -127,7 +127,10 @@
     // Not form.dataset: a form's named controls shadow its properties, and one is "dataset".
     const url = form.getAttribute("data-recommendation-url");
     const code = form.elements.namedItem("code"), dataset = form.elements.namedItem("dataset");
+    // Only the latest request's answer is shown: the first load's can arrive after a change's.
+    let latest = 0;
     async function show(apply) {
+      const mine = ++latest;
       const picked = code ? code.value : "";
       const template = picked.startsWith("template:") ? picked.slice("template:".length) : "";
       const query = new URLSearchParams({template, dataset: dataset ? dataset.value : ""});
@@ -137,6 +140,7 @@
         if (!r.ok) return;
         html = await r.text();
       } catch (e) { return; }
+      if (mine !== latest) return;
       slot.innerHTML = html;
       if (!apply) return;
       for (const el of slot.querySelectorAll("[data-field][data-value]")) {

@@ -14,7 +14,7 @@ from training.models import (
     StageRun,
     TrainingJob,
 )
-from training.services import job_params_check
+from training.params import PARAM_TYPES
 
 
 class TrainingJobSerializer(serializers.ModelSerializer):
@@ -100,16 +100,38 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     preemptible = serializers.BooleanField(required=False, default=False)
 
     def validate_params(self, params):
-        """The policy's limits on ``epochs`` and ``max_steps`` (``services.job_params_check``),
-        named ``params.<field>`` like every other bad parameter."""
+        """An object; what it may hold is the service's one check
+        (``training.params.job_params_check``), which names ``params.<name>``."""
         if not isinstance(params, dict):
             raise serializers.ValidationError("Give the parameters as an object.")
-        params, errors = job_params_check(workspace=self.context.get("workspace"), params=params)
-        if errors:
-            raise serializers.ValidationError(
-                {name.removeprefix("params."): text for name, text in errors.items()}
-            )
         return params
+
+
+class ParamSchemaSerializer(serializers.Serializer):
+    """One param of a template's schema (``training.params.Param``)."""
+
+    type = serializers.ChoiceField(choices=PARAM_TYPES)
+    default = serializers.JSONField(help_text="What the job runs with when not given it.")
+    label = serializers.CharField(allow_blank=True)
+    help = serializers.CharField(allow_blank=True)
+    allowed = serializers.CharField(help_text="What it allows, in words (as errors say it).")
+    advanced = serializers.BooleanField(help_text="Tuning few jobs need (a form may fold it).")
+    min = serializers.FloatField(required=False, help_text="Inclusive; each item's for int_list.")
+    max = serializers.FloatField(required=False, help_text="Inclusive; each item's for int_list.")
+    choices = serializers.ListField(child=serializers.CharField(), required=False)
+    fields = serializers.DictField(
+        child=serializers.DictField(), required=False, help_text="An object's own params."
+    )
+
+
+class TrainingTemplateSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    params = serializers.DictField(
+        child=ParamSchemaSerializer(),
+        help_text="Every param a job of this template may be given (the shared ones included), "
+        "with the workspace's limits on epochs and max_steps.",
+    )
 
 
 class JobMetricSerializer(serializers.ModelSerializer):

@@ -8,6 +8,9 @@ WS = r"workspaces/(?P<ws>[a-z0-9-]+)"
 
 router = SimpleRouter()
 router.register(rf"{WS}/training-jobs", views.TrainingJobViewSet, basename="training-job")
+router.register(
+    rf"{WS}/training-templates", views.TrainingTemplateViewSet, basename="training-template"
+)
 router.register(rf"{WS}/entry-points", views.EntryPointViewSet, basename="training-entry-point")
 router.register(rf"{WS}/pipelines", views.PipelineViewSet, basename="training-pipeline")
 router.register(rf"{WS}/pipeline-runs", views.PipelineRunViewSet, basename="training-pipeline-run")

@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,6 +23,8 @@ from training.models import (
     PipelineRun,
     TrainingJob,
 )
+from training.params import params_schema, template_names
+from training.templates import DESCRIPTIONS
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
@@ -118,6 +121,40 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
             rows = rows.filter(name=name)
         rows = rows.order_by("name", "step", "id")[:MAX_METRIC_ROWS]
         return Response(s.JobMetricSerializer(rows, many=True).data)
+
+
+class TrainingTemplateViewSet(WorkspaceScopedViewSet):
+    """The built-in templates with their description and parameter schema (shared params
+    included, the training length bounded by this workspace's policy), so that a client can
+    build a form: a job of a template may be given only these params."""
+
+    serializer_class = s.TrainingTemplateSerializer
+    pagination_class = None  # a handful of built-ins, always all of them
+    lookup_field = "name"
+    lookup_value_regex = r"[a-z0-9_]+"
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return EntryPoint.objects.for_workspace(self.workspace).none()
+
+    def _row(self, name: str) -> dict:
+        schema = params_schema(name, workspace=self.workspace)
+        return {
+            "name": name,
+            "description": DESCRIPTIONS.get(name, ""),
+            "params": {param: spec.describe(param) for param, spec in schema.items()},
+        }
+
+    def list(self, request: Request, ws: str) -> Response:
+        return Response(
+            s.TrainingTemplateSerializer(
+                [self._row(name) for name in template_names()], many=True
+            ).data
+        )
+
+    def retrieve(self, request: Request, ws: str, name: str) -> Response:
+        if name not in template_names():
+            raise NotFound("No such template.")
+        return Response(s.TrainingTemplateSerializer(self._row(name)).data)
 
 
 class EntryPointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):

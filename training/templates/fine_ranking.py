@@ -12,8 +12,26 @@ import torch
 from torch import nn
 
 from training.bundle import BundleSpec, register_template
+from training.params import Param
 
-DEFAULTS = {"embedding_dim": 8, "cross_layers": 2, "hidden": [64, 32], "dropout": 0.0}
+PARAMS = {
+    "embedding_dim": Param(
+        "int", 8, "Width of each categorical feature's embedding.", min=1, max=512
+    ),
+    "cross_layers": Param(
+        "int", 2, "Full-rank cross layers (explicit interactions).", min=0, max=8
+    ),
+    "hidden": Param(
+        "int_list",
+        [64, 32],
+        "Widths of the MLP's hidden layers, e.g. 64,32.",
+        min=1,
+        max=4096,
+        label="Hidden layers",
+    ),
+    "dropout": Param("float", 0.0, "Dropout after each MLP layer.", min=0.0, max=0.9),
+}
+DEFAULTS = {name: param.default for name, param in PARAMS.items()}
 
 
 class CrossLayer(nn.Module):
@@ -79,7 +97,7 @@ def hparams(spec: BundleSpec) -> dict:
     return merged
 
 
-@register_template("fine_ranking")
+@register_template("fine_ranking", params=PARAMS)
 def build(spec: BundleSpec) -> nn.Module:
     h = hparams(spec)
     return DCNv2(

@@ -7,6 +7,9 @@ from torch import nn
 
 from training.bundle import BundleSpec, register_template
 
+# No params of its own: the shared ones (``training.params.COMMON``) are all it reads.
+PARAMS: dict = {}
+
 
 class LogisticRegression(nn.Module):
     def __init__(self, dense_dim: int, buckets: list[int]) -> None:
@@ -26,6 +29,6 @@ class LogisticRegression(nn.Module):
         return out
 
 
-@register_template("logreg")
+@register_template("logreg", params=PARAMS)
 def build(spec: BundleSpec) -> nn.Module:
     return LogisticRegression(spec.dense_dim, [f.buckets for f in spec.categorical_features])

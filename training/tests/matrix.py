@@ -114,6 +114,13 @@ ENDPOINTS = [
         setup=_job,
         has_object=True,
     ),
+    Endpoint("GET", WS + "/training-templates/", role=Role.VIEWER),
+    Endpoint(
+        "GET",
+        WS + "/training-templates/{name}/",
+        role=Role.VIEWER,
+        setup=lambda ctx: {"name": "logreg"},
+    ),
     Endpoint("GET", WS + "/entry-points/", role=Role.VIEWER),
     Endpoint(
         "POST",

@@ -1,7 +1,8 @@
 """A developer's journey in a real browser: log in, open the training jobs page, submit a job
 through the new-job form (its resources filled in from the scheduler's recommendation for the
-picked template) and land on the job's page, which shows it waiting for the
-scheduler. The test makes no API call of its own, and the pages make none either."""
+picked template, its param fields generated from that template's schema) and land on the job's
+page, which shows it waiting for the scheduler. The test makes no API call of its own, and the
+pages make none either."""
 
 from __future__ import annotations
 
@@ -50,7 +51,12 @@ def test_developer_submits_a_job_through_the_form(page, workspace):
     expect(page.get_by_test_id("resource-recommendation")).to_contain_text("logreg")
     expect(form.get_by_label("CPU (milli-cores)")).to_have_value(str(rec["cpu_milli"]))
     expect(form.get_by_label("Memory (MiB)")).to_have_value(str(rec["memory_mb"]))
-    form.get_by_label("Params").fill('{"epochs": 1}')
+    # the param fields follow the picked template (generated from its schema, defaults filled)
+    params = page.get_by_test_id("job-params")
+    expect(params).to_have_attribute("data-template", "logreg")
+    expect(form.get_by_label("Epochs")).to_have_value("2")
+    expect(form.get_by_label("Learning rate")).to_have_value("0.01")
+    form.get_by_label("Epochs").fill("1")
     form.get_by_label("Priority class").select_option("exploration")
     form.get_by_role("button", name="Submit job").click()
 

@@ -144,3 +144,16 @@ def test_user_entry_point_script_runs_like_a_template(demo_parquet, tmp_path):
     job.entry_point = str(script)
     _, done = _train(job)
     assert done["metrics"]["holdout"]["auc"] > 0.55
+
+
+def test_a_list_param_reaches_the_model(demo_parquet, tmp_path):
+    """fine_ranking's ``hidden`` is a list (the schema's int_list): the bundle spec keeps it, so
+    the model is built with those layer widths, not the default ones."""
+    from training.bundle import build_model
+
+    job = _job(demo_parquet, tmp_path, hidden=[16, 8], scheduler={"auto_recommend": True})
+    spec = data.load(job).spec
+    assert spec.hparams["hidden"] == [16, 8] and "scheduler" not in spec.hparams
+    model = build_model(spec)
+    widths = [layer.out_features for layer in model.deep if isinstance(layer, torch.nn.Linear)]
+    assert widths == [16, 8]
