@@ -124,11 +124,12 @@ def chromium(allow_orm_beside_playwright):
 
 @pytest.fixture
 def page(chromium, live_server):
-    """A fresh browser page on the live server (its own cookies), 5 s per step."""
+    """A fresh browser page on the live server (its own cookies), 15 s per step (a loaded 2-core
+    CI machine; auto-waiting returns as soon as the step is done)."""
     context = chromium.new_context(
         base_url=live_server.url, viewport={"width": 1280, "height": 800}
     )
-    context.set_default_timeout(5_000)
+    context.set_default_timeout(15_000)
     page = context.new_page()
     yield page
     context.close()

@@ -416,14 +416,15 @@ def _object_link(workspace: Workspace, kind: str, object_id: Any) -> dict[str, A
     return None
 
 
-def loop_summary(run) -> dict[str, Any]:
-    """Each stage of a loop with its state, error and linked object (API and page alike)."""
+def loop_summary(run, *, links: bool = True) -> dict[str, Any]:
+    """Each stage of a loop with its state, error and linked object (API and page alike); lists
+    pass ``links=False`` (a fixed number of queries per page, not per loop)."""
     stages = []
     context = dict(run.context or {})
-    for stage in run.stage_runs.all().order_by("position"):
+    for stage in sorted(run.stage_runs.all(), key=lambda s: s.position):
         output = {**(stage.output or {})}
         link = None
-        if stage.name in STAGE_OBJECTS:
+        if links and stage.name in STAGE_OBJECTS:
             key, kind = STAGE_OBJECTS[stage.name]
             object_id = output.get(key) or (
                 context.get(key) if stage.state == "succeeded" else None

@@ -66,7 +66,7 @@ def loop_list(request: HttpRequest, workspace) -> HttpResponse:
         "experiments/loop_list.html",
         _context(
             request,
-            loops=[loop.loop_summary(run) for run in runs],
+            loops=[loop.loop_summary(run, links=False) for run in runs],
             can_develop=role_at_least(request.workspace_role, Role.DEVELOPER),
             titles=STAGE_TITLES,
             **_choices(workspace),

@@ -243,10 +243,15 @@ class LoopViewSet(WorkspaceScopedViewSet):
             raise Http404
         return run
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="v1_workspaces_loops_list",
+        responses={200: OpenApiTypes.OBJECT},
+        description="The workspace's loops, newest first (paginated: count, next, results); "
+        "each stage's linked object is in the loop's own resource.",
+    )
     def list(self, request: Request, ws: str) -> Response:
         page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response([loop.loop_summary(run) for run in page])
+        return self.get_paginated_response([loop.loop_summary(run, links=False) for run in page])
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request: Request, ws: str, pk: str) -> Response:

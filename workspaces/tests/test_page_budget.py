@@ -92,6 +92,12 @@ def populate(workspace, user, *, copies: int) -> dict[str, str]:
             ramp_plan=[5, 10],
             layer=f"layer-{next(_seq)}",
         )
+        from experiments.loop import _loop_pipeline
+
+        pipeline_run_start(
+            actor=None, pipeline=_loop_pipeline(workspace), params={"group": group.name},
+            dispatch=False,
+        )  # fmt: skip
         notify(
             workspace=workspace,
             recipients=[user],
@@ -173,17 +179,17 @@ PAGES = [
     (
         "training job",
         lambda ws, n: reverse("training-job", kwargs={"ws": ws.slug, "pk": int(n["job"])}),
-        7,
+        8,
     ),
     ("queue", lambda ws, n: reverse("scheduler-queue", kwargs={"ws": ws.slug}), 11),
     ("pipelines", lambda ws, n: reverse("training-pipelines", kwargs={"ws": ws.slug}), 10),
-    ("models", lambda ws, n: reverse("serving-models", kwargs={"ws": ws.slug}), 7),
+    ("models", lambda ws, n: reverse("serving-models", kwargs={"ws": ws.slug}), 8),
     (
         "model version",
         lambda ws, n: reverse(
             "serving-version", kwargs={"ws": ws.slug, "name": n["model"], "version": 1}
         ),
-        6,
+        7,
     ),
     ("deployments", lambda ws, n: reverse("serving-deployments", kwargs={"ws": ws.slug}), 5),
     (
@@ -191,7 +197,7 @@ PAGES = [
         lambda ws, n: reverse(
             "serving-deployment", kwargs={"ws": ws.slug, "name": n["deployment"]}
         ),
-        8,
+        9,
     ),
     ("experiments", lambda ws, n: reverse("experiments-list", kwargs={"ws": ws.slug}), 5),
     (
@@ -199,7 +205,8 @@ PAGES = [
         lambda ws, n: reverse("experiments-detail", kwargs={"ws": ws.slug, "key": n["experiment"]}),
         6,
     ),
-    ("lineage", lambda ws, n: reverse("lineage-graph", kwargs={"ws": ws.slug}), 17),
+    ("lineage", lambda ws, n: reverse("lineage-graph", kwargs={"ws": ws.slug}), 24),
+    ("loops", lambda ws, n: reverse("experiments-loops", kwargs={"ws": ws.slug}), 8),
 ]
 
 
