@@ -56,6 +56,8 @@ STAGE_OBJECTS = {
     "challenger": ("challenger_version_id", "model_version"),
     "experiment": ("experiment_id", "experiment"),
 }
+# How often a loop whose experiment waits for a maintainer's review looks again.
+REVIEW_POLL_S = 60.0
 DEFAULT_LOOP_POLICY: dict[str, Any] = {
     "ramp_plan": [5, 10, 20],
     "ramp_interval_s": 86400,
@@ -335,7 +337,7 @@ def experiment_stage(run, stage, context: dict) -> Any:
     """Pipeline stage "experiment": create the A/B experiment (control: production, treatment:
     the challenger) with the loop policy and submit it; waits while it is under review, done when
     it runs."""
-    from training.pipelines import WAIT
+    from training.pipelines import Wait
 
     exp_id = stage.output.get("experiment_id") or context.get("experiment_id")
     exp = Experiment.objects.for_workspace(run.workspace).filter(pk=exp_id).first()
@@ -371,7 +373,7 @@ def experiment_stage(run, stage, context: dict) -> Any:
             "traffic_percent": exp.traffic_percent,
         }
     if exp.state == ExperimentState.PENDING_REVIEW:
-        return WAIT
+        return Wait(REVIEW_POLL_S)  # a maintainer decides: minutes, not seconds
     raise RuntimeError(f"experiment {exp.key} is {exp.state}: {exp.stop_reason}")
 
 

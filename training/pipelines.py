@@ -6,10 +6,11 @@ handler in the registry; right-hand apps add theirs (serving registers ``registe
 ``deploy``) with ``register_stage(kind, handler)`` in their ``AppConfig.ready``; training never
 imports them.
 
-A handler is ``handler(run: PipelineRun, stage: StageRun, context: dict) -> dict | WAIT``: the
-dict is the stage's output (merged into ``run.context`` for the stages after it); ``WAIT`` means
-"not done yet, ask me again" (the train stage waits for its job). An exception fails the stage
-and the run; ``pipeline_run_retry`` reruns from the failed stage with the context so far.
+A handler is ``handler(run: PipelineRun, stage: StageRun, context: dict) -> dict | Wait``: the
+dict is the stage's output (merged into ``run.context`` for the stages after it); ``WAIT`` (or
+``Wait(seconds)``, for a stage that waits on people) means "not done yet, ask me again" (the
+train stage waits for its job). An exception fails the stage and the run; ``pipeline_run_retry``
+reruns from the failed stage with the context so far.
 
 ``pipeline_run_advance(run_id)`` (Celery task ``training.tasks.run_pipeline``) runs every stage
 it can and re-queues itself while a stage waits. One advance at a time per run: it first takes
@@ -38,8 +39,17 @@ from workspaces.exceptions import ConflictError
 
 logger = logging.getLogger(__name__)
 
-WAIT = object()
 WAIT_COUNTDOWN_S = 2.0
+
+
+class Wait:
+    """A handler's "not done yet, ask me again in ``seconds``" (``WAIT``: soon)."""
+
+    def __init__(self, seconds: float = WAIT_COUNTDOWN_S) -> None:
+        self.seconds = float(seconds)
+
+
+WAIT = Wait()
 MAX_STAGES = 30
 # Longer than a synchronous stage takes (a sample build on demo data: seconds); renewed before
 # each stage. A worker that dies holding it delays the run by at most this much.
@@ -241,10 +251,10 @@ def _claim(run_id: int, lease: str | None = None) -> bool:
     )
 
 
-def _park(run_id: int) -> str:
+def _park(run_id: int, seconds: float = WAIT_COUNTDOWN_S) -> str:
     """Hold the lease for the queued wake-up of a waiting run (so the beat's sweep leaves the
     run alone while its wake-up is on the way); returns the token the wake-up carries."""
-    until = timezone.now() + timedelta(seconds=WAIT_COUNTDOWN_S + PARK_GRACE_S)
+    until = timezone.now() + timedelta(seconds=seconds + PARK_GRACE_S)
     PipelineRun.objects.unscoped().filter(pk=run_id).update(lease_until=until)
     return until.isoformat()
 
@@ -280,24 +290,24 @@ def pipeline_run_advance(run_id: int, *, dispatch: bool = True, lease: str | Non
     run in progress (or a wake-up on its way) makes this one return at once."""
     if not _claim(run_id, lease):
         return PipelineRun.objects.unscoped().values_list("state", flat=True).get(pk=run_id)
-    waiting = False
+    wait: Wait | None = None
     try:
-        state, waiting = _advance(run_id)
+        state, wait = _advance(run_id)
     finally:
-        if not (waiting and dispatch):
+        if not (wait and dispatch):
             _release(run_id)
-    if waiting and dispatch:
-        token = _park(run_id)
+    if wait and dispatch:
+        token = _park(run_id, wait.seconds)
         with transaction.atomic():
-            _dispatch(run_id, WAIT_COUNTDOWN_S, token)
+            _dispatch(run_id, wait.seconds, token)
     return state
 
 
-def _advance(run_id: int) -> tuple[str, bool]:
-    """(the run's state, whether a stage waits)."""
+def _advance(run_id: int) -> tuple[str, Wait | None]:
+    """(the run's state, the wait of a stage that waits, if one does)."""
     run = PipelineRun.objects.unscoped().select_related("workspace", "pipeline").get(pk=run_id)
     if run.state != RunState.RUNNING:
-        return run.state, False
+        return run.state, None
     for stage in StageRun.objects.for_workspace(run.workspace_id).filter(run=run):
         if stage.state in {RunState.SUCCEEDED, RunState.SKIPPED}:
             continue
@@ -320,10 +330,10 @@ def _advance(run_id: int) -> tuple[str, bool]:
             stage.finished_at = timezone.now()
             stage.save(update_fields=["state", "error", "finished_at", "output"])
             _finish_run(run, RunState.FAILED, f"{stage.name}: {message}")
-            return run.state, False
-        if output is WAIT:
+            return run.state, None
+        if isinstance(output, Wait):
             stage.save(update_fields=["output"])
-            return run.state, True
+            return run.state, output
         stage.output = {**stage.output, **(output or {})}
         stage.state = RunState.SUCCEEDED
         stage.finished_at = timezone.now()
@@ -331,7 +341,7 @@ def _advance(run_id: int) -> tuple[str, bool]:
         run.context = {**run.context, **(output or {})}
         run.save(update_fields=["context"])
     _finish_run(run, RunState.SUCCEEDED)
-    return run.state, False
+    return run.state, None
 
 
 def _message(exc: Exception) -> str:
