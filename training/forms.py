@@ -17,6 +17,9 @@ from training.params import Param, param_text, params_schema, template_names
 # A template job's param ``<name>`` is the form field ``param_<name>``; an object param's key
 # ``<key>`` is ``param_<name>__<key>``.
 PARAM_PREFIX = "param_"
+# The template a new job's form starts on: the platform's ranking model, whatever name sorts
+# first in the list.
+DEFAULT_TEMPLATE = "fine_ranking"
 
 
 def _choice_messages(choices: list[tuple[str, str]]) -> dict[str, str]:
@@ -173,7 +176,10 @@ class JobCreateForm(forms.Form):
         offered = {value for value, _ in templates + entries}
         picked = self.data.get("code") if self.is_bound else self.initial.get("code")
         if picked not in offered:
-            picked = templates[0][0] if templates else ""
+            default = f"template:{DEFAULT_TEMPLATE}"
+            picked = default if default in offered else (templates[0][0] if templates else "")
+            if not self.is_bound:
+                self.initial["code"] = picked  # the select shows the template the fields are for
         kind, _, code = str(picked).partition(":")
         # The template whose param fields the form holds ("" for an entry point).
         self.template = code if kind == "template" else ""

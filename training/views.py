@@ -84,15 +84,15 @@ def job_list(request: HttpRequest, workspace) -> HttpResponse:
 
 
 def _recommended_initial(workspace, form: JobCreateForm) -> dict[str, int]:
-    """Resources of the first template and dataset on offer, from the scheduler's
-    recommendation (nothing when no similar job has finished yet)."""
+    """Resources of the form's template (the default one unless ``?code=`` picks another) and
+    the first dataset on offer, from the scheduler's recommendation (nothing when no similar job
+    has finished yet)."""
     from features.models import Dataset
     from training.scheduler.recommend import recommend
 
-    templates = form.fields["code"].choices[0][1]  # the "Built-in templates" group
-    if not templates:
+    template = form.template
+    if not template:
         return {}
-    template = templates[0][0].partition(":")[2]
     datasets = form.fields["dataset"].choices
     dataset = (
         Dataset.objects.for_workspace(workspace).filter(pk=int(datasets[0][0])).first()

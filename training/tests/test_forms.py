@@ -96,7 +96,11 @@ def test_job_form_creates_a_pending_job_and_redirects_to_its_page(
     ("field", "value", "message"),
     [
         # a choice outside the list: the error names the allowed values
-        ("code", "template:nope", "use one of: template:fine_ranking, template:logreg"),
+        (
+            "code",
+            "template:nope",
+            "use one of: template:deepfm, template:fine_ranking, template:logreg",
+        ),
         ("priority_class", "urgent", "use one of: production, experiment, exploration"),
         # a template's generated param fields: the allowed values next to the field
         ("param_epochs", "0", "Give a whole number from 1 to 1000 (the workspace's limit)."),
