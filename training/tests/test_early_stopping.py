@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from training import data, evaluation, runner, synthetic
 from training.bundle import apply_calibration, load_bundle
@@ -244,3 +245,18 @@ def test_a_bad_split_column_fails_the_run_saying_why(
     errors = [e["message"] for e in events if e["type"] == "error"]
     assert len(errors) == 1 and errors[0].startswith(message)
     assert not job.model_dir.exists()
+
+
+def test_early_stopping_by_auc_counts_higher_as_better_and_no_auc_as_no_gain():
+    model = torch.nn.Linear(1, 1)
+    stopping = runner.EarlyStopping(metric="auc", patience=2)
+    for epoch, value in enumerate([0.6, 0.7, None, 0.65, 0.8], start=1):
+        if not stopping.stopped:
+            with torch.no_grad():
+                model.bias.fill_(epoch)
+            stopping.update(epoch, value, model)
+    assert stopping.stopped and stopping.best_epoch == 2 and stopping.best_value == 0.7
+    assert float(stopping.best_state["bias"]) == 2.0
+    assert [epoch for epoch, _ in stopping.curve] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="early_stopping_metric"):
+        runner.EarlyStopping(metric="ndcg", patience=2)
