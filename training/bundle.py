@@ -6,6 +6,12 @@ A bundle is a directory under ``ARTIFACT_ROOT``::
                   "features": [FeatureSpec...], "label": ..., "entity_keys": {...}, ...}
     weights.pt   the module's state_dict (tensors only; loaded with ``weights_only=True``)
 
+``extra["calibration"]`` (when present) is the post-hoc calibration fitted on the validation
+rows: ``{"method": "temperature", "temperature": T}`` (probability ``sigmoid(logit / T)``) or
+``{"method": "isotonic", "x": [...], "y": [...]}`` (the isotonic fit's thresholds, applied to
+the raw probability by linear interpolation). ``apply_calibration`` is the one place that turns
+logits into probabilities, so training's evaluation and serving score alike.
+
 ``FeatureEncoder`` is the one transform from raw feature values (dataset columns named
 ``<group>__<feature>``, or online-store values by ``group:feature`` ref) to model inputs; the
 training path and the serving path both go through it, which is what the release gate's
@@ -89,6 +95,22 @@ class BundleSpec:
     @property
     def dense_dim(self) -> int:
         return sum(f.dim if f.dtype == "embedding" else 1 for f in self.dense_features)
+
+
+def apply_calibration(logits: np.ndarray, calibration: Mapping[str, Any] | None) -> np.ndarray:
+    """Click probabilities (float64) from raw logits, through the bundle's calibration."""
+    z = np.asarray(logits, dtype=np.float64)
+    method = (calibration or {}).get("method", "none")
+    if method == "temperature":
+        z = z / float(calibration["temperature"])
+    prob = 1.0 / (1.0 + np.exp(-np.clip(z, -500.0, 500.0)))
+    if method == "isotonic":
+        prob = np.interp(
+            prob,
+            np.asarray(calibration["x"], dtype=np.float64),
+            np.asarray(calibration["y"], dtype=np.float64),
+        )
+    return prob
 
 
 def hash_bucket(values: Sequence[Any], buckets: int) -> np.ndarray:
@@ -190,7 +212,7 @@ class Bundle:
         dense, cat = self.encoder.encode(columns, n)
         with torch.inference_mode():
             logits = self.model(torch.from_numpy(dense), torch.from_numpy(cat))
-        return torch.sigmoid(logits).numpy().astype(np.float64)
+        return apply_calibration(logits.float().numpy(), self.spec.extra.get("calibration"))
 
 
 def save_bundle(directory: str | os.PathLike, model, spec: BundleSpec) -> Path:

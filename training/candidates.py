@@ -197,7 +197,7 @@ def compare(job_base, job_cand, *, seed: int) -> dict[str, Any]:
     for job in (job_base, job_cand):
         bundle = load_bundle(job.model_dir)
         held = data.load(job, spec=bundle.spec).holdout
-        preds.append(evaluation.predict(bundle.model, held.dense, held.cat))
+        preds.append(evaluation.predict_bundle(bundle, held))
         y = held.label.numpy().astype(np.float64)
     return bootstrap_deltas(y, preds[0], preds[1], seed=seed)
 

@@ -3,12 +3,16 @@
 No Django here: the training child (``python -m training.runner``) imports only this module, the
 bundle contract and the templates, so it starts fast and never touches the database.
 
-The loader reads the dataset's Parquet file once with pyarrow, orders it by event time, splits
-it into a train part and a held-out tail (the newest ``holdout_fraction`` of rows: a time-ordered
-split, so evaluation never sees the past through the future), fits the numeric features'
-mean/std on the train part only, and encodes everything once through ``FeatureEncoder`` (the same
-transform serving uses). Batches are then index slices of in-memory tensors, in an order fixed
-by ``seed`` and the epoch number, so a resumed run sees exactly the batches it would have seen.
+The loader reads the dataset's Parquet file once with pyarrow, orders it by event time and splits
+it train | validation | test: the test rows (``holdout``) are the newest ``holdout_fraction`` of
+rows (a time-ordered split, so evaluation never sees the past through the future), and the
+validation rows the newest ``validation_fraction`` of what precedes them (early stopping and
+calibration read them; nothing but the final evaluation reads the test rows). A
+``split_column`` whose values are ``train``/``validation``/``test`` assigns the rows instead of
+the fractions. The loader fits the numeric features' mean/std on the train part only, and
+encodes everything once through ``FeatureEncoder`` (the same transform serving uses). Batches
+are then index slices of in-memory tensors, in an order fixed by ``seed`` and the epoch number,
+so a resumed run sees exactly the batches it would have seen.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ TIME_COLUMN = "event_time"
 MIN_BUCKETS = 16
 COLLISION_FREE_MAX = 20_000
 COLLISION_TRIES = 500
+SPLIT_VALUES = ("train", "validation", "test")
+
+
+class DataError(ValueError):
+    """The dataset does not fit the job (e.g. a split column it lacks): the message says why."""
 
 
 @dataclass
@@ -81,9 +90,14 @@ class Split:
 
 @dataclass
 class TrainData:
+    """The encoded splits; ``holdout`` is the test split. ``rows`` holds each split's row
+    positions in the time-ordered dataset (``train``, ``validation``, ``test``)."""
+
     spec: BundleSpec
     train: Split
     holdout: Split
+    validation: Split | None = None
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _to_label(column) -> np.ndarray:
@@ -129,17 +143,17 @@ def choose_buckets(values: list[Any]) -> int:
     return buckets
 
 
-def fit_bundle_spec(job: JobSpec, table, train_rows: int) -> BundleSpec:
+def fit_bundle_spec(job: JobSpec, train_table) -> BundleSpec:
     """The bundle spec with stats fitted on the train rows only (mean/std, hash buckets)."""
     import pyarrow.compute as pc
 
     fitted: list[FeatureSpec] = []
     for raw in job.features:
         feature = FeatureSpec.from_dict(raw)
-        if feature.column not in table.column_names:
+        if feature.column not in train_table.column_names:
             fitted.append(feature)
             continue
-        column = table.column(feature.column).slice(0, train_rows)
+        column = train_table.column(feature.column)
         if feature.dtype in HASHED:
             if not feature.buckets:
                 feature.buckets = choose_buckets(pc.unique(column).to_pylist())
@@ -193,6 +207,40 @@ def holdout_rows(n: int, fraction: float) -> int:
     return min(n - 1, max(1, math.ceil(n * fraction)))
 
 
+def validation_rows(n: int, fraction: float) -> int:
+    """Validation rows carved from ``n`` training rows (at least one row stays for training)."""
+    if n < 2 or fraction <= 0:
+        return 0
+    return min(n - 1, max(1, math.ceil(n * fraction)))
+
+
+def split_rows(job: JobSpec, table) -> dict[str, np.ndarray]:
+    """Row positions (in time order) of ``train``, ``validation`` and ``test``: from the job's
+    ``split_column`` when it names one, else train | validation | test by the fractions (the
+    test rows are the same as with ``holdout_fraction`` alone)."""
+    n = table.num_rows
+    column = str(job.param("split_column", ""))
+    if column:
+        if column not in table.column_names:
+            raise DataError(f"the split column {column!r} is not a column of the dataset")
+        values = np.asarray([str(v) for v in table.column(column).to_pylist()], dtype=object)
+        unknown = sorted(set(values.tolist()) - set(SPLIT_VALUES))
+        if unknown:
+            raise DataError(
+                f"the split column {column!r} holds {unknown[:5]}; each row's value must be "
+                "one of: " + ", ".join(SPLIT_VALUES)
+            )
+        return {name: np.flatnonzero(values == name) for name in SPLIT_VALUES}
+    held = holdout_rows(n, float(job.param("holdout_fraction", 0.2)))
+    rest = n - held
+    val = validation_rows(rest, float(job.param("validation_fraction", 0.1)))
+    return {
+        "train": np.arange(0, rest - val),
+        "validation": np.arange(rest - val, rest),
+        "test": np.arange(rest, n),
+    }
+
+
 def load(job: JobSpec, *, spec: BundleSpec | None = None) -> TrainData:
     """Read, split (time-ordered), fit (train part only) and encode once.
 
@@ -202,16 +250,19 @@ def load(job: JobSpec, *, spec: BundleSpec | None = None) -> TrainData:
     columns = [f["column"] for f in job.features] + [job.label]
     if job.slice_column:
         columns.append(job.slice_column)
+    if job.param("split_column", ""):
+        columns.append(str(job.param("split_column", "")))
     table = read_table(job.dataset_path, list(dict.fromkeys(columns)))
-    n = table.num_rows
-    held = holdout_rows(n, float(job.param("holdout_fraction", 0.2)))
-    train_table, holdout_table = table.slice(0, n - held), table.slice(n - held, held)
+    rows = split_rows(job, table)
+    parts = {name: table.take(positions) for name, positions in rows.items()}
     if spec is None:
-        spec = fit_bundle_spec(job, table, n - held)
+        spec = fit_bundle_spec(job, parts["train"])
     return TrainData(
         spec=spec,
-        train=encode_split(spec, train_table, job.label),
-        holdout=encode_split(spec, holdout_table, job.label, job.slice_column),
+        train=encode_split(spec, parts["train"], job.label),
+        validation=encode_split(spec, parts["validation"], job.label),
+        holdout=encode_split(spec, parts["test"], job.label, job.slice_column),
+        rows=rows,
     )
 
 

@@ -96,6 +96,22 @@ def calibration(label: np.ndarray, prob: np.ndarray, bins: int = CALIBRATION_BIN
     return out
 
 
+def ece(label: np.ndarray, prob: np.ndarray, bins: int = CALIBRATION_BINS) -> float | None:
+    """Expected calibration error: |observed - mean predicted| over ``bins`` equal-width
+    probability bins, weighted by each bin's share of rows; None without rows."""
+    y = np.asarray(label, dtype=np.float64)
+    p = np.clip(np.asarray(prob, dtype=np.float64), 0.0, 1.0)
+    if not len(y):
+        return None
+    which = np.minimum((p * bins).astype(np.int64), bins - 1)
+    counts = np.bincount(which, minlength=bins)
+    gap = np.abs(
+        np.bincount(which, weights=y, minlength=bins)
+        - np.bincount(which, weights=p, minlength=bins)
+    )
+    return float(gap.sum() / counts.sum())
+
+
 def summary(label: np.ndarray, prob: np.ndarray) -> dict[str, Any]:
     y = np.asarray(label, dtype=np.float64)
     p = np.asarray(prob, dtype=np.float64)
@@ -104,6 +120,7 @@ def summary(label: np.ndarray, prob: np.ndarray) -> dict[str, Any]:
     return {
         "auc": auc(y, p),
         "logloss": logloss(y, p),
+        "ece": ece(y, p),
         "observed_ctr": observed,
         "predicted_ctr": predicted,
         "calibration_ratio": predicted / observed if observed else None,
@@ -111,7 +128,8 @@ def summary(label: np.ndarray, prob: np.ndarray) -> dict[str, Any]:
     }
 
 
-def predict(model, dense, cat, batch_size: int = 65536) -> np.ndarray:
+def predict_logits(model, dense, cat, batch_size: int = 65536) -> np.ndarray:
+    """The model's raw logits (float64), in eval mode, batch by batch."""
     import torch
 
     was_training = model.training
@@ -120,10 +138,77 @@ def predict(model, dense, cat, batch_size: int = 65536) -> np.ndarray:
     with torch.inference_mode():
         for start in range(0, int(dense.shape[0]), batch_size):
             logits = model(dense[start : start + batch_size], cat[start : start + batch_size])
-            out.append(torch.sigmoid(logits.float()).cpu().numpy())
+            out.append(logits.float().cpu().numpy())
     if was_training:
         model.train()
     return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+
+
+def predict(
+    model, dense, cat, batch_size: int = 65536, *, calibration: dict | None = None
+) -> np.ndarray:
+    """Click probabilities, through ``calibration`` (a bundle's ``extra["calibration"]``)."""
+    from training.bundle import apply_calibration
+
+    return apply_calibration(predict_logits(model, dense, cat, batch_size), calibration)
+
+
+def predict_bundle(bundle, split) -> np.ndarray:
+    """A stored bundle's probabilities on an encoded split, calibrated like serving's."""
+    return predict(
+        bundle.model, split.dense, split.cat, calibration=bundle.spec.extra.get("calibration")
+    )
+
+
+def fit_temperature(label: np.ndarray, logits: np.ndarray) -> float:
+    """The temperature T minimising the log loss of ``sigmoid(logits / T)`` (LBFGS on log T)."""
+    import torch
+    from torch.nn import functional as F
+
+    z = torch.as_tensor(np.asarray(logits, dtype=np.float64))
+    y = torch.as_tensor(np.asarray(label, dtype=np.float64))
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimiser = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimiser.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(z / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    temperature = float(log_t.detach().exp())
+    return temperature if np.isfinite(temperature) and temperature > 0 else 1.0
+
+
+def fit_isotonic(label: np.ndarray, prob: np.ndarray) -> dict[str, list[float]]:
+    """An isotonic map from raw to calibrated probability, as its thresholds (``x``, ``y``)."""
+    from sklearn.isotonic import IsotonicRegression
+
+    fit = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
+    fit.fit(np.asarray(prob, dtype=np.float64), np.asarray(label, dtype=np.float64))
+    # A bin without a click would map to probability 0 (an infinite log loss on the next click
+    # there): the floor is half a click over the fitted rows, and the ceiling likewise.
+    floor = 0.5 / len(label)
+    return {
+        "x": [float(v) for v in fit.X_thresholds_],
+        "y": [float(v) for v in np.clip(fit.y_thresholds_, floor, 1.0 - floor)],
+    }
+
+
+def fit_calibration(method: str, label: np.ndarray, logits: np.ndarray) -> dict[str, Any] | None:
+    """The bundle's ``extra["calibration"]`` fitted on (validation) ``label``/``logits``;
+    None for ``"none"`` or without both classes."""
+    y = np.asarray(label, dtype=np.float64)
+    if method == "none" or not len(y) or y.min() == y.max():
+        return None
+    if method == "temperature":
+        return {"method": "temperature", "temperature": fit_temperature(y, logits)}
+    if method == "isotonic":
+        from training.bundle import apply_calibration
+
+        return {"method": "isotonic", **fit_isotonic(y, apply_calibration(logits, None))}
+    raise ValueError(f"unknown calibration {method!r}; use none, temperature or isotonic")
 
 
 def _feature_columns(spec) -> list[tuple[str, str, list[int]]]:
@@ -145,8 +230,9 @@ def permutation_importance(
     """AUC lost when one feature's values are shuffled across the held-out rows (F10)."""
     import torch
 
+    calibration = spec.extra.get("calibration")
     y = label.cpu().numpy()
-    base = auc(y, predict(model, dense, cat))
+    base = auc(y, predict(model, dense, cat, calibration=calibration))
     if base is None:
         return {}
     generator = torch.Generator().manual_seed(seed)
@@ -162,15 +248,16 @@ def permutation_importance(
             else:
                 c = cat.clone()
                 c[:, columns] = cat[perm][:, columns]
-            drops.append(base - (auc(y, predict(model, d, c)) or 0.5))
+            drops.append(base - (auc(y, predict(model, d, c, calibration=calibration)) or 0.5))
         importance[ref] = round(float(np.mean(drops)), 6)
     return importance
 
 
 def evaluate(model, spec, split, *, seed: int = 0, importance: bool = True) -> dict[str, Any]:
-    """Everything the job page shows: summary, ROC, calibration, slices, importance."""
+    """Everything the job page shows: summary, ROC, calibration, slices, importance; the
+    model's probabilities go through ``spec.extra["calibration"]`` as the bundle's do."""
     y = split.label.cpu().numpy()
-    prob = predict(model, split.dense, split.cat)
+    prob = predict(model, split.dense, split.cat, calibration=spec.extra.get("calibration"))
     result: dict[str, Any] = {
         "holdout": summary(y, prob),
         "roc": roc_curve(y, prob),
@@ -202,8 +289,4 @@ def evaluate_bundle(bundle_path: str, job_spec) -> dict[str, Any]:
         job_spec, features=[dataclasses.asdict(f) for f in bundle.spec.features]
     )
     loaded = data.load(job, spec=bundle.spec)
-    return summary(loaded.holdout.label.numpy(), predict(bundle.model, *_xs(loaded.holdout)))
-
-
-def _xs(split):
-    return split.dense, split.cat
+    return summary(loaded.holdout.label.numpy(), predict_bundle(bundle, loaded.holdout))

@@ -175,6 +175,43 @@ COMMON: dict[str, Param] = {
         min=0.0,
         max=0.9,
     ),
+    "validation_fraction": Param(
+        "float",
+        0.1,
+        "The newest share of the training rows (before the held-out rows) kept for early "
+        "stopping and calibration (0: no validation, no early stopping, no calibration).",
+        min=0.0,
+        max=0.5,
+    ),
+    "split_column": Param(
+        "str",
+        "",
+        'A dataset column whose values ("train", "validation", "test") assign each row its '
+        "split, instead of the fractions (blank: the fractions).",
+        advanced=True,
+    ),
+    "early_stopping_metric": Param(
+        "choice",
+        "logloss",
+        "The validation metric early stopping watches (and the best epoch is chosen by).",
+        choices=("logloss", "auc"),
+        advanced=True,
+    ),
+    "early_stopping_patience": Param(
+        "int",
+        2,
+        "Stop after this many epochs without a better validation metric, and keep the best "
+        "epoch's model (0: train every epoch and keep the last).",
+        min=0,
+        max=1000,
+    ),
+    "calibration": Param(
+        "choice",
+        "temperature",
+        "Post-hoc calibration fitted on the validation rows: one temperature on the logits, "
+        "an isotonic map of the probability, or none.",
+        choices=("temperature", "isotonic", "none"),
+    ),
     "label": Param(
         "str", "", "Label column (blank: the dataset's first label).", label="Label column"
     ),

@@ -7,8 +7,16 @@ one JSON object per line (``progress``, ``metric``, ``checkpoint``, ``log``, ``d
 Checkpoints (``<work_dir>/checkpoint.pt``) are written to a temporary name and renamed, every
 ``checkpoint_every_steps`` steps or ``checkpoint_every_s`` seconds and on SIGTERM; they hold the
 model and optimiser state, the step (which fixes the data position, see ``data.BatchOrder``), the
-torch RNG state and the fitted bundle spec. A restarted run loads it and continues from the same
-step, so an interrupted run ends with the same model as an uninterrupted one with the same seed.
+torch RNG state, the fitted bundle spec and the early-stopping state (the best epoch's model so
+far). A restarted run loads it and continues from the same step, so an interrupted run ends with
+the same model as an uninterrupted one with the same seed.
+
+Early stopping and calibration read only the validation rows (``data.load``): after each epoch
+the runner scores them (``val_auc``/``val_logloss`` metrics), keeps the best epoch's weights by
+``early_stopping_metric``, stops after ``early_stopping_patience`` epochs without improvement and
+restores the best weights; then it fits ``calibration`` on the validation logits and stores it in
+the bundle. The test rows (``holdout``) are read for reporting only: the per-epoch held-out
+curves and the final evaluation.
 
 Exit codes: 0 done, ``EXIT_STOPPED`` checkpointed and stopped on SIGTERM, anything else failed.
 
@@ -76,6 +84,59 @@ def load_entry_point(target: str) -> None:
     register_template("entry_point")(build)
 
 
+class EarlyStopping:
+    """The best epoch so far by a validation metric, its weights (on the CPU) and the count of
+    epochs since; ``stopped`` once ``patience`` epochs in a row did not improve (0: never)."""
+
+    def __init__(self, *, metric: str, patience: int) -> None:
+        if metric not in {"auc", "logloss"}:
+            raise ValueError(f"unknown early_stopping_metric {metric!r}; use auc or logloss")
+        self.metric = metric
+        self.patience = patience
+        self.best_value: float | None = None
+        self.best_epoch: float | None = None
+        self.best_state: dict | None = None
+        self.bad_epochs = 0
+        self.stopped = False
+        self.curve: list[list[float]] = []  # [epoch, value]
+
+    def _better(self, value: float | None) -> bool:
+        if value is None or value != value:  # no AUC (one class) or NaN: not an improvement
+            return False
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.metric == "auc" else value < self.best_value
+
+    def update(self, epoch: float, value: float | None, model) -> None:
+        epoch = int(epoch) if float(epoch).is_integer() else round(epoch, 6)
+        self.curve.append([epoch, value])
+        if self._better(value):
+            self.best_value, self.best_epoch, self.bad_epochs = value, epoch, 0
+            self.best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            return
+        self.bad_epochs += 1
+        if self.patience and self.bad_epochs >= self.patience:
+            self.stopped = True
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "best_state": self.best_state,
+            "bad_epochs": self.bad_epochs,
+            "stopped": self.stopped,
+            "curve": self.curve,
+        }
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        if not state:
+            return
+        self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]
+        self.best_state = state["best_state"]
+        self.bad_epochs, self.stopped = int(state["bad_epochs"]), bool(state["stopped"])
+        self.curve = [list(point) for point in state["curve"]]
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     import torch
 
@@ -99,7 +160,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     from torch.nn import functional as F
 
     from training import data, evaluation
-    from training.bundle import BundleSpec, build_model, load_bundle, save_bundle
+    from training.bundle import BundleSpec, apply_calibration, build_model, load_bundle, save_bundle
 
     stop = stop or StopFlag()
     seed = int(job.param("seed", 0))
@@ -128,13 +189,22 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         spec = base.spec
         spec.template = job.template or spec.template
     started = time.monotonic()
-    loaded = data.load(job, spec=spec)
+    try:
+        loaded = data.load(job, spec=spec)
+    except data.DataError as exc:
+        emit("error", message=str(exc))
+        return 2
     spec = loaded.spec
-    spec.extra = {**spec.extra, "job_id": job.job_id}
+    # A base model's calibration belongs to the base model: this run fits its own (or none).
+    spec.extra = {
+        **{k: v for k, v in spec.extra.items() if k != "calibration"},
+        "job_id": job.job_id,
+    }
+    validation = loaded.validation
     emit(
         "log",
-        message=f"data: {loaded.train.n} train rows, {loaded.holdout.n} held out "
-        f"({time.monotonic() - started:.2f}s)",
+        message=f"data: {loaded.train.n} train rows, {validation.n} validation, "
+        f"{loaded.holdout.n} held out ({time.monotonic() - started:.2f}s)",
     )
     if loaded.train.n == 0:
         emit("log", message="the dataset has no training rows")
@@ -154,11 +224,16 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     epochs = int(job.param("epochs", 2))
     total = int(job.param("max_steps", 0)) or epochs * order.steps_per_epoch
     step = 0
+    stopping = EarlyStopping(
+        metric=str(job.param("early_stopping_metric", "logloss")),
+        patience=int(job.param("early_stopping_patience", 2)) if validation.n else 0,
+    )
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         step = int(checkpoint["step"])
         torch.set_rng_state(checkpoint["rng"])
+        stopping.restore(checkpoint.get("early_stopping"))
         emit("log", message=f"resumed from checkpoint at step {step}")
 
     train_x = loaded.train
@@ -185,6 +260,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
                 "step": at,
                 "rng": torch.get_rng_state(),
                 "spec": json.dumps(spec.to_json()),
+                "early_stopping": stopping.state(),
             },
             job.checkpoint_file,
         )
@@ -196,6 +272,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         step=step,
         steps_per_epoch=order.steps_per_epoch,
         train_rows=train_x.n,
+        validation_rows=validation.n,
         holdout_rows=loaded.holdout.n,
         device=str(device),
     )
@@ -204,7 +281,19 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     train_start, train_samples = time.monotonic(), 0
     last_checkpoint = time.monotonic()
     running_loss, running_n = 0.0, 0
-    while step < total:
+    val_dense, val_cat = validation.dense.to(device), validation.cat.to(device)
+    val_y = validation.label.numpy()
+
+    def validate(at: int) -> None:
+        """Score the validation rows (raw model) and let early stopping see the result."""
+        logits = evaluation.predict_logits(model, val_dense, val_cat)
+        prob = apply_calibration(logits, None)
+        values = {"auc": evaluation.auc(val_y, prob), "logloss": evaluation.logloss(val_y, prob)}
+        emit("metric", step=at, name="val_auc", value=values["auc"])
+        emit("metric", step=at, name="val_logloss", value=values["logloss"])
+        stopping.update(at / order.steps_per_epoch, values[stopping.metric], model)
+
+    while step < total and not stopping.stopped:
         if stop.requested:
             save_checkpoint(step)
             emit("stopped", step=step)
@@ -247,31 +336,61 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
             )
             window_start, window_samples = now, 0
             running_loss, running_n = 0.0, 0
-        if step < total and (
+        # The epoch's evaluation comes before its checkpoint, so a checkpoint at an epoch's
+        # end holds that epoch's early-stopping decision.
+        if step % order.steps_per_epoch == 0:
+            eval_start = time.monotonic()
+            if validation.n and (epoch_eval or stopping.patience):
+                validate(step)
+            if loaded.holdout.n and epoch_eval:
+                # Reported only: nothing is chosen by the test rows.
+                prob = evaluation.predict(
+                    model, loaded.holdout.dense.to(device), loaded.holdout.cat.to(device)
+                )
+                y = loaded.holdout.label.numpy()
+                emit("metric", step=step, name="holdout_auc", value=evaluation.auc(y, prob))
+                emit("metric", step=step, name="holdout_logloss", value=evaluation.logloss(y, prob))
+            eval_s += time.monotonic() - eval_start
+        if (step < total and not stopping.stopped) and (
             step % every_steps == 0 or time.monotonic() - last_checkpoint >= every_s
         ):
             save_checkpoint(step)
             last_checkpoint = time.monotonic()
-        if step % order.steps_per_epoch == 0 and loaded.holdout.n and epoch_eval:
-            eval_start = time.monotonic()
-            prob = evaluation.predict(
-                model, loaded.holdout.dense.to(device), loaded.holdout.cat.to(device)
-            )
-            y = loaded.holdout.label.numpy()
-            emit("metric", step=step, name="holdout_auc", value=evaluation.auc(y, prob))
-            emit("metric", step=step, name="holdout_logloss", value=evaluation.logloss(y, prob))
-            eval_s += time.monotonic() - eval_start
+    if stopping.patience and step % order.steps_per_epoch and not stopping.stopped:
+        validate(step)  # a run cut by max_steps: its last, partial epoch counts too
     # Training throughput: the time spent in evaluation between epochs is not training time.
     elapsed = time.monotonic() - train_start - eval_s
     train_rate = train_samples / elapsed if elapsed > 0 else 0.0
     save_checkpoint(step)
 
+    if stopping.patience and stopping.best_state is not None:
+        model.load_state_dict(stopping.best_state)
     model.to("cpu")
     metrics: dict[str, Any] = {
         "train_samples_per_s": train_rate,
         "steps": step,
         "epoch_eval_s": eval_s,
+        "best_epoch": stopping.best_epoch if stopping.patience else None,
+        "stopped_early": stopping.stopped,
     }
+    if validation.n:
+        logits = evaluation.predict_logits(model, validation.dense, validation.cat)
+        method = str(job.param("calibration", "temperature"))
+        fitted = evaluation.fit_calibration(method, val_y, logits)
+        if fitted is not None:
+            spec.extra = {**spec.extra, "calibration": fitted}
+        raw = evaluation.summary(val_y, apply_calibration(logits, None))
+        calibrated = evaluation.summary(val_y, apply_calibration(logits, fitted))
+        metrics["validation"] = {
+            **calibrated,
+            "uncalibrated_logloss": raw["logloss"],
+            "uncalibrated_ece": raw["ece"],
+            "calibration": (fitted or {}).get("method", "none"),
+            "temperature": (fitted or {}).get("temperature"),
+            "early_stopping_metric": stopping.metric,
+            "best_value": stopping.best_value,
+            "curve": stopping.curve,
+        }
     if loaded.holdout.n:
         holdout = loaded.holdout
         metrics.update(

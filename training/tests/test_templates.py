@@ -70,13 +70,17 @@ def test_each_template_trains_evaluates_and_bundles(demo_parquet, tmp_path, temp
     assert metrics["roc"][0] == [0.0, 0.0] and len(metrics["calibration"]) == 10
     progress = [e for e in events if e["type"] == "progress"]
     assert progress and progress[-1]["step"] == progress[-1]["total_steps"]
-    # The bundle predicts the same probabilities from raw columns as the trained model.
+    # The bundle predicts the same (calibrated) probabilities from raw columns as the
+    # evaluation of the trained model did.
     bundle = load_bundle(job.model_dir)
+    assert bundle.spec.extra["calibration"]["method"] == "temperature"
     table = data.read_table(demo_parquet, [f["column"] for f in job.features])
     head = table.slice(0, 50)
     raw = bundle.predict({c: head.column(c) for c in head.column_names}, 50)
     split = data.encode_split(bundle.spec, head, "click")
-    assert np.allclose(raw, evaluation.predict(bundle.model, split.dense, split.cat), atol=1e-6)
+    assert np.allclose(raw, evaluation.predict_bundle(bundle, split), atol=1e-6)
+    uncalibrated = evaluation.predict(bundle.model, split.dense, split.cat)
+    assert not np.allclose(raw, uncalibrated, atol=1e-6)
 
 
 def test_fine_ranking_beats_logreg_on_the_demo_log(demo_parquet, tmp_path):
