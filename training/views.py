@@ -228,6 +228,7 @@ LIVE_CURVES = [
     ("loss", "loss", "Training loss", "#2563eb", ""),
     ("holdout_auc", "auc", "Held-out AUC", "#059669", ""),
     ("samples_per_s", "rate", "Samples / s", "#d97706", "samples/s"),
+    ("val_logloss", "val", "Validation logloss", "#7c3aed", ""),
 ]
 
 

@@ -48,6 +48,7 @@
     ["loss", "loss", "Training loss", "#2563eb", ""],
     ["auc", "holdout_auc", "Held-out AUC", "#059669", ""],
     ["rate", "samples_per_s", "Samples / s", "#d97706", "samples/s"],
+    ["val", "val_logloss", "Validation logloss", "#7c3aed", ""],
   ];
 
   function drawCurves(series) {

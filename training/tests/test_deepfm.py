@@ -145,7 +145,7 @@ def test_deepfm_trains_on_the_demo_log_and_serving_loads_the_same_model(demo_par
     table = data.read_table(demo_parquet, [f["column"] for f in job.features]).slice(0, 50)
     raw = bundle.predict({c: table.column(c) for c in table.column_names}, 50)
     split = data.encode_split(bundle.spec, table, "click")
-    assert np.allclose(raw, evaluation.predict(bundle.model, split.dense, split.cat), atol=1e-6)
+    assert np.allclose(raw, evaluation.predict_bundle(bundle, split), atol=1e-6)
 
 
 def test_a_batch_norm_job_survives_a_one_row_last_batch(demo_parquet, tmp_path):

@@ -147,3 +147,38 @@ def test_the_eta_reads_in_words(workspace, client):
     assert '<span data-field="eta_s">3 h 12 min</span>' in page
     listing = client.get(f"/w/{workspace.slug}/training/").content.decode()
     assert "3 h 12 min" in listing and "11520 s" not in listing
+
+
+@pytest.mark.django_db
+def test_the_job_page_shows_early_stopping_calibration_and_ece(workspace, client):
+    from training.models import JobState, TrainingJob
+    from workspaces.models import Role
+    from workspaces.testing.factories import make_member
+
+    job = TrainingJob.objects.create(
+        workspace=workspace,
+        name="stopped",
+        template="fine_ranking",
+        state=JobState.SUCCEEDED,
+        metrics={
+            "holdout": {"auc": 0.74, "logloss": 0.22, "ece": 0.0187, "rows": 1200},
+            "best_epoch": 1,
+            "stopped_early": True,
+            "validation": {
+                "rows": 480,
+                "logloss": 0.1644,
+                "ece": 0.0171,
+                "uncalibrated_logloss": 0.1646,
+                "uncalibrated_ece": 0.0211,
+                "calibration": "temperature",
+                "temperature": 1.036,
+                "early_stopping_metric": "logloss",
+            },
+        },
+    )
+    client.force_login(make_member(workspace, Role.VIEWER))
+    page = client.get(f"/w/{workspace.slug}/training/jobs/{job.pk}/").content.decode()
+    assert '<td data-testid="ece">0.0187</td>' in page
+    assert "best logloss at epoch 1, stopped early" in page
+    assert "temperature 1.036" in page and "0.1646 → 0.1644" in page
+    assert 'data-chart="val"' in page
