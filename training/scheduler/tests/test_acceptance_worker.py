@@ -34,7 +34,15 @@ pytestmark = [
 ]
 
 # Long enough (100 steps, at least 5 s) that a loaded machine still preempts it mid-run.
-SLOW = {"epochs": 4, "batch_size": 32, "threads": 1, "log_every_steps": 2, "step_sleep_s": 0.05}
+# Every epoch runs (no early stopping): the test follows one continuous count of steps to the end.
+SLOW = {
+    "epochs": 4,
+    "batch_size": 32,
+    "threads": 1,
+    "log_every_steps": 2,
+    "step_sleep_s": 0.05,
+    "early_stopping_patience": 0,
+}
 QUICK = {"epochs": 1, "batch_size": 128, "threads": 1, "log_every_steps": 2}
 
 
