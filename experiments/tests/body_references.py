@@ -33,17 +33,9 @@ def _treatment_id(ctx: MatrixContext) -> int:
 
 
 def _group_name(ctx: MatrixContext) -> str:
-    from features import registry
-    from features.models import EntityKind
+    from features.tests.factories import make_group
 
-    return registry.feature_group_register(
-        actor=None,
-        workspace=ctx.workspace,
-        name=f"refg{next(_keys)}",
-        entity=EntityKind.USER,
-        entity_keys=["user_id"],
-        features=[{"name": "f", "dtype": "float"}],
-    ).name
+    return make_group(ctx.workspace, features=[{"name": "f", "dtype": "float"}]).name
 
 
 def _loop_body(ctx: MatrixContext, *, group: str | None = None, deployment=None) -> dict:

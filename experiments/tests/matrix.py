@@ -70,18 +70,10 @@ def _loop(ctx: MatrixContext, *, failed: bool = False) -> dict:
 
 
 def _new_loop(ctx: MatrixContext) -> dict:
-    from features import registry
-    from features.models import EntityKind
+    from features.tests.factories import make_group
 
     dep, _ = make_deployment(ctx.workspace)
-    group = registry.feature_group_register(
-        actor=None,
-        workspace=ctx.workspace,
-        name=f"mxg{next(_keys)}",
-        entity=EntityKind.USER,
-        entity_keys=["user_id"],
-        features=[{"name": "f", "dtype": "float"}],
-    )
+    group = make_group(ctx.workspace, features=[{"name": "f", "dtype": "float"}])
     return {"group": group.name, "deployment": dep.name}
 
 

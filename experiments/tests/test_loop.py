@@ -16,6 +16,7 @@ from experiments import loop
 from experiments.models import Experiment, ExperimentState
 from features import registry as feature_registry
 from features.models import EntityKind
+from features.tests.factories import make_group
 from lineage.models import AuditCategory, AuditItem
 from lineage.projection import project
 from serving.deployments import deployment_create
@@ -32,12 +33,9 @@ pytestmark = pytest.mark.django_db
 
 
 def _extra_group(scene):
-    group = feature_registry.feature_group_register(
-        actor=None,
-        workspace=scene.workspace,
+    group = make_group(
+        scene.workspace,
         name=f"recent_{scene.users.name}",
-        entity=EntityKind.USER,
-        entity_keys=["user_id"],
         features=[{"name": "clicks_1d", "dtype": "int"}],
     )
     _ingest(
