@@ -27,8 +27,13 @@ DEFAULTS: dict[str, Any] = {
         "storage_gb": 0.023,
     },
     # A hole in the event ids younger than this may be a transaction still committing: the
-    # projection stops before it and retries; older holes are rollbacks and are skipped.
+    # projection stops before it and retries; once older, it passes the hole and remembers it.
     "LINEAGE_GAP_WAIT_SECONDS": 5.0,
+    # A hole the projection passed is looked up again on every batch for this long (a late
+    # commit is then applied); after it, the hole counts as a rollback.
+    "LINEAGE_GAP_FORGET_SECONDS": 3600.0,
+    # Most holes remembered at once (the oldest are forgotten first).
+    "LINEAGE_GAP_MAX": 10000,
     # Events applied per projection batch (one transaction each).
     "LINEAGE_BATCH_SIZE": 2000,
     # Refs of one OpenLineage event applied per transaction; a bigger event takes several.

@@ -105,10 +105,30 @@ class Cursor(models.Model):
     # applied and how many of its refs are done (0, 0 when none is half-applied).
     partial_event_id = models.BigIntegerField(default=0)
     partial_refs_done = models.PositiveIntegerField(default=0)
+    # Whether any ``CursorGap`` is remembered (so a batch without gaps spends no query on them).
+    has_gaps = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
         return f"{self.name} at event {self.last_event_id}"
+
+
+class CursorGap(models.Model):
+    """An event id the cursor passed without seeing: a transaction that took the id may still
+    commit (its event is then applied late), or it rolled back (the id never appears, and the
+    gap is forgotten after ``LINEAGE_GAP_FORGET_SECONDS``)."""
+
+    cursor = models.ForeignKey(Cursor, on_delete=models.CASCADE, related_name="gaps")
+    event_id = models.BigIntegerField()
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cursor", "event_id"], name="lineage_gap_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cursor_id} missing event {self.event_id}"
 
 
 class Usage(models.Model):

@@ -12,7 +12,14 @@ from scratch (``rebuild``) gives exactly the graph built incrementally.
 
 Commit order vs id order: a transaction that took a smaller event id may commit after a larger
 one. The projection stops before a hole in the ids whose next event is younger than
-``LINEAGE_GAP_WAIT_SECONDS`` (it may still commit) and skips older holes (rollbacks).
+``LINEAGE_GAP_WAIT_SECONDS`` (it may still commit), which keeps the usual case in order. Once it
+passes an older hole it records each missing id as a ``CursorGap``; every batch first looks the
+gaps up again and applies the events that have committed since ("late" events, applied once,
+however late), and forgets a gap after ``LINEAGE_GAP_FORGET_SECONDS`` (a rolled-back transaction's
+id never appears). A late event never moves a node's status or last-seen event backwards and does
+not end an edge a newer event touched, so the graph ends as if it had come in order, except that
+its own refs now exist. At most ``LINEAGE_GAP_MAX`` gaps are kept (the oldest go first, logged):
+PostgreSQL sequences also jump after a crash, and such a jump is not thousands of commits.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from lineage.models import (
     AuditItem,
     AuditStatus,
     Cursor,
+    CursorGap,
     Edge,
     EdgeType,
     Node,
@@ -435,7 +443,7 @@ class Projector:
                 self._link_external_datasets(event, node)
             return node
         changed = []
-        if node.last_event_id != event.id:
+        if node.last_event_id < event.id:
             node.last_seen_at, node.last_event_id = event.created_at, event.id
             changed += ["last_seen_at", "last_event_id"]
         if acting:
@@ -464,6 +472,8 @@ class Projector:
 
     def set_status(self, event: Event, ref: R, status: str, *, live: bool | None = None) -> None:
         node = self.node(event, ref)
+        if node.last_event_id > event.id:
+            return  # a late event: a newer one already set the status
         alive = status not in DEAD_STATES if live is None else live
         if node.status != status[:40] or node.live != alive:
             was_live = node.live
@@ -493,6 +503,8 @@ class Projector:
             )
             reach_add_edge(src, dst)
             return edge
+        if edge.last_event_id > event.id:
+            return edge  # a late event: a newer one decided whether the edge is active
         edge.last_event_id = event.id
         fields = ["last_event_id"]
         revived = not edge.active
@@ -506,7 +518,7 @@ class Projector:
 
     def end_edges(self, event: Event, edges) -> None:
         sources = {}
-        for edge in edges.select_related("src"):
+        for edge in edges.filter(last_event_id__lt=event.id).select_related("src"):
             edge.active, edge.ended_at, edge.last_event_id = False, event.created_at, event.id
             edge.save(update_fields=["active", "ended_at", "last_event_id"])
             sources[edge.src_id] = edge.src
@@ -623,6 +635,8 @@ def _apply_slice(
         projector.apply(event, subjects + others[:size], first=done == 0)
     finished = len(others) <= size
     if finished:
+        if event.id > cursor.last_event_id:
+            _record_gaps(cursor, cursor.last_event_id + 1, event.id)
         cursor.last_event_id, cursor.partial_event_id, cursor.partial_refs_done = event.id, 0, 0
     else:
         cursor.partial_event_id, cursor.partial_refs_done = event.id, done + size
@@ -630,6 +644,69 @@ def _apply_slice(
         update_fields=["last_event_id", "partial_event_id", "partial_refs_done", "updated_at"]
     )
     return finished
+
+
+def _record_gaps(cursor: Cursor, first: int, passed: int) -> None:
+    """Remember the ids ``first`` .. ``passed - 1`` the cursor is about to pass unseen."""
+    if passed <= first or cursor.last_event_id == 0:
+        return  # a fresh cursor starts at the first event it sees
+    limit = max(0, int(setting("LINEAGE_GAP_MAX")))
+    missing = range(max(first, passed - limit), passed)
+    if len(missing) < passed - first:
+        logger.warning(
+            "lineage: %d event ids missing before %d; keeping the newest %d as gaps",
+            passed - first,
+            passed,
+            len(missing),
+        )
+    now = timezone.now()
+    if not cursor.has_gaps:
+        cursor.has_gaps = True
+        cursor.save(update_fields=["has_gaps", "updated_at"])
+    CursorGap.objects.bulk_create(
+        [CursorGap(cursor=cursor, event_id=i, seen_at=now) for i in missing],
+        ignore_conflicts=True,
+    )
+    extra = CursorGap.objects.filter(cursor=cursor).count() - limit
+    if extra > 0:
+        oldest = CursorGap.objects.filter(cursor=cursor).order_by("event_id")[:extra]
+        CursorGap.objects.filter(pk__in=list(oldest.values_list("pk", flat=True))).delete()
+        logger.warning("lineage: forgot the %d oldest gaps (more than %d kept)", extra, limit)
+
+
+def _apply_late_events(projector: Projector, cursor: Cursor) -> int:
+    """Apply the events that committed after the cursor passed their ids; forget gaps older
+    than ``LINEAGE_GAP_FORGET_SECONDS``. Returns how many late events were applied."""
+    if not cursor.has_gaps:
+        return 0
+    gaps = CursorGap.objects.filter(cursor=cursor)
+    forget = timezone.now() - timedelta(seconds=float(setting("LINEAGE_GAP_FORGET_SECONDS")))
+    gaps.filter(seen_at__lt=forget).delete()
+    late = list(
+        Event.objects.unscoped()
+        .filter(id__in=gaps.values("event_id"))
+        .select_related("workspace")
+        .prefetch_related("refs")
+        .order_by("id")
+    )
+    for event in late:
+        if event.workspace_id is not None:
+            logger.info("lineage: applying event %d late", event.id)
+            projector.apply(event)
+    if late:
+        gaps.filter(event_id__in=[e.id for e in late]).delete()
+    if not gaps.exists():
+        cursor.has_gaps = False
+        cursor.save(update_fields=["has_gaps", "updated_at"])
+    return len(late)
+
+
+def _emit_after_commit(projector: Projector) -> None:
+    if projector.run_events:
+        from lineage.openlineage import emit_run_events
+
+        pending = list(projector.run_events)
+        transaction.on_commit(lambda: emit_run_events(pending), robust=True)
 
 
 def _project_batch(
@@ -650,6 +727,10 @@ def _project_batch(
             )
             subjects, others = _slice_refs(event, cursor.partial_refs_done, size)
             return int(_apply_slice(projector, cursor, event, subjects, others)), True
+        late = _apply_late_events(projector, cursor)
+        if late:
+            _emit_after_commit(projector)
+            return late, True
         events = list(
             Event.objects.unscoped()
             .filter(id__gt=cursor.last_event_id)
@@ -684,16 +765,13 @@ def _project_batch(
                 return int(_apply_slice(projector, cursor, event, subjects, others)), True
             if event.workspace_id is not None:
                 projector.apply(event)
+            _record_gaps(cursor, expected, event.id)
             cursor.last_event_id = event.id
             expected = event.id + 1
             applied += 1
         if applied:
             cursor.save(update_fields=["last_event_id", "updated_at"])
-        if projector.run_events:
-            from lineage.openlineage import emit_run_events
-
-            pending = list(projector.run_events)
-            transaction.on_commit(lambda: emit_run_events(pending), robust=True)
+        _emit_after_commit(projector)
     more = len(events) == batch_size or applied < len(events)
     return applied, more and not stopped
 
@@ -765,12 +843,19 @@ def rebuild() -> int:
     """Throw the projection away and replay the whole event log (no OpenLineage emission)."""
     Cursor.objects.select_for_update().filter(name=CURSOR).first()
     AuditItem.objects.unscoped().delete()
+    CursorGap.objects.all().delete()
     Usage.objects.unscoped().delete()
     Reach.objects.unscoped().delete()
     Edge.objects.unscoped().delete()
     Node.objects.unscoped().delete()
     Cursor.objects.update_or_create(
-        name=CURSOR, defaults={"last_event_id": 0, "partial_event_id": 0, "partial_refs_done": 0}
+        name=CURSOR,
+        defaults={
+            "last_event_id": 0,
+            "partial_event_id": 0,
+            "partial_refs_done": 0,
+            "has_gaps": False,
+        },
     )
     return project(gap_wait=0, emit=False)
 

@@ -114,7 +114,7 @@ def test_projection_resumes_from_its_cursor(workspace):
     assert Cursor.objects.get(name=projection.CURSOR).last_event_id > last
 
 
-def test_a_young_hole_in_the_ids_waits_and_an_old_one_is_skipped(workspace):
+def test_a_young_hole_in_the_ids_waits_and_an_old_one_is_passed(workspace):
     project()
     last = Event.objects.unscoped().order_by("-id").first().pk
     # Event last + 1 is still committing somewhere (or rolled back): only last + 2 is visible.
@@ -125,7 +125,8 @@ def test_a_young_hole_in_the_ids_waits_and_an_old_one_is_skipped(workspace):
     # The hole may be a transaction still committing: a fresh event after it waits.
     assert project(gap_wait=60) == 0
     assert not Node.objects.for_workspace(workspace).filter(object_id="2").exists()
-    # Once the event after the hole is older than the wait, the hole is a rollback.
+    # Once the event after the hole is older than the wait, the cursor passes the hole (and
+    # remembers it: test_late_events).
     assert project(gap_wait=0) == 1
     assert Node.objects.for_workspace(workspace).filter(object_id="2").exists()
 
