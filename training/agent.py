@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from training import runner, sandbox
 from training.models import JobState, Node, NodeState, TrainingJob
+from training.services import StaleAttempt
 from workspaces.events import Ref, event_record
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ NODE_QUEUE_PREFIX = "node."
 PID_FILE = "child.pid"
 LOG_FILE = "log.txt"
 SPEC_FILE = "spec.json"
-LOCK_FILE = "agent.lock"
+LOCK_FILE = "agent-node{node}.lock"
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_DIR = "model"
 
@@ -222,7 +223,7 @@ def resume_orphans(node_name: str) -> list[int]:
         work = job_work_dir(job)
         if not work.is_dir():
             continue
-        lock = _supervision_lock(work)
+        lock = _supervision_lock(work, job.node_id)
         if lock is None:
             continue  # an agent supervises it
         lock.close()
@@ -514,7 +515,7 @@ def execute_job(job_id: int) -> str:
             job=job, to=to, expect=JobState.PLACED, reason="stopped before start", stop_requested=""
         )
         return job.state
-    lock = _supervision_lock(work)
+    lock = _supervision_lock(work, job.node_id)
     if lock is None:
         logger.info("job %s already runs here; ignoring a duplicate delivery", job.pk)
         return job.state
@@ -524,13 +525,17 @@ def execute_job(job_id: int) -> str:
         lock.close()
 
 
-def _supervision_lock(work: Path):
-    """An exclusive lock on the job's folder, held for as long as this agent supervises it.
+def _supervision_lock(work: Path, node_id: int | None):
+    """An exclusive lock on the job's folder for one node, held for as long as this node's agent
+    supervises the job.
 
     The kernel drops it when the agent dies (SIGKILL included), so a job that is ``running`` while
     its lock is free has no agent: ``resume_orphans`` hands it to a fresh delivery. None when
-    another agent process holds it (a duplicate delivery of ``run_job``)."""
-    handle = open(work / LOCK_FILE, "a+b")  # noqa: SIM115 - held until the job ends
+    another agent process of the node holds it (a duplicate delivery of ``run_job``). The lock is
+    per node so that an agent frozen on a node declared lost (SIGSTOP, a partition) does not keep
+    the node the job moved to from running it; fencing (the attempt number) keeps the frozen one
+    from writing once it wakes."""
+    handle = open(work / LOCK_FILE.format(node=node_id or 0), "a+b")  # noqa: SIM115 - held until the job ends
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -638,7 +643,7 @@ def _max_wall_s(job: TrainingJob) -> float:
     return float(job_max_wall_s(job))
 
 
-def _node_fault(job: TrainingJob, why: str) -> str:
+def _node_fault(job: TrainingJob, why: str, attempt: int | None = None) -> str:
     """The node itself failed this attempt (not the job): count it towards a cordon and give
     the job back to the scheduler, which places it again (on another node if this one is
     cordoned meanwhile)."""
@@ -650,14 +655,19 @@ def _node_fault(job: TrainingJob, why: str) -> str:
     if job.state != JobState.RUNNING:
         return job.state
     to = JobState.PENDING if job.attempts < job.max_attempts else JobState.FAILED
-    with_retry(
-        job_transition,
-        job=job,
-        to=to,
-        expect=JobState.RUNNING,
-        reason=f"node fault: {why}"[:500],
-        **({"node": None, "assigned_gpus": []} if to == JobState.PENDING else {}),
-    )
+    try:
+        with_retry(
+            job_transition,
+            job=job,
+            to=to,
+            expect=JobState.RUNNING,
+            reason=f"node fault: {why}"[:500],
+            attempt=attempt,
+            **({"node": None, "assigned_gpus": []} if to == JobState.PENDING else {}),
+        )
+    except StaleAttempt as exc:
+        logger.warning("job %s: %s", job.pk, exc)
+        return _refresh(job).state
     return job.state
 
 
@@ -666,13 +676,13 @@ def _supervise(job: TrainingJob, spec, spec_path: Path, work: Path, tracker: Tra
         scratch = sandbox.prepare(job.pk)
     except OSError as exc:
         tracker.finish("FAILED")
-        return _node_fault(job, f"cannot prepare the sandbox: {exc}")
+        return _node_fault(job, f"cannot prepare the sandbox: {exc}", job.attempts)
     try:
         try:
             child_spec_path = _stage(job, spec, scratch, work)
         except OSError as exc:
             tracker.finish("FAILED")
-            return _node_fault(job, f"cannot stage the job's inputs: {exc}")
+            return _node_fault(job, f"cannot stage the job's inputs: {exc}", job.attempts)
         return _run_child(job, work, tracker, scratch, child_spec_path, spec)
     finally:
         scratch.remove()
@@ -683,6 +693,9 @@ def _run_child(
 ) -> str:
     from training.services import job_record_progress
 
+    # The fencing token: every write of this attempt carries it, and is refused once the job
+    # has moved on (its node declared lost, the job requeued and started elsewhere).
+    attempt = job.attempts
     env = sandbox.child_environment(
         scratch, gpus=_gpu_env(job), threads=max(1, job.cpu_milli // 1000)
     )
@@ -706,7 +719,7 @@ def _run_child(
     except OSError as exc:
         log.close()
         tracker.finish("FAILED")
-        return _node_fault(job, f"cannot start the training child: {exc}")
+        return _node_fault(job, f"cannot start the training child: {exc}", attempt)
     (work / PID_FILE).write_text(str(child.pid))
     events: queue_module.Queue = queue_module.Queue()
 
@@ -722,12 +735,13 @@ def _run_child(
     reader.start()
     usage = Usage(pid=child.pid)
     state = _Progress(
-        collect=lambda: _collect_checkpoint(scratch, work),
+        collect=lambda: _collect_checkpoint(scratch, work, job.pk, attempt),
         checkpoint_path=_relative(work / CHECKPOINT_FILE),
     )
     max_wall_s = _max_wall_s(job)
     started = time.monotonic()
     signalled = ""
+    superseded = ""
     last_poll = last_flush = 0.0
     reader_done = False
     while True:
@@ -743,15 +757,22 @@ def _run_child(
         if now - last_poll >= STOP_POLL_S:
             last_poll = now
             usage.sample()
-            if not signalled:
-                wanted = with_retry(
-                    lambda: (
-                        TrainingJob.objects.unscoped()
-                        .filter(pk=job.pk)
-                        .values_list("stop_requested", flat=True)
-                        .first()
-                    )
+            row = with_retry(
+                lambda: (
+                    TrainingJob.objects.unscoped()
+                    .filter(pk=job.pk)
+                    .values_list("stop_requested", "attempts", "state")
+                    .first()
                 )
+            )
+            if row is None or row[1] != attempt or row[2] != JobState.RUNNING:
+                superseded = (
+                    f"attempt {attempt} was superseded: the job is "
+                    f"{row[2] if row else 'gone'} at attempt {row[1] if row else '-'}"
+                )
+                break
+            if not signalled:
+                wanted = row[0]
                 if not wanted and SHUTTING_DOWN.is_set():
                     wanted = "shutdown"
                 if not wanted and max_wall_s and now - started > max_wall_s:
@@ -764,10 +785,19 @@ def _run_child(
                         child.send_signal(signal.SIGTERM)
         if now - last_flush >= PROGRESS_FLUSH_S or (reader_done and child.poll() is not None):
             last_flush = now
-            state.flush(job.pk, tracker, usage, job_record_progress)
+            try:
+                state.flush(job.pk, tracker, usage, job_record_progress, attempt)
+            except StaleAttempt as exc:
+                superseded = str(exc)
+                break
         if reader_done and child.poll() is not None:
             break
-    state.flush(job.pk, tracker, usage, job_record_progress)
+    if superseded:
+        return _superseded(job, child, log, tracker, superseded)
+    try:
+        state.flush(job.pk, tracker, usage, job_record_progress, attempt)
+    except StaleAttempt as exc:
+        return _superseded(job, child, log, tracker, str(exc))
     code = child.wait()
     if code == 0 and state.done is not None:
         try:
@@ -786,11 +816,33 @@ def _run_child(
     log.close()
     with contextlib.suppress(OSError):
         (work / PID_FILE).unlink()
-    return _finish(_refresh(job), code, state, usage, tracker, spec, signalled)
+    try:
+        return _finish(_refresh(job), code, state, usage, tracker, spec, signalled, attempt)
+    except StaleAttempt as exc:
+        logger.warning("job %s: %s; its end is not recorded", job.pk, exc)
+        return _refresh(job).state
 
 
-def _collect_checkpoint(scratch, work: Path) -> str:
-    """Copy the child's newest checkpoint into the job's folder; returns the error, if any."""
+def _superseded(job: TrainingJob, child, log, tracker: Tracker, why: str) -> str:
+    """This attempt lost the job (fenced): stop its child at once, write nothing more."""
+    logger.warning("job %s: %s; stopping this attempt's child", job.pk, why)
+    with contextlib.suppress(OSError):
+        child.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=30)
+    log.write(f"--- {why}; this agent stopped its child and wrote nothing more\n".encode())
+    log.close()
+    tracker.finish("KILLED")
+    return _refresh(job).state
+
+
+def _collect_checkpoint(scratch, work: Path, job_id: int, attempt: int) -> str:
+    """Copy the child's newest checkpoint into the job's folder, unless this attempt has been
+    superseded (the folder then holds the new attempt's checkpoint); returns the error, if any."""
+    from training.services import job_attempt_current
+
+    if not with_retry(job_attempt_current, job_id, attempt):
+        return ""  # the supervision loop sees the fence and stops the child
     try:
         sandbox.collect_file(scratch, CHECKPOINT_FILE, work / CHECKPOINT_FILE)
     except (OSError, sandbox.UnsafeOutput) as exc:
@@ -850,13 +902,18 @@ class _Progress:
             log.write(f"{event.get('message', '')}\n".encode())
             log.flush()
 
-    def flush(self, job_id: int, tracker: Tracker, usage: Usage, record) -> None:
+    def flush(
+        self, job_id: int, tracker: Tracker, usage: Usage, record, attempt: int | None = None
+    ) -> None:
         if not self.fields and not self.metrics:
             return
         fields, metrics = self.fields, self.metrics
         self.fields, self.metrics = {}, []
         usage.gpu_memory_peak_mb = max(usage.gpu_memory_peak_mb, self.gpu_memory_peak_mb)
-        with_retry(record, job_id=job_id, metrics=metrics, **fields)
+        if attempt is None:
+            with_retry(record, job_id=job_id, metrics=metrics, **fields)
+        else:
+            with_retry(record, job_id=job_id, metrics=metrics, attempt=attempt, **fields)
         tracker.metrics([m for m in metrics if m[1] != "checkpoint"])
 
 
@@ -875,7 +932,14 @@ def _production_comparison(job: TrainingJob, spec) -> dict[str, Any] | None:
 
 
 def _finish(
-    job: TrainingJob, code: int, state: _Progress, usage: Usage, tracker, spec, signalled: str = ""
+    job: TrainingJob,
+    code: int,
+    state: _Progress,
+    usage: Usage,
+    tracker,
+    spec,
+    signalled: str = "",
+    attempt: int | None = None,
 ) -> str:
     from training.services import job_transition
 
@@ -903,6 +967,7 @@ def _finish(
         with_retry(
             job_transition,
             job=job,
+            attempt=attempt,
             to=JobState.SUCCEEDED,
             expect=JobState.RUNNING,
             reason="training finished",
@@ -923,6 +988,7 @@ def _finish(
         with_retry(
             job_transition,
             job=job,
+            attempt=attempt,
             to=to,
             expect=JobState.RUNNING,
             reason=f"{why}; checkpointed at step {job.checkpoint_step}",
@@ -943,6 +1009,7 @@ def _finish(
         with_retry(
             job_transition,
             job=job,
+            attempt=attempt,
             to=JobState.PENDING,
             expect=JobState.RUNNING,
             reason=f"{reason}; requeued (attempt {job.attempts}/{job.max_attempts}), "
@@ -958,6 +1025,7 @@ def _finish(
     with_retry(
         job_transition,
         job=job,
+        attempt=attempt,
         to=to,
         expect=JobState.RUNNING,
         reason=reason,

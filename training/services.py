@@ -31,6 +31,24 @@ from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 
+class StaleAttempt(ConflictError):
+    """A write from an attempt the job has moved past (its node was declared lost and the job
+    runs, or ran, elsewhere): refused, and the writer should stop its child."""
+
+
+def _fence(locked: TrainingJob, attempt: int | None) -> None:
+    """Refuse a write from ``attempt`` unless it is the job's running attempt (the fencing
+    token: ``attempts`` grows by one every time an agent starts the job)."""
+    if attempt is None:
+        return
+    if locked.attempts != attempt or locked.state != JobState.RUNNING:
+        raise StaleAttempt(
+            f"attempt {attempt} of job {locked.pk} was superseded: the job is {locked.state} "
+            f"at attempt {locked.attempts}",
+            attr="attempt",
+        )
+
+
 @transaction.atomic
 def job_transition(
     *,
@@ -41,15 +59,19 @@ def job_transition(
     expect: str | set[str] | None = None,
     resources: dict[str, Any] | None = None,
     payload: dict[str, Any] | None = None,
+    attempt: int | None = None,
     **fields: Any,
 ) -> TrainingJob:
     """Move ``job`` to state ``to`` (locking its row), set ``fields`` and record the event.
 
     ``expect`` guards against races: the move happens only if the locked row is still in that
     state (or one of those states); otherwise ``ConflictError``. Illegal moves raise too.
-    The event verb is ``training.job.<to>`` with the job as subject and its dataset as input.
+    ``attempt`` (a node agent's fencing token) refuses the move with ``StaleAttempt`` unless that
+    attempt is the one running. The event verb is ``training.job.<to>`` with the job as subject
+    and its dataset as input.
     """
     locked = TrainingJob.objects.unscoped().select_for_update().get(pk=job.pk)
+    _fence(locked, attempt)
     if expect is not None:
         allowed = {expect} if isinstance(expect, str) else set(expect)
         if locked.state not in allowed:
@@ -87,6 +109,16 @@ def job_transition(
     for field in locked._meta.concrete_fields:
         setattr(job, field.attname, getattr(locked, field.attname))
     return job
+
+
+def job_attempt_current(job_id: int, attempt: int) -> bool:
+    """Whether ``attempt`` is still the running attempt of the job (a read; the agent checks
+    it before it copies a checkpoint into the job's folder)."""
+    return (
+        TrainingJob.objects.unscoped()
+        .filter(pk=job_id, attempts=attempt, state=JobState.RUNNING)
+        .exists()
+    )
 
 
 # --- jobs: create, stop, progress ---------------------------------------------------------------
@@ -341,13 +373,29 @@ def job_request_stop(*, job: TrainingJob, mode: str, reason: str, actor=None) ->
     return job
 
 
-def job_record_progress(*, job_id: int, metrics: list[tuple[int, str, float]], **fields) -> None:
-    """The agent streams progress: job row fields (no state change) and metric rows."""
+def job_record_progress(
+    *,
+    job_id: int,
+    metrics: list[tuple[int, str, float]],
+    attempt: int | None = None,
+    **fields,
+) -> None:
+    """The agent streams progress: job row fields (no state change) and metric rows.
+
+    With ``attempt`` (the agent's fencing token) nothing is written unless that attempt is the
+    job's running one; ``StaleAttempt`` tells the agent to stop."""
     fields["progress_at"] = timezone.now()
     with transaction.atomic():
-        TrainingJob.objects.unscoped().filter(pk=job_id).update(**fields)
+        if attempt is not None:
+            locked = TrainingJob.objects.unscoped().select_for_update().get(pk=job_id)
+            _fence(locked, attempt)
+            workspace_id = locked.workspace_id
+            TrainingJob.objects.unscoped().filter(pk=job_id).update(**fields)
+        else:
+            TrainingJob.objects.unscoped().filter(pk=job_id).update(**fields)
+            workspace_id = None
         if metrics:
-            workspace_id = (
+            workspace_id = workspace_id or (
                 TrainingJob.objects.unscoped()
                 .filter(pk=job_id)
                 .values_list("workspace_id", flat=True)
