@@ -105,10 +105,10 @@ class RoundStopping:
         self.curve = [list(point) for point in state["curve"]]
 
     def final_curve(self) -> list[list[float]]:
-        """The sampled curve with the best round's point in it (the curve's best is the kept
-        model's value)."""
+        """The sampled curve, with the best round's point in it when early stopping keeps
+        that round (the curve's best is then the kept model's value)."""
         points = {int(r): v for r, v in self.curve}
-        if self.best_round is not None:
+        if self.rounds and self.best_round is not None:
             points[int(self.best_round)] = self.best_value
         return [[r, points[r]] for r in sorted(points)]
 

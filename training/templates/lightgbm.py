@@ -150,7 +150,8 @@ def feature_matrix(dense: Any, cat: Any) -> np.ndarray:
     """One float64 matrix ``[dense | cat]`` from the encoder's arrays (numpy or torch)."""
     d = np.asarray(dense.cpu().numpy() if hasattr(dense, "cpu") else dense, dtype=np.float64)
     c = np.asarray(cat.cpu().numpy() if hasattr(cat, "cpu") else cat, dtype=np.float64)
-    return np.ascontiguousarray(np.concatenate([d.reshape(len(d), -1), c.reshape(len(c), -1)], 1))
+    d, c = (a if a.ndim == 2 else a.reshape(len(a), -1) for a in (d, c))
+    return np.ascontiguousarray(np.concatenate([d, c], axis=1))
 
 
 class LightGBMModel:
