@@ -350,7 +350,9 @@ def test_a_lightgbm_job_is_checked_against_its_own_params(workspace, client_for)
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(workspace, client_for):
+def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(
+    workspace, client_for, client
+):
     from celery.contrib.testing.worker import start_worker
 
     from config.celery import app
@@ -390,6 +392,12 @@ def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(worksp
     page = client.get(f"/api/v1/workspaces/{workspace.slug}/training-jobs/{job.pk}/metrics/")
     assert {"loss", "val_logloss"} <= {row["name"] for row in page.json()}
 
+    client.force_login(make_member(workspace, Role.VIEWER))
+    html = client.get(f"/w/{workspace.slug}/training/jobs/{job.pk}/").content.decode()
+    best = job.metrics["best_epoch"]
+    # 40 rounds, none of them 50 after the best: every round ran, the best one was kept
+    assert f"best logloss at round {best}, all rounds ran" in html
+
     version = model_version_register(actor=None, workspace=workspace, name="gbdt", job=job)
     assert sorted(a["name"] for a in version.artifacts) == ["model.txt", "spec.json"]
     bundle = load_version(version)
@@ -397,3 +405,54 @@ def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(worksp
     assert bundle.model.num_trees == job.metrics["trees"]
     prob = bundle.predict({}, 3)  # no feature values at all: nulls, still probabilities
     assert prob.shape == (3,) and np.all((prob > 0) & (prob < 1))
+
+
+def test_the_job_form_offers_lightgbm_with_its_own_params(client, workspace):
+    from django.urls import reverse
+
+    make_demo_dataset(workspace, scale=0.01)
+    client.force_login(make_member(workspace, Role.DEVELOPER))
+    url = reverse("training-job-new", kwargs={"ws": workspace.slug})
+    page = client.get(url, {"code": "template:lightgbm"})
+    assert page.status_code == 200 and page.context["form"].template == "lightgbm"
+    names = {bound.name for bound in page.context["form"].param_fields}
+    assert {"param_num_boost_round", "param_num_leaves", "param_categorical"} <= names
+    assert "param_embedding_dim" not in names
+
+
+def test_a_lightgbm_model_logged_with_the_stock_mlflow_client_imports(
+    workspace, client_for, tmp_path
+):
+    import mlflow
+    from django.conf import settings
+
+    from features.samples import dataset_file
+    from serving import registry
+    from serving.models import ModelVersion
+    from serving.tests.helpers import workspace_experiment
+
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    job = _job(dataset_file(dataset), tmp_path / "job", num_boost_round=20)
+    _done(job)
+    mlflow.set_tracking_uri(settings.MLFLOW_TRACKING_URI)
+    with mlflow.start_run(experiment_id=workspace_experiment(workspace)) as run:
+        mlflow.log_artifact(str(job.model_dir / "spec.json"), "model")
+        mlflow.log_artifact(str(job.model_dir / "model.txt"), "model")
+    with mlflow.start_run(experiment_id=workspace_experiment(workspace)) as bare:
+        mlflow.log_artifact(str(job.model_dir / "spec.json"), "model")  # no trees
+    client = client_for(make_member(workspace, Role.DEVELOPER))
+    url = f"/api/v1/workspaces/{workspace.slug}/model-versions/"
+    body = {"model": "trees", "source": f"runs:/{run.info.run_id}/model"}
+    response = client.post(url, body, format="json")
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.for_workspace(workspace).get(pk=response.json()["id"])
+    imported, trained = registry.load_version(version), load_bundle(job.model_dir)
+    holdout = data.load(job, spec=trained.spec).holdout
+    assert np.array_equal(
+        evaluation.predict_bundle(imported, holdout), evaluation.predict_bundle(trained, holdout)
+    )
+    missing = client.post(
+        url, {"model": "trees", "source": f"runs:/{bare.info.run_id}/model"}, format="json"
+    )
+    assert missing.status_code == 400, missing.content
+    assert missing.json()["attr"] == "source" and "no model.txt" in missing.json()["detail"]
