@@ -15,8 +15,9 @@ agent, the job page, the quality gate and the registry need not know which kind 
   (``auc`` and ``binary_logloss``), the round with the best ``early_stopping_metric`` is kept
   and training stops ``early_stopping_rounds`` rounds after it; the bundle holds the trees up
   to that round only. ``val_auc``/``val_logloss`` are emitted every ``log_every_steps`` rounds
-  (and at the best round), and that is the ``validation.curve`` of the ``done`` metrics. The
-  test rows are never given to LightGBM: they are scored once, by ``evaluation.evaluate``.
+  and at the last one; those points, plus the best round's, are the ``validation.curve`` of the
+  ``done`` metrics. The test rows are never given to LightGBM (no per-round held-out curve):
+  they are scored once, by ``evaluation.evaluate``.
 - Checkpoints (``checkpoint.pt``, the agent's file name) hold the booster's text model, the
   round, the fitted bundle spec and the early-stopping state (a dict of strings and numbers,
   saved with ``torch.save`` and read back with ``weights_only=True``), written to a temporary
@@ -43,8 +44,6 @@ import math
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 GBDT_CHECKPOINT_FORMAT = "rankops-gbdt-checkpoint/1"
 LIGHTGBM_METRICS = {"auc": "auc", "logloss": "binary_logloss"}
@@ -424,10 +423,3 @@ def train(job, *, emit, stop) -> int:
     save_bundle(job.model_dir, model, spec)
     emit("done", step=rounds, metrics=metrics, model_path=str(job.model_dir))
     return 0
-
-
-def raw_scores(model, dense, cat) -> np.ndarray:
-    """The booster's raw scores straight from LightGBM (tests compare the bundle with it)."""
-    from training.templates.lightgbm import feature_matrix
-
-    return np.asarray(model.booster.predict(feature_matrix(dense, cat), raw_score=True))

@@ -56,10 +56,12 @@ def _done(job) -> tuple[list[dict], dict]:
     return events, next(e for e in events if e["type"] == "done")["metrics"]
 
 
-def _split_scores(job, split_name: str = "holdout") -> np.ndarray:
+def _split_scores(job) -> np.ndarray:
+    """LightGBM's own raw scores of the job's held-out rows, from the stored bundle."""
     bundle = load_bundle(job.model_dir)
-    split = getattr(data.load(job, spec=bundle.spec), split_name)
-    return gbdt.raw_scores(bundle.model, split.dense, split.cat)
+    split = data.load(job, spec=bundle.spec).holdout
+    x = lightgbm.feature_matrix(split.dense, split.cat)
+    return np.asarray(bundle.model.booster.predict(x, raw_score=True))
 
 
 class StopAfter(runner.StopFlag):
