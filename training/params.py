@@ -223,7 +223,12 @@ COMMON: dict[str, Param] = {
         advanced=True,
     ),
     "threads": Param(
-        "int", 0, "CPU threads for torch (0: torch's default).", min=0, max=256, advanced=True
+        "int",
+        0,
+        "CPU threads for torch, or LightGBM's num_threads (0: the library's default).",
+        min=0,
+        max=256,
+        advanced=True,
     ),
     "log_every_steps": Param(
         "int", 10, "Progress and loss every N steps.", min=1, max=100_000, advanced=True

@@ -99,7 +99,8 @@ def test_job_form_creates_a_pending_job_and_redirects_to_its_page(
         (
             "code",
             "template:nope",
-            "use one of: template:deepfm, template:fine_ranking, template:logreg",
+            "use one of: template:deepfm, template:fine_ranking, template:lightgbm, "
+            "template:logreg",
         ),
         ("priority_class", "urgent", "use one of: production, experiment, exploration"),
         # a template's generated param fields: the allowed values next to the field
