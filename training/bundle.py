@@ -232,10 +232,11 @@ class FeatureEncoder:
         dense = np.concatenate(dense_parts, axis=1) if dense_parts else np.zeros((n, 0), np.float32)
         cat_parts = []
         for feature in self.spec.categorical_features:
-            values = _lookup(columns, feature, n)
             if feature.dtype == CATEGORICAL_LIST:
+                values = _lookup(columns, feature, n, arrow=True)
                 cat_parts.append(self._encode_lists(feature, values, n))
             else:
+                values = _lookup(columns, feature, n)
                 cat_parts.append(self._indices(feature, values).reshape(n, 1))
         cat = np.concatenate(cat_parts, axis=1) if cat_parts else np.zeros((n, 0), np.int64)
         return dense, cat
@@ -260,19 +261,38 @@ class FeatureEncoder:
         out[nulls] = 0
         return out
 
-    def _encode_lists(self, feature: FeatureSpec, values: Sequence[Any], n: int) -> np.ndarray:
+    def _encode_lists(self, feature: FeatureSpec, values: Any, n: int) -> np.ndarray:
         """``[n, slots]``: each row's first ``slots`` items' indices, then 0 (padding)."""
         slots = feature.slots
-        rows = [_list_items(v)[:slots] for v in values]
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=n)
-        flat = [item for r in rows for item in r]
         out = np.zeros((n, slots), dtype=np.int64)
-        if flat:
+        if _is_arrow_list(values):
+            # A dataset column: slice and flatten in Arrow, no Python object per row.
+            import pyarrow.compute as pc
+
+            sliced = pc.list_slice(values, 0, slots)
+            lengths = np.asarray(
+                pc.fill_null(pc.list_value_length(sliced), 0).to_numpy(zero_copy_only=False),
+                dtype=np.int64,
+            )
+            flat = pc.list_flatten(sliced).to_numpy(zero_copy_only=False)
+        else:
+            rows = [_list_items(v)[:slots] for v in values]
+            lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=n)
+            flat = [item for r in rows for item in r]
+        if len(flat):
             starts = np.cumsum(lengths) - lengths
             row_of = np.repeat(np.arange(n), lengths)
             slot_of = np.arange(len(flat)) - np.repeat(starts, lengths)
             out[row_of, slot_of] = self._indices(feature, flat)
         return out
+
+
+def _is_arrow_list(values: Any) -> bool:
+    import pyarrow as pa
+
+    return isinstance(values, pa.Array | pa.ChunkedArray) and (
+        pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
+    )
 
 
 def numeric_values(values: Sequence[Any], transform: str = "") -> np.ndarray:
@@ -284,13 +304,19 @@ def numeric_values(values: Sequence[Any], transform: str = "") -> np.ndarray:
     return arr
 
 
-def _lookup(columns: Mapping[str, Sequence[Any]], feature: FeatureSpec, n: int) -> Sequence[Any]:
+def _lookup(
+    columns: Mapping[str, Sequence[Any]], feature: FeatureSpec, n: int, *, arrow: bool = False
+) -> Sequence[Any]:
+    """A feature's ``n`` raw values, by column or by ref; Arrow columns become Python lists
+    unless ``arrow`` (a list feature's Arrow column is encoded in Arrow)."""
     if feature.column in columns:
         values = columns[feature.column]
     elif feature.ref in columns:
         values = columns[feature.ref]
     else:
         return [None] * n
+    if arrow and _is_arrow_list(values):
+        return values
     if hasattr(values, "to_pylist"):
         values = values.to_pylist()
     return values
