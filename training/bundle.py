@@ -201,7 +201,7 @@ def _list_items(value: Any) -> Sequence[Any]:
     """One row of a list feature as its items (a bare value is a one-item list)."""
     if value is None:
         return ()
-    if isinstance(value, str | bytes | int | float):
+    if isinstance(value, str | bytes | int | float | np.generic):
         return (value,)
     return list(value)
 
@@ -274,7 +274,7 @@ class FeatureEncoder:
                 pc.fill_null(pc.list_value_length(sliced), 0).to_numpy(zero_copy_only=False),
                 dtype=np.int64,
             )
-            flat = pc.list_flatten(sliced).to_numpy(zero_copy_only=False)
+            flat = pc.list_flatten(sliced).cast("string").to_numpy(zero_copy_only=False)
         else:
             rows = [_list_items(v)[:slots] for v in values]
             lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=n)
@@ -288,11 +288,17 @@ class FeatureEncoder:
 
 
 def _is_arrow_list(values: Any) -> bool:
+    """An Arrow list column of strings or integers (what the Arrow path reads as
+    ``category_text`` would: an integer's text is its digits)."""
     import pyarrow as pa
 
-    return isinstance(values, pa.Array | pa.ChunkedArray) and (
-        pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
-    )
+    if not isinstance(values, pa.Array | pa.ChunkedArray):
+        return False
+    kind = values.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return False
+    item = kind.value_type
+    return pa.types.is_string(item) or pa.types.is_large_string(item) or pa.types.is_integer(item)
 
 
 def numeric_values(values: Sequence[Any], transform: str = "") -> np.ndarray:

@@ -137,6 +137,18 @@ def test_a_list_feature_is_padded_truncated_and_shares_one_vocabulary(tmp_path):
         [1, 0, 0],  # a bare value is a one-item list
     ]
     assert cat.shape == (len(rows), 1 + 3 + 1)  # city, recent's slots, i:cat
+    # A dataset's Arrow column (sliced in Arrow) encodes as the same Python lists do, an
+    # integer item as its text and a null item as padding.
+    lists = [["sports", None, "food"], None, [], ["x", "zzz", "music", "food"]]
+    arrow = encoder.encode({"u__recent": pa.array(lists)}, 4)[1]
+    assert arrow.tolist() == encoder.encode({"u__recent": lists}, 4)[1].tolist()
+    assert arrow[:, 1:4].tolist() == [[2, 0, 1], [0, 0, 0], [0, 0, 0], [5, 6, 3]]
+    ints = FeatureEncoder(
+        BundleSpec("logreg", [FeatureSpec("n", "n", "categorical_list", dim=2, vocab=["7"])])
+    )
+    as_arrow = ints.encode({"n": pa.array([[7, 8], [8, 7]], type=pa.list_(pa.int32()))}, 2)[1]
+    assert as_arrow.tolist() == ints.encode({"n": [["7", 8], [8, "7"]]}, 2)[1].tolist()
+    assert as_arrow.tolist() == [[1, 2], [2, 1]]
 
 
 def test_null_and_numeric_fields_are_standardised_and_log_is_optional(tmp_path):
