@@ -47,13 +47,42 @@ class WorkspaceScopedQuerySet(models.QuerySet):
         clone._workspace_scoped = True
         return clone
 
+    def _narrowing_keys(self) -> frozenset[str]:
+        """Lookups that pin the workspace to one value (or a given set): equality on the
+        workspace or its id, pk or slug, and ``__in``. ``workspace__isnull=False``, ranges and
+        pattern lookups do not narrow anything and leave the queryset unscoped."""
+        field = self.workspace_field
+        keys = {field, f"{field}_id", f"{field}__pk", f"{field}__id", f"{field}__slug"}
+        return frozenset(
+            {*keys, *(f"{k}__exact" for k in keys), f"{field}__in", f"{field}_id__in"}
+        )
+
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> Self:
         clone = super()._filter_or_exclude(negate, args, kwargs)
         # filter(workspace=...) narrows as well (Django's own unique checks filter this way).
-        field = self.workspace_field
-        if not negate and any(key == field or key.startswith(f"{field}_") for key in kwargs):
+        narrowing = self._narrowing_keys()
+        if not negate and any(
+            key in narrowing and value is not None for key, value in kwargs.items()
+        ):
             clone._workspace_scoped = True
         return clone
+
+    def update(self, **kwargs: Any) -> int:
+        if not self._is_scoped():
+            raise UnscopedQueryError(f"{self.model._meta.label}.update() without for_workspace()")
+        return super().update(**kwargs)
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        if not self._is_scoped():
+            raise UnscopedQueryError(f"{self.model._meta.label}.delete() without for_workspace()")
+        return super().delete()
+
+    def bulk_update(self, objs: Any, fields: Any, batch_size: int | None = None) -> int:
+        # Django runs it as filter(pk__in=...).update() on this queryset: the objects were
+        # loaded (and so scoped) already, and their pks pin the rows.
+        return super(WorkspaceScopedQuerySet, self.unscoped()).bulk_update(
+            objs, fields, batch_size=batch_size
+        )
 
     def unscoped(self) -> Self:
         """All workspaces' rows: for the admin console and platform maintenance only."""

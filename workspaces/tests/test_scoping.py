@@ -35,6 +35,33 @@ def test_scoped_queryset_returns_only_that_workspace(workspace, other_workspace)
     assert list(workspace.events.all()) == rows
 
 
+def test_lookups_that_do_not_pin_a_workspace_do_not_count_as_narrowing(workspace):
+    for attempt in (
+        lambda: list(Event.objects.filter(workspace__isnull=False)),
+        lambda: Event.objects.filter(workspace_id__gt=0).count(),
+        lambda: Event.objects.filter(workspace__slug__startswith="").exists(),
+        lambda: list(Event.objects.filter(workspace=None)),
+        lambda: list(Membership.objects.filter(workspace__name__icontains="")),
+    ):
+        with pytest.raises(UnscopedQueryError):
+            attempt()
+    # Equality on the workspace, its id, pk or slug, and __in, do.
+    assert Membership.objects.filter(workspace__slug=workspace.slug).count() >= 0
+    assert Event.objects.filter(workspace_id__in=[workspace.pk]).count() == 1
+
+
+def test_update_and_delete_need_a_workspace_too(workspace, members):
+    with pytest.raises(UnscopedQueryError, match="update"):
+        Membership.objects.filter(role="viewer").update(role="admin")
+    with pytest.raises(UnscopedQueryError, match="delete"):
+        Membership.objects.filter(role="viewer").delete()
+    assert Membership.objects.for_workspace(workspace).filter(role="viewer").count() == 1
+    scoped = Membership.objects.for_workspace(workspace).filter(role="viewer")
+    assert scoped.update(role="viewer") == 1
+    # bulk_update works on loaded (and so already scoped) rows.
+    rows = list(Membership.objects.for_workspace(workspace).filter(role="viewer"))
+    assert Membership.objects.bulk_update(rows, ["role"]) == 1
+
 def test_unscoped_is_an_explicit_choice(workspace, other_workspace):
     assert Event.objects.unscoped().filter(verb="workspace.created").count() == 2
 
