@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -203,70 +205,137 @@ def model_version_register(
     evaluation = dict(evaluation or metrics.get("evaluation") or {})
     importance = dict(importance or metrics.get("importance") or {})
 
-    with transaction.atomic():
-        model = _model_get_or_create(actor=actor, workspace=workspace, name=name)
-        RegisteredModel.objects.for_workspace(workspace).select_for_update().filter(pk=model.pk)
-        latest = (
-            ModelVersion.objects.for_workspace(workspace)
-            .filter(model=model)
-            .aggregate(latest=Max("version"))["latest"]
-        )
-        number = (latest or 0) + 1
-        relative = version_dir(workspace, name, number)
-        target = artifacts.resolve_artifact(relative)
-        if target.exists():
-            shutil.rmtree(target)
-        files = artifacts.copy_bundle(source_dir, target)
-        try:
-            with transaction.atomic():
-                version = ModelVersion.objects.create(
-                    workspace=workspace,
-                    model=model,
-                    version=number,
-                    source=source,
-                    job=job,
-                    dataset=dataset,
-                    artifact_path=relative,
-                    spec=spec.to_json(),
-                    features=[f.ref for f in spec.features],
-                    metrics=metrics,
-                    evaluation=evaluation,
-                    importance=importance,
-                    artifacts=files,
-                    mlflow_run_id=mlflow_run_id or "",
-                    description=description[:2000],
-                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
-                )
-        except IntegrityError as exc:
-            raise ConflictError(
-                f"model '{name}' v{number} was registered at the same moment"
-            ) from exc
-        load_version(version)  # refuses anything that is not a loadable tensors-only bundle
-        refs = [Ref.to(version, role="output"), Ref.to(model, role="related")]
-        if job is not None:
-            refs.append(Ref.to(job, role="input"))
-        if dataset is not None:
-            refs.append(Ref(kind="dataset", object_id=dataset.pk, label=str(dataset), role="input"))
-        storage_gb = sum(f["size"] for f in files) / 1e9
-        event_record(
-            actor=actor,
-            workspace=workspace,
-            verb="serving.model_version.registered",
-            refs=refs,
-            resources={"storage_gb": storage_gb},
-            payload={
-                "model": name,
-                "version": number,
-                "source": source,
-                "features": version.features,
-                "metrics": metrics,
-                "artifact_path": relative,
-            },
-        )
-        _register_consumers(actor=actor, version=version)
-        _alias_set(actor=actor, model=model, alias="candidate", version=version, sync=False)
+    # The files go to a staging folder first, outside any lock; the version number is reserved
+    # under the model's row lock, and only then does the folder take its final name. A folder
+    # already at that name has no version row (its number is free under the lock): it is what a
+    # crashed registration left, and it is replaced.
+    staging = artifacts.resolve_artifact(
+        f"{workspace.pk}/models/{name}/.staging-{uuid.uuid4().hex}"
+    )
+    files = artifacts.copy_bundle(source_dir, staging)
+    target: Path | None = None
+    try:
+        with transaction.atomic():
+            version, target = _register_locked(
+                actor=actor,
+                workspace=workspace,
+                name=name,
+                staging=staging,
+                files=files,
+                source=source,
+                job=job,
+                dataset=dataset,
+                spec=spec,
+                metrics=metrics,
+                evaluation=evaluation,
+                importance=importance,
+                mlflow_run_id=mlflow_run_id,
+                description=description,
+            )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if target is not None:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
     _sync_mlflow(version)
-    _sync_mlflow_alias(model, "candidate", version)
+    _sync_mlflow_alias(version.model, "candidate", version)
+    return version
+
+
+def _register_locked(
+    *,
+    actor,
+    workspace: Workspace,
+    name: str,
+    staging: Path,
+    files: list[dict],
+    source: str,
+    job,
+    dataset,
+    spec,
+    metrics: dict,
+    evaluation: dict,
+    importance: dict,
+    mlflow_run_id: str,
+    description: str,
+) -> tuple[ModelVersion, Path]:
+    """Within the caller's transaction: lock the model, take the next number, move the staged
+    files to their version folder and record the version."""
+    model = _model_get_or_create(actor=actor, workspace=workspace, name=name)
+    model = RegisteredModel.objects.for_workspace(workspace).select_for_update().get(pk=model.pk)
+    latest = (
+        ModelVersion.objects.for_workspace(workspace)
+        .filter(model=model)
+        .aggregate(latest=Max("version"))["latest"]
+    )
+    number = (latest or 0) + 1
+    relative = version_dir(workspace, name, number)
+    target = artifacts.resolve_artifact(relative)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    try:
+        return _record_version(
+            actor=actor, workspace=workspace, model=model, name=name, number=number,
+            relative=relative, files=files, source=source, job=job, dataset=dataset, spec=spec,
+            metrics=metrics, evaluation=evaluation, importance=importance,
+            mlflow_run_id=mlflow_run_id, description=description,
+        ), target  # fmt: skip
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)  # the transaction rolls back: no files either
+        raise
+
+
+def _record_version(
+    *, actor, workspace, model, name, number, relative, files, source, job, dataset, spec,
+    metrics, evaluation, importance, mlflow_run_id, description,
+) -> ModelVersion:  # fmt: skip
+    try:
+        with transaction.atomic():
+            version = ModelVersion.objects.create(
+                workspace=workspace,
+                model=model,
+                version=number,
+                source=source,
+                job=job,
+                dataset=dataset,
+                artifact_path=relative,
+                spec=spec.to_json(),
+                features=[f.ref for f in spec.features],
+                metrics=metrics,
+                evaluation=evaluation,
+                importance=importance,
+                artifacts=files,
+                mlflow_run_id=mlflow_run_id or "",
+                description=description[:2000],
+                created_by=actor if getattr(actor, "is_authenticated", False) else None,
+            )
+    except IntegrityError as exc:
+        raise ConflictError(f"model '{name}' v{number} was registered at the same moment") from exc
+    load_version(version)  # refuses anything that is not a loadable tensors-only bundle
+    refs = [Ref.to(version, role="output"), Ref.to(model, role="related")]
+    if job is not None:
+        refs.append(Ref.to(job, role="input"))
+    if dataset is not None:
+        refs.append(Ref(kind="dataset", object_id=dataset.pk, label=str(dataset), role="input"))
+    storage_gb = sum(f["size"] for f in files) / 1e9
+    event_record(
+        actor=actor,
+        workspace=workspace,
+        verb="serving.model_version.registered",
+        refs=refs,
+        resources={"storage_gb": storage_gb},
+        payload={
+            "model": name,
+            "version": number,
+            "source": source,
+            "features": version.features,
+            "metrics": metrics,
+            "artifact_path": relative,
+        },
+    )
+    _register_consumers(actor=actor, version=version)
+    _alias_set(actor=actor, model=model, alias="candidate", version=version, sync=False)
     return version
 
 
