@@ -59,25 +59,18 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
 def _error(
     status: int, code: str, detail: str, attr: str | None = None, errors=None
 ) -> HttpResponse:
-    kinds = {
-        400: "validation_error",
-        401: "client_error",
-        403: "client_error",
-        404: "client_error",
-        405: "client_error",
-        409: "client_error",
-        413: "client_error",
-    }
-    return _json(
-        {
-            "type": kinds.get(status, "server_error"),
-            "code": code,
-            "detail": detail,
-            "attr": attr,
-            "errors": errors or [{"code": code, "detail": detail, "attr": attr}],
-        },
-        status,
+    """The API's error envelope (``workspaces.api.errors.error_body``: the same ``type`` per
+    status as every other endpoint), with the list of errors the gateway's clients read."""
+    from workspaces.api.errors import error_body
+
+    body = error_body(
+        status_code=status,
+        code=code,
+        detail=detail,
+        attr=attr,
+        errors=errors or [{"code": code, "detail": detail, "attr": attr}],
     )
+    return _json(body, status)
 
 
 class _Refused(Exception):
@@ -284,6 +277,8 @@ def oip_infer(request, name: str) -> HttpResponse:
         return _error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
     try:
         workspace, deployment, table = _oip_target(request, name)
+        if table.get("stopped"):
+            return _error(409, "conflict", f"deployment '{deployment}' is stopped", "deployment")
         payload = _body(request)
         columns, n, request_id = oip.decode_inputs(payload)
         loaded = MODELS.get(table["production"])
@@ -344,6 +339,8 @@ def oip_model(request, name: str) -> HttpResponse:
 def oip_model_ready(request, name: str) -> HttpResponse:
     try:
         _, _, table = _oip_target(request, name)
+        if table.get("stopped"):
+            return _json({"name": name, "ready": False}, 503)  # a stopped deployment serves none
         MODELS.get(table["production"])
     except _Refused as refused:
         return refused.response
