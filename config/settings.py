@@ -285,6 +285,7 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
     "feature-health": {"task": "features.tasks.health_check_all", "schedule": 60.0},
     "feature-materialize": {"task": "features.tasks.materialize_online", "schedule": 300.0},
+    "feature-sweep": {"task": "features.tasks.sweep_uncommitted_files", "schedule": 3600.0},
 }
 
 for _folder in (

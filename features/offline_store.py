@@ -2,7 +2,8 @@
 
 Layout: ``offline/ws=<id>/group=<id>/v=<version>/date=<YYYY-MM-DD>/batch-<id>.parquet``.
 A batch is written to a temporary name and renamed into place, so a reader never sees half a file
-and a crash leaves no partial partition behind.
+and a crash leaves no partial partition behind; readers take only files whose batch row committed
+(``parquet_glob``), so a crash between the file and the commit leaves nothing a reader sees.
 """
 
 from __future__ import annotations
@@ -60,11 +61,69 @@ def remove_files(paths: list[str]) -> None:
         Path(path).unlink(missing_ok=True)
 
 
-def parquet_glob(*, workspace_id: int, group_id: int, version: int) -> str | None:
+def batch_id_of(path: Path) -> int | None:
+    """The batch id in a file name ``batch-<id>.parquet`` (None for any other name)."""
+    stem = path.name.removeprefix("batch-").removesuffix(".parquet")
+    return int(stem) if stem.isdigit() and path.name.startswith("batch-") else None
+
+
+def parquet_glob(*, workspace_id: int, group_id: int, version: int) -> list[str] | None:
+    """The group version's Parquet files whose batch is committed (None when there are none).
+
+    A batch's files are written inside its database transaction, before the commit; a process
+    killed between the two leaves files whose batch row never committed. Readers therefore take
+    only the files of batches the database has (one indexed query per read), never a bare glob,
+    and ``sweep_uncommitted`` removes the leftovers later."""
+    from features.models import Batch
+
     base = group_dir(workspace_id=workspace_id, group_id=group_id, version=version)
-    if not any(base.glob("date=*/batch-*.parquet")):
+    files: dict[int, list[Path]] = {}  # a batch has one file per event-time day
+    for path in base.glob("date=*/batch-*.parquet"):
+        batch_id = batch_id_of(path)
+        if batch_id is not None:
+            files.setdefault(batch_id, []).append(path)
+    if not files:
         return None
-    return str(base / "date=*" / "batch-*.parquet")
+    committed = set(
+        Batch.objects.unscoped()
+        .filter(workspace_id=workspace_id, group_id=group_id, version=version)
+        .filter(pk__in=list(files))
+        .values_list("pk", flat=True)
+    )
+    kept = sorted(str(path) for i in committed for path in files[i])
+    return kept or None
+
+
+def sweep_uncommitted(*, older_than_s: float = 3600.0) -> list[str]:
+    """Remove batch files whose batch row does not exist and that are older than
+    ``older_than_s`` (a younger one may belong to a transaction still committing); returns the
+    files removed."""
+    import time
+
+    from features.models import Batch
+
+    root = offline_root()
+    if not root.is_dir():
+        return []
+    cutoff = time.time() - older_than_s
+    candidates: dict[int, list[Path]] = {}
+    for path in root.glob("ws=*/group=*/v=*/date=*/batch-*.parquet"):
+        batch_id = batch_id_of(path)
+        if batch_id is not None and path.stat().st_mtime < cutoff:
+            candidates.setdefault(batch_id, []).append(path)
+    if not candidates:
+        return []
+    known = set(
+        Batch.objects.unscoped().filter(pk__in=list(candidates)).values_list("pk", flat=True)
+    )
+    removed = []
+    for batch_id, paths in candidates.items():
+        if batch_id in known:
+            continue
+        for path in paths:
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
+    return removed
 
 
 # The partition folders (ws=, group=, v=, date=) are layout, not columns.

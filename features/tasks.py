@@ -1,6 +1,7 @@
 """Celery tasks of the features app: thin, idempotent, taking ids. Beat runs the health checks
-every minute and the online materialisation every five minutes (config/settings.py); dataset
-builds asked for from a page or the API run here."""
+every minute, the online materialisation every five minutes and the sweep of uncommitted
+offline files every hour (config/settings.py); dataset builds asked for from a page or the API run
+here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 from celery import shared_task
 from django.core.cache import cache
 
-from features import health, materialization, samples
+from features import health, materialization, offline_store, samples
 from features.models import FeatureGroup
 from workspaces.task_slots import SLOT_RETRY_SECONDS, workspace_task_slot
 
@@ -30,6 +31,16 @@ def health_check_all() -> dict[str, int]:
         return health.health_check_all()
     finally:
         cache.delete(HEALTH_LOCK_KEY)
+
+
+@shared_task(name="features.tasks.sweep_uncommitted_files", ignore_result=True)
+def sweep_uncommitted_files() -> int:
+    """Remove offline files a crashed push left (its batch row never committed); readers already
+    skip them."""
+    removed = offline_store.sweep_uncommitted()
+    if removed:
+        logger.warning("removed %d offline files of uncommitted batches", len(removed))
+    return len(removed)
 
 
 @shared_task(name="features.tasks.health_check_group", ignore_result=True)

@@ -248,7 +248,7 @@ def test_version_page_shows_the_held_out_metrics_and_the_production_comparison(
 def test_version_page_links_its_mlflow_run_when_a_ui_is_configured(
     workspace, members, ranker, settings
 ):
-    ModelVersion.objects.filter(pk=ranker[2].pk).update(mlflow_run_id="r" * 32)
+    ModelVersion.objects.unscoped().filter(pk=ranker[2].pk).update(mlflow_run_id="r" * 32)
     url = f"/w/{workspace.slug}/models/ranker/v2/"
     settings.MLFLOW_UI_URL = "http://localhost:5000"
     html = browser(members[Role.VIEWER]).get(url).content.decode()
