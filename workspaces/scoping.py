@@ -53,9 +53,7 @@ class WorkspaceScopedQuerySet(models.QuerySet):
         pattern lookups do not narrow anything and leave the queryset unscoped."""
         field = self.workspace_field
         keys = {field, f"{field}_id", f"{field}__pk", f"{field}__id", f"{field}__slug"}
-        return frozenset(
-            {*keys, *(f"{k}__exact" for k in keys), f"{field}__in", f"{field}_id__in"}
-        )
+        return frozenset({*keys, *(f"{k}__exact" for k in keys), f"{field}__in", f"{field}_id__in"})
 
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> Self:
         clone = super()._filter_or_exclude(negate, args, kwargs)
