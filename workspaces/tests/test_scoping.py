@@ -62,6 +62,7 @@ def test_update_and_delete_need_a_workspace_too(workspace, members):
     rows = list(Membership.objects.for_workspace(workspace).filter(role="viewer"))
     assert Membership.objects.bulk_update(rows, ["role"]) == 1
 
+
 def test_unscoped_is_an_explicit_choice(workspace, other_workspace):
     assert Event.objects.unscoped().filter(verb="workspace.created").count() == 2
 
