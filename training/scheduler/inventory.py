@@ -8,12 +8,18 @@ plus the other workers of gang jobs (``JobScheduling.gang_nodes``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 
 from training.models import JobState, Node, NodeKind, NodeState, PriorityClass, TrainingJob
-from training.scheduler.placement import Cluster, NodeInventory, Request, workload_classes
+from training.scheduler.placement import (
+    Cluster,
+    NodeInventory,
+    Request,
+    TaskClass,
+    workload_classes,
+)
 
 HOLDING_STATES = (JobState.PLACED, JobState.RUNNING)
 
@@ -56,9 +62,11 @@ def build_cluster(
     jobs: Iterable[TrainingJob],
     *,
     workload_jobs: Iterable[TrainingJob] = (),
+    workload: Sequence[TaskClass] | None = None,
     seed: int | None = 0,
 ) -> tuple[Cluster, dict[int, list[TrainingJob]]]:
-    """The free inventory of ``nodes`` after ``jobs``; also the jobs holding each node."""
+    """The free inventory of ``nodes`` after ``jobs``; also the jobs holding each node. The
+    target workload is ``workload`` (classes) when given, else the one ``workload_jobs`` ask."""
     nodes = list(nodes)
     used_cpu: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
@@ -85,7 +93,11 @@ def build_cluster(
                 gpu_indexes=tuple(int(g["index"]) for g in gpus),
             )
         )
-    classes = workload_classes(job_request(j) for j in workload_jobs)
+    classes = (
+        list(workload)
+        if workload is not None
+        else workload_classes(job_request(j) for j in workload_jobs)
+    )
     cluster = Cluster(
         inventory,
         workload=classes,

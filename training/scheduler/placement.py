@@ -208,6 +208,15 @@ def _slice_prices(shares: tuple[tuple[int, float], ...]) -> SlicePrices:
     return SlicePrices(dict(shares))
 
 
+def slice_shares(classes: Iterable[TaskClass]) -> dict[int, float]:
+    """How often each fractional-GPU slice size occurs in a workload (what the prices price)."""
+    slices: Counter[int] = Counter()
+    for c in classes:
+        if not c.gpu_count and 0 < c.gpu_milli < WHOLE:
+            slices[c.gpu_milli] += c.weight if c.share is None else c.share
+    return dict(slices)
+
+
 def slice_prices(shares: dict[int, float]) -> SlicePrices:
     """``SlicePrices`` for a workload, cached (the live tick rebuilds its cluster every time)."""
     total = sum(w for w in shares.values() if w > 0) or 1.0
@@ -317,11 +326,7 @@ class Cluster:
         self.c_typeok_any = self.c_typeok | self.c_cpu_only[None, :]
         # The "below demand" sums depend only on the per-GPU demand: compute them per distinct one.
         self.d_values, self.c_dpos = np.unique(self.c_d, return_inverse=True)
-        slices: Counter[int] = Counter()
-        for c in classes:
-            if not c.gpu_count and 0 < c.gpu_milli < WHOLE:
-                slices[c.gpu_milli] += c.weight if c.share is None else c.share
-        self._slice_shares = dict(slices)
+        self._slice_shares = slice_shares(classes)
         self._prices: SlicePrices | None = None
         self._frag = self.fragmentation_of(self.free, self.cpu, self.mem, self.typ)
         self._dirty = set()

@@ -1,5 +1,7 @@
 """The live scheduler tick: admit, place, preempt, dispatch.
 
+The workload's slice prices (a linear program) are solved before the tick takes any lock.
+
 Concurrency: pending/admitted jobs are taken with ``SELECT ... FOR UPDATE SKIP LOCKED`` so two
 ticks never work on the same job, and the ready node rows are then locked (plain ``FOR UPDATE``)
 so the capacity accounting of two ticks is serialised: the second one reads the first one's
@@ -14,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, IntegerField, Value, When
 from django.utils import timezone
@@ -38,7 +41,13 @@ from training.scheduler.inventory import (
     worker_allocations,
 )
 from training.scheduler.models import JobScheduling, LendingLease
-from training.scheduler.placement import Cluster, Placement
+from training.scheduler.placement import (
+    Cluster,
+    Placement,
+    slice_prices,
+    slice_shares,
+    workload_classes,
+)
 from training.services import job_request_stop, job_transition
 from workspaces.exceptions import ConflictError
 
@@ -84,8 +93,24 @@ def _dispatch(job_id: int, queue: str) -> bool:
     return True
 
 
+def _workload() -> list:
+    """The target workload (the 500 newest requests) and its slice prices, before any lock:
+    the prices are a linear program over the workload alone (``placement.SlicePrices``), and
+    solving it here leaves the locked part of the tick with a cache hit."""
+    recent = list(
+        TrainingJob.objects.unscoped()
+        .order_by("-created_at")
+        .only("cpu_milli", "memory_mb", "gpu_count", "gpu_milli", "gpu_type", "workers")[:500]
+    )
+    classes = workload_classes(job_request(j) for j in recent)
+    if getattr(settings, "SCHEDULER_SLICE_PRICING", True):
+        slice_prices(slice_shares(classes))
+    return classes
+
+
 def _tick(limit: int, summary: Counter) -> list[tuple[int, str]]:
     dispatch: list[tuple[int, str]] = []
+    workload = _workload()
     with transaction.atomic():
         jobs = list(
             TrainingJob.objects.unscoped()
@@ -100,12 +125,7 @@ def _tick(limit: int, summary: Counter) -> list[tuple[int, str]]:
         list(Node.objects.select_for_update().filter(state=NodeState.READY).order_by("pk"))
         nodes = schedulable_nodes(include_lending=True)
         holding = holding_jobs()
-        recent = list(
-            TrainingJob.objects.unscoped()
-            .order_by("-created_at")
-            .only("cpu_milli", "memory_mb", "gpu_count", "gpu_milli", "gpu_type", "workers")[:500]
-        )
-        cluster, on_node = build_cluster(nodes, holding, workload_jobs=recent)
+        cluster, on_node = build_cluster(nodes, holding, workload=workload)
         inference = np.array([n.kind == NodeKind.INFERENCE for n in nodes], dtype=bool)
         now = timezone.now()
         for job in jobs:

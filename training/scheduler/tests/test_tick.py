@@ -175,3 +175,27 @@ def test_slice_pricing_follows_the_setting(workspace, settings):
     settings.SCHEDULER_SLICE_PRICING = False
     cluster, _ = build_cluster(nodes, [], workload_jobs=[job])
     assert not cluster.slice_pricing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tick_solves_its_slice_prices_before_it_takes_any_lock(workspace, monkeypatch):
+    from django.db import connection
+
+    from training.scheduler import placement
+
+    placement._slice_prices.cache_clear()
+    solved_in_transaction: list[bool] = []
+    master = placement.SlicePrices._master
+
+    def recording(matrix, demand):
+        solved_in_transaction.append(connection.in_atomic_block)
+        return master(matrix, demand)
+
+    monkeypatch.setattr(placement.SlicePrices, "_master", staticmethod(recording))
+    make_node(gpus=1)
+    jobs = [make_job(workspace, gpu_milli=m) for m in (470, 300)]
+    summary = schedule_tick()
+    assert summary["placed"] == 2
+    assert all(reload(j).state == JobState.PLACED for j in jobs)
+    # The LP ran (a fractional workload), and never under the tick's row locks.
+    assert solved_in_transaction and not any(solved_in_transaction)
