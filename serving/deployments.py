@@ -270,6 +270,25 @@ def _warm(version: ModelVersion) -> None:
     MODELS.get(version.pk)
 
 
+def version_warm(version: ModelVersion) -> None:
+    """Warm ``version`` here ahead of a release (a caller about to lock rows of its own, such
+    as an experiment's conclusion, warms first so no model loads under its locks)."""
+    _warm(version)
+
+
+def _apply_after_commit(dep: Deployment) -> None:
+    """Make the backend match the row once the change commits (at once outside a transaction):
+    ``kubectl`` and model-server processes never run under the caller's row locks."""
+
+    def apply() -> None:
+        status = _apply_backend(dep)
+        Deployment.objects.for_workspace(dep.workspace_id).filter(pk=dep.pk).update(
+            status_detail=status
+        )
+
+    transaction.on_commit(apply, robust=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Services
 
@@ -401,7 +420,7 @@ def deployment_release(
     if deployment.version_id != version.pk:
         # 409 naming the metric when it is worse than production on the same held-out rows.
         require_quality(version, deployment)
-    _warm(version)  # loads and warms before traffic moves
+    _warm(version)  # loads and warms before traffic moves (a cache hit when warmed ahead)
     with transaction.atomic():
         dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)
         if dep.version_id == version.pk:
@@ -425,8 +444,7 @@ def deployment_release(
                 "routing_version": dep.routing_version,
             },
         )
-    status = _apply_backend(dep)
-    Deployment.objects.for_workspace(workspace).filter(pk=dep.pk).update(status_detail=status)
+    _apply_after_commit(dep)
     return dep
 
 
@@ -460,7 +478,7 @@ def deployment_rollback(
             },
         )
     if dep.backend != Backend.EMBEDDED:
-        _apply_backend(dep)
+        _apply_after_commit(dep)
     return dep
 
 
