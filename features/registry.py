@@ -407,12 +407,21 @@ def consumer_register(
     feature_name: str = "",
     owner: AbstractBaseUser | None = None,
 ) -> Consumer:
-    """Record that an object (dataset, model, deployment, experiment) uses a group or feature."""
+    """Record that an object (dataset, model, deployment, experiment) uses a group or feature.
+
+    The group's row (and the feature's) is locked first, the same lock retiring takes: either the
+    retirement sees this consumer and is refused, or this registration sees the retirement."""
+    group = (
+        FeatureGroup.objects.select_for_update()
+        .filter(pk=group.pk, workspace=group.workspace_id)
+        .get()
+    )
     if group.status == Lifecycle.RETIRED:
         raise ConflictError(f"feature group '{group.name}' is retired", attr="features")
     if feature_name:
         feature = (
-            Feature.objects.for_workspace(group.workspace)
+            Feature.objects.for_workspace(group.workspace_id)
+            .select_for_update()
             .filter(group=group, name=feature_name)
             .first()
         )
