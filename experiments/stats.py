@@ -19,7 +19,7 @@ Conventions follow GrowthBook's engine (``gbstats``) so results can be checked a
   parameter (the total sample size at which the interval is tightest).
 - CUPED uses one pooled ``theta = cov(post, pre) / var(pre)`` across arms.
 
-Distributions come from scipy; only what scipy/statsmodels lack (the delta method on sufficient
+Distributions come from scipy; only what scipy lacks (the delta method on sufficient
 statistics, the confidence sequence) is written out here.
 """
 
