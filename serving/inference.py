@@ -10,6 +10,7 @@ same ``FeatureEncoder``.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,25 +148,50 @@ class LoadedVersion:
 
 class ModelCache:
     """Versions loaded in this process, by id (a deployment's production and previous versions
-    and its experiment arms stay loaded, so rollback and routing never wait for a load)."""
+    and its experiment arms stay loaded, so rollback and routing never wait for a load).
+
+    At most ``MAX_LOADED`` versions: the least recently used one is evicted first, never one a
+    routing table of this process routes to (``TABLES``: production, rollback target, arms), so a
+    burst of one-off loads (playgrounds, evaluations) cannot push the hot production model out.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loaded: dict[int, LoadedVersion] = {}
+        self._loaded: OrderedDict[int, LoadedVersion] = OrderedDict()
 
     def get(self, version_id: int) -> LoadedVersion:
         loaded = self._loaded.get(version_id)
         if loaded is not None:
+            with self._lock:
+                if version_id in self._loaded:
+                    self._loaded.move_to_end(version_id)
             return loaded
         from serving.models import ModelVersion
 
         version = ModelVersion.objects.unscoped().select_related("model").get(pk=version_id)
         loaded = LoadedVersion(version)
         with self._lock:
-            if len(self._loaded) >= MAX_LOADED:
-                self._loaded.pop(next(iter(self._loaded)))
             self._loaded.setdefault(version_id, loaded)
+            self._loaded.move_to_end(version_id)
+            self._evict(keep=version_id)
         return self._loaded[version_id]
+
+    def _evict(self, *, keep: int) -> None:
+        """Under the lock: drop least recently used versions that no table routes to."""
+        if len(self._loaded) <= MAX_LOADED:
+            return
+        from serving.routing import TABLES
+
+        routed = TABLES.routed_versions() | {keep}
+        for candidate in list(self._loaded):
+            if len(self._loaded) <= MAX_LOADED:
+                break
+            if candidate not in routed:
+                del self._loaded[candidate]
+
+    def loaded_ids(self) -> list[int]:
+        """Loaded version ids, least recently used first."""
+        return list(self._loaded)
 
     def ensure(self, version_ids) -> None:
         for version_id in version_ids:

@@ -203,6 +203,20 @@ class TableCache:
             table = self._reload(workspace_id, name)
         return table
 
+    def routed_versions(self) -> set[int]:
+        """Every version id a table of this process routes to (production, the rollback
+        target, experiment arms)."""
+        ids: set[int] = set()
+        with self._lock:
+            tables = list(self._tables.values())
+        for table in tables:
+            ids.update(i for i in (table.get("production"), table.get("previous")) if i)
+            for layer in table.get("layers") or []:
+                for alloc in layer.get("allocations") or []:
+                    if alloc.get("version_id"):
+                        ids.add(int(alloc["version_id"]))
+        return ids
+
     def clear(self) -> None:
         with self._lock:
             self._tables.clear()
