@@ -1,9 +1,12 @@
 """Evaluation (T10) and feature importance (F10) on the held-out split.
 
-Pure numpy (and torch for scoring), no Django at import: the training child evaluates its model
-right after training. ``production_bundle_path`` asks the resolvers that right-hand apps register
-(serving registers the workspace's current production model) so the agent can score that model
-on the same held-out rows.
+numpy, scikit-learn's metrics (AUC, log loss, ROC) and torch for scoring, no Django at import:
+the training child evaluates its model right after training. What scikit-learn does not have is
+written here: the quantile calibration table with its row counts (``calibration_curve`` gives no
+counts), the expected calibration error and the temperature fit.
+
+``production_bundle_path`` asks the resolvers that right-hand apps register (serving registers the
+workspace's current production model) so the agent can score that model on the same held-out rows.
 """
 
 from __future__ import annotations
@@ -38,41 +41,41 @@ def production_bundle_path(workspace, deployment: str = "") -> str | None:
 
 
 def auc(label: np.ndarray, score: np.ndarray) -> float | None:
-    """Area under the ROC curve (ties count half); None when one class is missing."""
+    """Area under the ROC curve (scikit-learn's; ties count half); None when one class is
+    missing."""
+    from sklearn.metrics import roc_auc_score
+
     y = np.asarray(label, dtype=np.float64) > 0.5
-    s = np.asarray(score, dtype=np.float64)
-    positives, negatives = int(y.sum()), int((~y).sum())
-    if positives == 0 or negatives == 0:
+    if y.all() or not y.any():
         return None
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s), dtype=np.float64)
-    sorted_s = s[order]
-    # Average ranks over ties.
-    boundaries = np.flatnonzero(np.diff(sorted_s)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(s)]])
-    average = (starts + ends + 1) / 2.0
-    ranks[order] = np.repeat(average, ends - starts)
-    return float((ranks[y].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+    return float(roc_auc_score(y, np.asarray(score, dtype=np.float64)))
 
 
 def logloss(label: np.ndarray, prob: np.ndarray) -> float:
+    """Mean log loss (scikit-learn's) of probabilities clipped to [EPS, 1 - EPS]; NaN without
+    rows."""
+    from sklearn.metrics import log_loss
+
     y = np.asarray(label, dtype=np.float64)
+    if not len(y):
+        return float("nan")
     p = np.clip(np.asarray(prob, dtype=np.float64), EPS, 1 - EPS)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))) if len(y) else float("nan")
+    return float(log_loss(y > 0.5, p, labels=[False, True]))
 
 
 def roc_curve(label: np.ndarray, score: np.ndarray, points: int = ROC_POINTS) -> list[list[float]]:
-    """[[fpr, tpr], ...] at up to ``points`` thresholds (enough for a plot)."""
+    """[[fpr, tpr], ...]: scikit-learn's ROC curve, thinned to at most ``points`` + 1 points
+    (enough for a plot); empty when one class is missing."""
+    from sklearn.metrics import roc_curve as sk_roc_curve
+
     y = np.asarray(label) > 0.5
     if y.all() or not y.any():
         return []
-    order = np.argsort(-np.asarray(score), kind="mergesort")
-    tps = np.cumsum(y[order])
-    fps = np.cumsum(~y[order])
-    tpr, fpr = tps / tps[-1], fps / fps[-1]
-    picks = np.unique(np.linspace(0, len(y) - 1, points).astype(int))
-    curve = [[0.0, 0.0]] + [[round(float(fpr[i]), 4), round(float(tpr[i]), 4)] for i in picks]
+    fpr, tpr, _ = sk_roc_curve(y, np.asarray(score, dtype=np.float64), drop_intermediate=True)
+    picks = np.unique(np.linspace(0, len(fpr) - 1, points).astype(int))
+    curve = [[round(float(fpr[i]), 4), round(float(tpr[i]), 4)] for i in picks]
+    if curve[0] != [0.0, 0.0]:
+        curve.insert(0, [0.0, 0.0])
     return curve
 
 
