@@ -9,6 +9,7 @@ row is inserted before the answer. Duplicate request ids of a workspace keep the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 import orjson
 from django.conf import settings
 from django.db import close_old_connections
+from redis.exceptions import LockError
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +113,10 @@ def predlog_flush(max_batches: int = 50) -> int:
         return 0
     from serving.models import PredictionLog
 
-    token = str(time.time())
-    if not client.set(lock_key(), token, nx=True, ex=30):
+    # redis-py's lock: a random token, released only by its holder (a Lua compare-and-delete),
+    # expiring after 30 s should a flusher die holding it.
+    lock = client.lock(lock_key(), timeout=30, blocking=False)
+    if not lock.acquire():
         return 0
     written = 0
     try:
@@ -131,8 +135,8 @@ def predlog_flush(max_batches: int = 50) -> int:
             client.ltrim(list_key(), len(raw), -1)  # only after the rows are committed
             written += len(rows)
     finally:
-        if client.get(lock_key()) == token.encode():
-            client.delete(lock_key())
+        with contextlib.suppress(LockError):  # expired meanwhile: another flusher holds it now
+            lock.release()
     return written
 
 
