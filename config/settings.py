@@ -318,6 +318,17 @@ if TESTING:
     # Hashing passwords slowly protects nothing in a test database; it only slows the suite.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+# Behaviour a test run switches off, named here (the code reads the setting, never TESTING):
+# MLflow alias syncs and the prediction-log flusher run in background threads in a server and
+# inline (or on demand) in tests; the WSGI fast path freezes the import-time heap (gc.freeze)
+# except in a test run, which imports it halfway; a hole in the event ids is waited for in a
+# server (a transaction may still commit) and not in tests, whose savepoints roll back ids all
+# the time with nothing committing concurrently.
+SERVING_MLFLOW_ASYNC = env_bool("SERVING_MLFLOW_ASYNC", not TESTING)
+SERVING_PREDLOG_FLUSH_THREAD = env_bool("SERVING_PREDLOG_FLUSH_THREAD", not TESTING)
+WSGI_GC_FREEZE = env_bool("WSGI_GC_FREEZE", not TESTING)
+LINEAGE_GAP_WAIT_SECONDS = 0.0 if TESTING else float(os.environ.get("LINEAGE_GAP_WAIT_SECONDS", 5))
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"

@@ -104,5 +104,5 @@ def application(environ, start_response):
 # Everything imported so far lives as long as the process: keep it out of the collector's
 # generations so that a full collection does not walk it on a request's time (gc.freeze). Not in
 # a test run, which imports this module halfway and would never collect what was alive then.
-if not settings.TESTING:
+if settings.WSGI_GC_FREEZE:
     gc.freeze()

@@ -65,8 +65,4 @@ RESOURCE_KEYS = ("cpu_hours", "gpu_hours", "memory_gb_hours", "storage_gb")
 def setting(name: str) -> Any:
     from django.conf import settings
 
-    default = DEFAULTS[name]
-    if name == "LINEAGE_GAP_WAIT_SECONDS" and getattr(settings, "TESTING", False):
-        # Test transactions roll back savepoints all the time; nothing commits concurrently.
-        default = 0.0
-    return getattr(settings, name, default)
+    return getattr(settings, name, DEFAULTS[name])

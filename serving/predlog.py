@@ -153,9 +153,7 @@ def _flush_forever() -> None:
 
 def _ensure_flusher() -> None:
     global _flusher
-    if _flusher is not None or not getattr(
-        settings, "SERVING_PREDLOG_FLUSH_THREAD", not settings.TESTING
-    ):
+    if _flusher is not None or not settings.SERVING_PREDLOG_FLUSH_THREAD:
         return
     with _flusher_lock:
         if _flusher is None:

@@ -363,7 +363,7 @@ def _alias_set(*, actor, model: RegisteredModel, alias: str, version, sync: bool
 def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> None:
     """Off the request path: a release or rollback must not wait for MLflow (its first client
     in a process costs seconds)."""
-    if not getattr(settings, "SERVING_MLFLOW_ASYNC", not settings.TESTING):
+    if not settings.SERVING_MLFLOW_ASYNC:
         _sync_mlflow_alias(model, alias, version)
         return
     import threading
