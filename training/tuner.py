@@ -340,22 +340,24 @@ def sampler_seed(seed: int, n_trials: int) -> int:
 @dataclass(frozen=True)
 class PrunerConfig:
     """``median``: stop a trial whose value after an epoch is worse than the median of the
-    finished trials' at that epoch (after ``n_startup_trials`` finished and ``n_warmup_steps``
-    epochs); ``asha``: asynchronous successive halving; ``none``: never."""
+    finished trials' at that epoch, once ``n_startup_trials`` have finished and not in its first
+    ``warmup_epochs`` epochs; ``asha``: asynchronous successive halving (its first rung after
+    ``warmup_epochs`` + 1 epochs); ``none``: never."""
 
     kind: str = "median"
     n_startup_trials: int = 2
-    n_warmup_steps: int = 1
+    warmup_epochs: int = 1
 
     def build(self):
         import optuna
 
         if self.kind == "median":
+            # Epochs are numbered from 1: the first judged is warmup_epochs + 1.
             return optuna.pruners.MedianPruner(
-                n_startup_trials=self.n_startup_trials, n_warmup_steps=self.n_warmup_steps
+                n_startup_trials=self.n_startup_trials, n_warmup_steps=self.warmup_epochs + 1
             )
         if self.kind == "asha":
-            return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, self.n_warmup_steps))
+            return optuna.pruners.SuccessiveHalvingPruner(min_resource=self.warmup_epochs + 1)
         if self.kind == "none":
             return optuna.pruners.NopPruner()
         raise ValueError(f"unknown pruner {self.kind!r}; use one of {PRUNERS}")

@@ -126,7 +126,7 @@ def test_the_median_pruner_stops_a_trial_worse_than_the_finished_ones():
         _record(0, 0.40, intermediate={1: 0.45, 2: 0.40}),
         _record(1, 0.42, intermediate={1: 0.46, 2: 0.42}),
     ]
-    pruner = tuner.PrunerConfig(kind="median", n_startup_trials=2, n_warmup_steps=0)
+    pruner = tuner.PrunerConfig(kind="median", n_startup_trials=2, warmup_epochs=0)
     bad = TrialRecord(2, finished[0].params, intermediate={1: 0.70})
     good = TrialRecord(2, finished[0].params, intermediate={1: 0.44})
     assert tuner.prune_decision(SPACE, [*finished, bad], 2, pruner=pruner)[0] is True
@@ -145,7 +145,7 @@ def test_the_median_pruner_stops_a_trial_worse_than_the_finished_ones():
 def test_asha_keeps_its_rungs_in_the_pruner_attrs():
     """ASHA's rungs live in each trial's attrs: a trial checked while it ran carries them into
     later studies, where a worse trial at the same rung is stopped."""
-    pruner = tuner.PrunerConfig(kind="asha", n_warmup_steps=1)
+    pruner = tuner.PrunerConfig(kind="asha", warmup_epochs=0)
     finished: list[TrialRecord] = []
     for n in range(3):
         running = _record(n, None, "running", intermediate={1: 0.4})
@@ -227,7 +227,7 @@ def test_optimise_prunes_at_an_epoch_boundary(demo_parquet, tmp_path):
         seed=0,
         work_root=tmp_path / "trials",
         threads=1,
-        pruner=tuner.PrunerConfig(kind="median", n_startup_trials=2, n_warmup_steps=0),
+        pruner=tuner.PrunerConfig(kind="median", n_startup_trials=2, warmup_epochs=0),
     )
     states = {t.state for t in result.trials}
     assert "complete" in states
