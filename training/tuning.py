@@ -618,3 +618,13 @@ def tuning_job_advance(tuning_job_id: int) -> str:
         if not unfinished:
             _finish(tuning, trials)
         return tuning.state
+
+
+def tuning_importances(tuning: TuningJob, trials: list[TuningTrial]) -> dict[str, float]:
+    """Optuna's parameter importances over the tuning job's complete trials (``{}`` with
+    fewer than two), most important first."""
+    records = [trial_record(t) for t in trials]
+    values = tuner.param_importances(
+        tuning_space(tuning), records, metric=tuning.metric, seed=tuning.seed
+    )
+    return dict(sorted(values.items(), key=lambda item: -item[1]))
