@@ -581,7 +581,7 @@ def tuning_job_advance(tuning_job_id: int) -> str:
     with transaction.atomic():
         tuning = (
             TuningJob.objects.unscoped()
-            .select_for_update()
+            .select_for_update(of=("self",))
             .select_related("workspace", "dataset", "created_by")
             .filter(pk=tuning_job_id)
             .first()
