@@ -174,6 +174,11 @@ def tuning_job_create(
 
     errors: dict[str, str] = {}
     searched: tuner.SearchSpace = {}
+    if not template:
+        errors["template"] = (
+            "give a built-in template (or a base_job that has one): the search space is over "
+            "its params"
+        )
     try:
         cleaned = _check_job_input(
             workspace=workspace,
@@ -188,7 +193,8 @@ def tuning_job_create(
     except ReferenceNotFound:
         raise  # another workspace's dataset: 404, like one that does not exist
     except ValidationError as exc:
-        errors.update({k: "; ".join(v) for k, v in exc.message_dict.items()})
+        found = {k: "; ".join(v) for k, v in exc.message_dict.items()}
+        errors.update({k: v for k, v in found.items() if k not in errors})
         cleaned = params if isinstance(params, dict) else {}
     if "template" not in errors:
         if space is None:
@@ -558,7 +564,8 @@ def _finish(tuning: TuningJob, trials: list[TuningTrial]) -> None:
                     description=f"best of tuning job {tuning.name} #{tuning.pk}: trial "
                     f"{winner.number}, validation {tuning.metric} {best.value:.5g}",
                 )
-        except (ValidationError, ConflictError) as exc:
+        except Exception as exc:  # any failure ends the job saying why (logged)
+            logger.warning("tuning job %s: registration failed", tuning.pk, exc_info=True)
             _set_state(tuning, TuningState.FAILED, reason=f"registering the best trial: {exc}")
             return
         tuning.model_version_id = registered.get("id")

@@ -88,6 +88,7 @@ def test_bad_input_names_the_field(workspace, dataset, other_workspace):
         ({"pruner": "hyperband"}, "pruner"),
         ({"max_minutes": 0}, "max_minutes"),
         ({"template": "nope"}, "template"),
+        ({"template": ""}, "template"),
         ({"cpu_milli": 0}, "cpu_milli"),
     ]
     for extra, field in cases:
@@ -98,6 +99,14 @@ def test_bad_input_names_the_field(workspace, dataset, other_workspace):
     with pytest.raises(ReferenceNotFound):
         _create(workspace, theirs)
     assert not TuningJob.objects.for_workspace(workspace).exists()
+
+
+def test_a_trial_row_has_no_place_for_a_held_out_metric():
+    """What the controller reads back into the tuner (``trial_record``) comes from these
+    columns; none of them can hold a test-row metric."""
+    columns = {f.name for f in TuningTrial._meta.get_fields()}
+    assert not any("holdout" in c or "test" in c for c in columns), columns
+    assert {"value", "intermediate"} <= columns
 
 
 def test_parallelism_is_capped_by_the_workspace_quota(workspace, dataset):
@@ -271,3 +280,23 @@ def test_a_trial_job_ending_or_reaching_an_epoch_wakes_its_tuning_job(
     tuning.tuning_job_advance(tj.pk)
     states = {t.number: t.state for t in _trials(tj)}
     assert states[0] == TrialState.CANCELLED and len(states) == 3  # a new trial took the slot
+
+
+def test_a_best_trial_that_cannot_be_registered_fails_the_tuning_job_saying_why(workspace, dataset):
+    import shutil
+
+    node = make_node()
+    tj = _create(workspace, dataset, n_trials=2)
+    tuning.tuning_job_advance(tj.pk)
+
+    def lose_the_bundles():
+        for trial in _trials(tj):
+            job = TrainingJob.objects.unscoped().get(pk=trial.job_id)
+            shutil.rmtree(agent.artifact_path(job.model_path))
+
+    _run_pending(tj, node, before_advance=lose_the_bundles)
+    tj.refresh_from_db()
+    assert tj.state == TuningState.FAILED
+    assert tj.state_reason.startswith("registering the best trial:"), tj.state_reason
+    assert tj.best_trial is not None and tj.model_version_id is None
+    assert not ModelVersion.objects.for_workspace(workspace).exists()
