@@ -61,17 +61,18 @@ def test_eight_trials_two_at_a_time_on_real_workers_register_the_best(workspace)
 
         wait_for(finished, timeout=900, what="the tuning job", tick=True)
     tj.refresh_from_db()
-    assert tj.state == TuningState.SUCCEEDED, tj.state_reason
     trials = list(
         TuningTrial.objects.for_workspace(workspace).filter(tuning_job=tj).select_related("job")
     )
+    seen = [(t.number, t.state, t.job.state, t.job.node_id, t.job.state_reason) for t in trials]
+    assert tj.state == TuningState.SUCCEEDED, (tj.state_reason, seen)
     assert [t.number for t in trials] == list(range(8))
     assert all(t.job.is_terminal for t in trials)
-    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}
+    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}, seen
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(complete) >= 2
     # Through the scheduler, on both workers' nodes.
-    assert {t.job.node_id for t in trials} == {first.pk, second.pk}
+    assert {t.job.node_id for t in trials} == {first.pk, second.pk}, seen
     assert all(t.job.attempts >= 1 for t in trials if t.job.state == JobState.SUCCEEDED)
     # Never more than 2 trials at once: neither unfinished (created -> ended) nor running.
     assert _most_at_once([(t.job.created_at, t.job.finished_at) for t in trials]) <= 2
