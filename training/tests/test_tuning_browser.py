@@ -44,6 +44,8 @@ def test_tune_from_the_job_list_and_read_the_trials(page, workspace):
     page.goto(f"/w/{workspace.slug}/training/")
     page.get_by_test_id("new-job").wait_for()
     page.locator('.content [data-testid="new-tuning"]').click()
+    page.wait_for_url("**/training/tuning/new/")
+    page.wait_for_load_state("load")  # the form's script listens to the template select
     space = page.locator("textarea[name=space]")
     assert '"embedding_dim"' in space.input_value()  # fine_ranking's default
     page.select_option("select[name=template]", "logreg")
