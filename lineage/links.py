@@ -58,6 +58,10 @@ register_object_url(
     lambda slug, n: reverse("training-job", kwargs={"ws": slug, "pk": int(n.object_id)}),
 )
 register_object_url(
+    "tuning_job",
+    lambda slug, n: reverse("training-tuning-job", kwargs={"ws": slug, "pk": int(n.object_id)}),
+)
+register_object_url(
     "deployment",
     lambda slug, n: reverse("serving-deployment", kwargs={"ws": slug, "name": n.label}),
 )

@@ -65,3 +65,19 @@ def calibration_chart(curves: list[tuple[str, list[dict], str]]) -> dict[str, An
         reference="Perfectly calibrated",
         kind="calibration",
     )
+
+
+def epoch_overlay(curves: list[tuple[str, list[list[float]]]], *, units: str = "") -> dict:
+    """Several (label, [[epoch, value], ...]) curves on one epoch axis (a tuning job's trials'
+    validation curves): a curve has null at an epoch it did not reach (a pruned trial)."""
+    drawn = [(label, {float(x): float(y) for x, y in points}) for label, points in curves if points]
+    if not drawn:
+        return {"x": [], "series": []}
+    xs = sorted({x for _, curve in drawn for x in curve})
+    return {
+        "x": xs,
+        "series": [
+            {"label": label, "values": [curve.get(x) for x in xs], "units": units}
+            for label, curve in drawn
+        ],
+    }

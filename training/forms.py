@@ -11,7 +11,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from features.models import Dataset, DatasetStatus
-from training.models import EntryPoint, Pipeline, PriorityClass
+from training.models import EntryPoint, Pipeline, PriorityClass, TuningMetric, TuningPruner
 from training.params import Param, param_text, params_schema, template_names
 
 # A template job's param ``<name>`` is the form field ``param_<name>``; an object param's key
@@ -310,3 +310,124 @@ class PipelineRunForm(forms.Form):
         if data.get("dataset") and isinstance(data.get("params"), dict):
             data["params"] = {"dataset": data["dataset"], **data["params"]}
         return data
+
+
+class TuningCreateForm(forms.Form):
+    """A new tuning job: a template and dataset (or a job to copy them from, ``?base_job=``),
+    the search space as JSON (the template's default shown), fixed params, the budget. The rules
+    are ``training.tuning.tuning_job_create``'s; its errors come back next to the field."""
+
+    name = forms.CharField(max_length=63, help_text="Lower case letters, digits and dashes.")
+    template = forms.ChoiceField()
+    dataset = forms.ChoiceField()
+    space = forms.CharField(
+        label="Search space (JSON)",
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}),
+        help_text='Each searched param: {"low": .., "high": .., "log": true} or '
+        "{\"choices\": [..]}, within the param's own bounds. Blank: the template's default.",
+        required=False,
+    )
+    params = forms.CharField(
+        label="Fixed params (JSON)",
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        required=False,
+        initial='{"epochs": 3}',
+        help_text="Every trial runs with these (not the searched ones), e.g. epochs.",
+    )
+    metric = forms.ChoiceField(choices=TuningMetric.choices, initial=TuningMetric.LOGLOSS)
+    pruner = forms.ChoiceField(choices=TuningPruner.choices, initial=TuningPruner.MEDIAN)
+    n_trials = forms.IntegerField(label="Trials (budget)", initial=8)
+    max_minutes = forms.IntegerField(
+        label="Minutes (budget)", required=False, help_text="Optional: stop after this long."
+    )
+    parallelism = forms.IntegerField(
+        initial=2, help_text="Trials at once; at most what the workspace's quota holds."
+    )
+    seed = forms.IntegerField(initial=0)
+    model_name = forms.CharField(
+        max_length=63,
+        required=False,
+        help_text="The registered model the best trial becomes a version of (default: the "
+        "tuning job's name).",
+    )
+    cpu_milli = forms.IntegerField(label="CPU per trial (milli-cores)", initial=1000)
+    memory_mb = forms.IntegerField(label="Memory per trial (MiB)", initial=1024)
+    priority_class = forms.ChoiceField(
+        choices=PriorityClass.choices,
+        initial=PriorityClass.EXPERIMENT,
+        error_messages=_choice_messages(PriorityClass.choices),
+    )
+
+    def __init__(self, *args, workspace, base_job=None, **kwargs) -> None:
+        from training.tuning import default_space_json
+
+        super().__init__(*args, **kwargs)
+        self.workspace = workspace
+        self.base_job = base_job
+        datasets = Dataset.objects.for_workspace(workspace).filter(status=DatasetStatus.READY)
+        dataset_choices = [(str(d.pk), f"{d.name} v{d.version}") for d in datasets]
+        self.fields["dataset"].choices = dataset_choices
+        self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
+        templates = [(name, name) for name in template_names()]
+        self.fields["template"].choices = templates
+        self.fields["template"].error_messages.update(_choice_messages(templates))
+        self.default_spaces = {name: default_space_json(name) for name in template_names()}
+        if not self.is_bound:
+            picked = self.initial.get("template") or (
+                DEFAULT_TEMPLATE if DEFAULT_TEMPLATE in self.default_spaces else templates[0][0]
+            )
+            self.initial["template"] = picked
+            if base_job is not None:
+                self._copy(base_job)
+                picked = self.initial["template"]
+            self.initial.setdefault("space", json.dumps(self.default_spaces.get(picked, {})))
+
+    def _copy(self, job) -> None:
+        """Prefill from a job: template, dataset, its params (less the searched ones) and
+        resources."""
+        from training.tuning import default_space_json
+
+        space = default_space_json(job.template)
+        params = {k: v for k, v in (job.params or {}).items() if k not in space}
+        self.initial.update(
+            template=job.template,
+            dataset=str(job.dataset_id),
+            params=json.dumps(params),
+            space=json.dumps(space),
+            cpu_milli=job.cpu_milli,
+            memory_mb=job.memory_mb,
+            priority_class=job.priority_class,
+            name=f"tune-{job.name}"[:63],
+        )
+
+    def clean_space(self) -> dict[str, Any] | None:
+        raw = (self.cleaned_data.get("space") or "").strip()
+        if not raw:
+            return None
+        return _json_object(raw, field="space")
+
+    def clean_params(self) -> dict[str, Any]:
+        return _json_object(self.cleaned_data.get("params", ""), field="params")
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``tuning_job_create`` (besides actor and workspace); a job the
+        form was copied from is recorded as the tuning job's base job."""
+        data = self.cleaned_data
+        return {
+            "name": data["name"],
+            "template": data["template"],
+            "dataset": Dataset.objects.for_workspace(self.workspace).get(pk=int(data["dataset"])),
+            "space": data["space"],
+            "params": data["params"],
+            "metric": data["metric"],
+            "pruner": data["pruner"],
+            "n_trials": data["n_trials"],
+            "max_minutes": data["max_minutes"],
+            "parallelism": data["parallelism"],
+            "seed": data["seed"],
+            "model_name": data["model_name"],
+            "cpu_milli": data["cpu_milli"],
+            "memory_mb": data["memory_mb"],
+            "priority_class": data["priority_class"],
+            "base_job": self.base_job,
+        }

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from training import views
+from training import tuning_views, views
 
 urlpatterns = [
     path("w/<slug:ws>/training/", views.job_list, name="training-jobs"),
@@ -18,6 +18,18 @@ urlpatterns = [
         "w/<slug:ws>/training/jobs/<int:pk>/live.json",
         views.job_live_json,
         name="training-job-live",
+    ),
+    path("w/<slug:ws>/training/tuning/", tuning_views.tuning_list, name="training-tuning"),
+    path("w/<slug:ws>/training/tuning/new/", tuning_views.tuning_new, name="training-tuning-new"),
+    path(
+        "w/<slug:ws>/training/tuning/<int:pk>/",
+        tuning_views.tuning_page,
+        name="training-tuning-job",
+    ),
+    path(
+        "w/<slug:ws>/training/tuning/<int:pk>/cancel/",
+        tuning_views.tuning_cancel,
+        name="training-tuning-cancel",
     ),
     path("w/<slug:ws>/training/pipelines/", views.pipeline_list, name="training-pipelines"),
     path("w/<slug:ws>/training/pipelines/new/", views.pipeline_new, name="training-pipeline-new"),

@@ -284,6 +284,7 @@ def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
             running=job.state
             in {JobState.PENDING, JobState.ADMITTED, JobState.PLACED, JobState.RUNNING},
             model_dir=Path(job.model_path).name if job.model_path else "",
+            can_tune=bool(job.template) and role_at_least(request.workspace_role, Role.DEVELOPER),
             can_register=job.state == JobState.SUCCEEDED
             and bool(job.model_path)
             and role_at_least(request.workspace_role, Role.DEVELOPER),

@@ -32,7 +32,7 @@ from schemathesis.specs.openapi.checks import (
 
 from experiments import services as experiment_services
 from experiments.tests.factories import make_deployment
-from training import pipelines
+from training import pipelines, tuning
 from training.models import CandidateEvaluation, EntryPoint, JobState, TrainingJob
 from training.tests.factories import make_demo_dataset
 from workspaces import services as workspace_services
@@ -137,6 +137,10 @@ def world(db) -> World:
     )
     pipeline = pipelines.pipeline_create(actor=admin, workspace=workspace, name="pipe1")
     run = pipelines.pipeline_run_start(actor=admin, pipeline=pipeline, dispatch=False)
+    tuning_job = tuning.tuning_job_create(
+        actor=admin, workspace=workspace, name="tune1", dataset=dataset, template="logreg",
+        n_trials=2, dispatch=False,
+    )  # fmt: skip
     evaluation = CandidateEvaluation.objects.create(
         workspace=workspace, name="eval1", dataset=dataset, key_column="user_id"
     )
@@ -165,6 +169,7 @@ def world(db) -> World:
             f"{ws}/pipeline-runs/": {"id": run.pk},
             f"{ws}/pipelines/": {"name": pipeline.name},
             f"{ws}/training-jobs/": {"id": job.pk},
+            f"{ws}/tuning-jobs/": {"id": tuning_job.pk},
             f"{ws}/webhooks/": {"id": webhook.pk},
         },
     )

@@ -13,6 +13,10 @@ from training.models import (
     PriorityClass,
     StageRun,
     TrainingJob,
+    TuningJob,
+    TuningMetric,
+    TuningPruner,
+    TuningTrial,
 )
 from training.params import PARAM_TYPES
 
@@ -239,3 +243,171 @@ class CandidateEvaluationCreateSerializer(serializers.Serializer):
         help_text="CSV or Parquet with the key column and a 'value' column."
     )
     template = serializers.CharField(max_length=40, required=False, default="logreg")
+
+
+class TuningTrialSerializer(serializers.ModelSerializer):
+    """One trial: its sampled params, its training job and what the tuner read of it
+    (validation only)."""
+
+    job = serializers.IntegerField(source="job_id")
+    job_name = serializers.CharField(source="job.name")
+    job_state = serializers.CharField(source="job.state")
+    intermediate = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField()),
+        help_text="[[epoch, validation metric], ...] as the trial ran.",
+    )
+
+    class Meta:
+        model = TuningTrial
+        fields = [
+            "number",
+            "job",
+            "job_name",
+            "job_state",
+            "params",
+            "state",
+            "value",
+            "intermediate",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class TuningJobSerializer(serializers.ModelSerializer):
+    dataset = serializers.IntegerField(source="dataset_id")
+    base_job = serializers.IntegerField(source="base_job_id", allow_null=True)
+    best_trial = serializers.IntegerField(
+        source="best_trial.number", default=None, help_text="The best trial's number."
+    )
+    created_by = serializers.CharField(source="created_by.username", default=None)
+    trials_started = serializers.SerializerMethodField()
+    trials_finished = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TuningJob
+        fields = [
+            "id",
+            "name",
+            "template",
+            "dataset",
+            "base_job",
+            "params",
+            "space",
+            "metric",
+            "direction",
+            "pruner",
+            "n_trials",
+            "max_minutes",
+            "parallelism",
+            "seed",
+            "model_name",
+            "cpu_milli",
+            "memory_mb",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_type",
+            "priority_class",
+            "state",
+            "state_reason",
+            "trials_started",
+            "trials_finished",
+            "best_trial",
+            "best_value",
+            "model_version_id",
+            "model_version_label",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_trials_started(self, tuning: TuningJob) -> int:
+        return len(tuning.trials.all())
+
+    def get_trials_finished(self, tuning: TuningJob) -> int:
+        return sum(1 for t in tuning.trials.all() if t.state != "running")
+
+
+class TuningJobDetailSerializer(TuningJobSerializer):
+    trials = TuningTrialSerializer(many=True)
+    importances = serializers.SerializerMethodField(
+        help_text="Optuna's parameter importances (fANOVA) over the complete trials; empty "
+        "with fewer than two."
+    )
+
+    class Meta(TuningJobSerializer.Meta):
+        fields = [*TuningJobSerializer.Meta.fields, "trials", "importances"]
+        read_only_fields = fields
+
+    def get_importances(self, tuning: TuningJob) -> dict[str, float]:
+        from training.tuning import tuning_importances
+
+        return tuning_importances(tuning, list(tuning.trials.all()))
+
+
+class TuningJobCreateSerializer(serializers.Serializer):
+    """What a tuning job needs: a template and dataset (or a ``base_job`` to copy them, its
+    params and resources from), the search space (default: the template's), the budget."""
+
+    name = serializers.CharField(max_length=63)
+    template = serializers.CharField(max_length=40, required=False, allow_blank=True, default="")
+    dataset = serializers.IntegerField(
+        required=False, allow_null=True, default=None, help_text="Dataset id (ready)."
+    )
+    base_job = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Copy the template, dataset, params and resources of this job.",
+    )
+    params = serializers.JSONField(
+        required=False, default=None, help_text="Fixed params of every trial (an object)."
+    )
+    space = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text='{"lr": {"low": 0.0001, "high": 0.1, "log": true}, "embedding_dim": '
+        '{"choices": [8, 16, 32]}} over the template\'s params (default: its default space).',
+    )
+    metric = serializers.ChoiceField(
+        choices=TuningMetric.choices, required=False, default=TuningMetric.LOGLOSS
+    )
+    pruner = serializers.ChoiceField(
+        choices=TuningPruner.choices, required=False, default=TuningPruner.MEDIAN
+    )
+    n_trials = serializers.IntegerField(required=False, default=8, help_text="Budget: trials.")
+    max_minutes = serializers.IntegerField(
+        required=False, allow_null=True, default=None, help_text="Budget: minutes (optional)."
+    )
+    parallelism = serializers.IntegerField(
+        required=False, default=2, help_text="Trials at once (within the workspace's quota)."
+    )
+    seed = serializers.IntegerField(required=False, default=0)
+    model_name = serializers.CharField(
+        max_length=63, required=False, allow_blank=True, default="",
+        help_text="Registered model for the best trial (default: the tuning job's name).",
+    )  # fmt: skip
+    cpu_milli = serializers.IntegerField(required=False, allow_null=True, default=None)
+    memory_mb = serializers.IntegerField(required=False, allow_null=True, default=None)
+    gpu_count = serializers.IntegerField(required=False, allow_null=True, default=None)
+    gpu_milli = serializers.IntegerField(required=False, allow_null=True, default=None)
+    gpu_type = serializers.CharField(
+        max_length=40, required=False, allow_blank=True, allow_null=True, default=None
+    )
+    priority_class = serializers.ChoiceField(
+        choices=PriorityClass.choices, required=False, allow_null=True, default=None
+    )
+
+    def validate_params(self, params):
+        if params is not None and not isinstance(params, dict):
+            raise serializers.ValidationError("Give the fixed parameters as an object.")
+        return params
+
+    def validate_space(self, space):
+        if space is not None and not isinstance(space, dict):
+            raise serializers.ValidationError(
+                'Give an object: {"param": {"low": .., "high": ..} or {"choices": [..]}}.'
+            )
+        return space

@@ -11,6 +11,7 @@ router.register(rf"{WS}/training-jobs", views.TrainingJobViewSet, basename="trai
 router.register(
     rf"{WS}/training-templates", views.TrainingTemplateViewSet, basename="training-template"
 )
+router.register(rf"{WS}/tuning-jobs", views.TuningJobViewSet, basename="training-tuning-job")
 router.register(rf"{WS}/entry-points", views.EntryPointViewSet, basename="training-entry-point")
 router.register(rf"{WS}/pipelines", views.PipelineViewSet, basename="training-pipeline")
 router.register(rf"{WS}/pipeline-runs", views.PipelineRunViewSet, basename="training-pipeline-run")

@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from features.models import Dataset
-from training import candidates, pipelines, services
+from training import candidates, pipelines, services, tuning
 from training.api import serializers as s
 from training.models import (
     CandidateEvaluation,
@@ -22,6 +22,7 @@ from training.models import (
     Pipeline,
     PipelineRun,
     TrainingJob,
+    TuningJob,
 )
 from training.params import params_schema, template_names
 from training.templates import DESCRIPTIONS
@@ -294,3 +295,58 @@ class CandidateEvaluationViewSet(
         return Response(
             s.CandidateEvaluationSerializer(evaluation).data, status=status.HTTP_201_CREATED
         )
+
+
+class TuningJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
+    """Tuning jobs: Optuna (TPE, median or ASHA pruning) samples each trial's params from the
+    search space; trials are training jobs placed by the scheduler, ``parallelism`` at once;
+    the best trial by the validation metric is registered as a model version."""
+
+    serializer_class = s.TuningJobSerializer
+    lookup_value_regex = r"\d+"
+    action_roles = {"create": Role.DEVELOPER, "cancel": Role.DEVELOPER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return (
+            TuningJob.objects.for_workspace(self.workspace)
+            .select_related("created_by", "best_trial")
+            .prefetch_related("trials__job")
+        )
+
+    def get_serializer_class(self):
+        return s.TuningJobDetailSerializer if self.action != "list" else s.TuningJobSerializer
+
+    @extend_schema(
+        request=s.TuningJobCreateSerializer, responses={201: s.TuningJobDetailSerializer}
+    )
+    def create(self, request: Request, ws: str) -> Response:
+        serializer = s.TuningJobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        dataset = None
+        if data["dataset"] is not None:
+            dataset = (
+                Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
+            )
+            if dataset is None:
+                raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
+        base_job = None
+        if data["base_job"] is not None:
+            base_job = (
+                TrainingJob.objects.for_workspace(self.workspace)
+                .filter(pk=data["base_job"])
+                .first()
+            )
+            if base_job is None:
+                raise ReferenceNotFound("no such job in this workspace", attr="base_job")
+        data.update(dataset=dataset, base_job=base_job)
+        created = tuning.tuning_job_create(actor=request.user, workspace=self.workspace, **data)
+        fresh = self.get_workspace_queryset().get(pk=created.pk)
+        return Response(s.TuningJobDetailSerializer(fresh).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: s.TuningJobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, ws: str, pk: str) -> Response:
+        tuning.tuning_job_cancel(actor=request.user, tuning_job=self.get_object())
+        fresh = self.get_workspace_queryset().get(pk=pk)
+        return Response(s.TuningJobDetailSerializer(fresh).data)

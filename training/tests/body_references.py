@@ -55,7 +55,27 @@ def _pipeline(ctx: MatrixContext) -> dict:
     return matrix._pipeline(ctx)
 
 
+def _tuning_body(ctx: MatrixContext, **refs) -> dict:
+    return {"name": f"ref-tune-{next(_n)}", "template": "logreg", "n_trials": 1, **refs}
+
+
 REFERENCES = [
+    BodyReference(
+        "POST",
+        WS + "/tuning-jobs/",
+        "dataset",
+        make=_dataset_id,
+        body=lambda ctx, ref: _tuning_body(ctx, dataset=ref),
+        missing=999_999,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/tuning-jobs/",
+        "base_job",
+        make=lambda ctx: matrix._job(ctx)["pk"],
+        body=lambda ctx, ref: _tuning_body(ctx, base_job=ref),
+        missing=999_999,
+    ),
     BodyReference(
         "POST",
         WS + "/training-jobs/",
@@ -114,6 +134,7 @@ REFERENCES = [
 
 NO_REFERENCES = {
     "POST " + WS + "/training-jobs/{pk}/cancel/": "no body; the job is in the URL",
+    "POST " + WS + "/tuning-jobs/{pk}/cancel/": "no body; the tuning job is in the URL",
     "POST " + WS + "/entry-points/": "a name and code only",
     "POST " + WS + "/pipeline-runs/{pk}/retry/": "no body; the run is in the URL",
 }

@@ -92,7 +92,41 @@ def _candidate(ctx: MatrixContext) -> dict:
     return {"pk": evaluation.pk}
 
 
+def _tuning_body(ctx: MatrixContext) -> dict:
+    return {
+        "name": f"new-tune-{next(_names)}",
+        "template": "logreg",
+        "dataset": _dataset(ctx).pk,
+        "n_trials": 2,
+    }
+
+
+def _tuning_job(ctx: MatrixContext) -> dict:
+    from training import tuning
+
+    tj = tuning.tuning_job_create(
+        actor=None,
+        workspace=ctx.workspace,
+        name=f"matrix-tune-{next(_names)}",
+        dataset=_dataset(ctx),
+        template="logreg",
+        n_trials=2,
+        dispatch=False,
+    )
+    return {"pk": tj.pk}
+
+
 ENDPOINTS = [
+    Endpoint("GET", WS + "/tuning-jobs/", role=Role.VIEWER),
+    Endpoint("POST", WS + "/tuning-jobs/", role=Role.DEVELOPER, success=201, body=_tuning_body),
+    Endpoint("GET", WS + "/tuning-jobs/{pk}/", setup=_tuning_job, has_object=True),
+    Endpoint(
+        "POST",
+        WS + "/tuning-jobs/{pk}/cancel/",
+        role=Role.DEVELOPER,
+        setup=_tuning_job,
+        has_object=True,
+    ),
     Endpoint("GET", WS + "/candidate-evaluations/", role=Role.VIEWER),
     Endpoint(
         "POST",

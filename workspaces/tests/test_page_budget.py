@@ -31,7 +31,8 @@ from features.models import (
 from features.tests.factories import make_group
 from lineage.projection import catch_up
 from serving.models import Deployment, DeploymentChange
-from training.models import JobMetric, JobState, TrainingJob
+from training import tuning
+from training.models import JobMetric, JobState, TrainingJob, TrialState, TuningTrial
 from training.pipelines import pipeline_create, pipeline_run_start
 from training.scheduler.tests.factories import make_job
 from workspaces.models import Role
@@ -80,6 +81,11 @@ def populate(workspace, user, *, copies: int) -> dict[str, str]:
         for state in (JobState.SUCCEEDED, JobState.RUNNING, JobState.PENDING):
             job = make_job(workspace, state=state, dataset=dataset, created_by=user)
         pipeline_run_start(actor=None, pipeline=pipeline, dispatch=False)
+        tuning_job = tuning.tuning_job_create(
+            actor=user, workspace=workspace, name=f"tune-{next(_seq)}", dataset=dataset,
+            template="logreg", dispatch=False,
+        )  # fmt: skip
+        tuning.tuning_job_advance(tuning_job.pk)  # its first two trials
         dep, (treatment,) = make_deployment(workspace, name=f"dep-{next(_seq)}")
         experiment = experiment_services.experiment_create(
             actor=user,
@@ -113,6 +119,7 @@ def populate(workspace, user, *, copies: int) -> dict[str, str]:
             "deployment": dep.name,
             "model": dep.model.name,
             "experiment": experiment.key,
+            "tuning_job": str(tuning_job.pk),
         }
     catch_up()
     return names
@@ -130,6 +137,16 @@ def deepen(workspace, user, names: dict[str, str], *, rows: int) -> None:
     job = TrainingJob.objects.for_workspace(workspace).get(pk=names["job"])
     now = timezone.now()
     for i in range(rows):
+        TuningTrial.objects.create(
+            workspace=workspace,
+            tuning_job_id=int(names["tuning_job"]),
+            number=100 + i,
+            job=make_job(workspace, state=JobState.SUCCEEDED, dataset=job.dataset),
+            params={"lr": 0.01 * (i + 1), "weight_decay": 1e-5},
+            state=TrialState.COMPLETE,
+            value=0.3 + 0.01 * i,
+            intermediate=[[1, 0.5], [2, 0.4 + 0.01 * i]],
+        )
         HealthCheck.objects.create(
             workspace=workspace,
             group=group,
@@ -179,6 +196,14 @@ PAGES = [
     (
         "training job",
         lambda ws, n: reverse("training-job", kwargs={"ws": ws.slug, "pk": int(n["job"])}),
+        8,
+    ),
+    ("tuning jobs", lambda ws, n: reverse("training-tuning", kwargs={"ws": ws.slug}), 6),
+    (
+        "tuning job",
+        lambda ws, n: reverse(
+            "training-tuning-job", kwargs={"ws": ws.slug, "pk": int(n["tuning_job"])}
+        ),
         8,
     ),
     ("queue", lambda ws, n: reverse("scheduler-queue", kwargs={"ws": ws.slug}), 11),
