@@ -1,4 +1,4 @@
-"""Admin console: quotas, scheduling records, the over-quota audit list, lending."""
+"""Admin console: quota requests, scheduling records, the over-quota audit list, lending."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from training.scheduler.models import (
     NodeHealth,
     NodeLending,
     OverQuotaJob,
-    WorkspaceQuota,
 )
 from workspaces.models import QuotaRequest
 
@@ -26,38 +25,6 @@ class UnscopedAdmin(admin.ModelAdmin):
         manager = self.model._default_manager
         qs = manager.unscoped() if hasattr(manager, "unscoped") else manager.all()
         return qs
-
-
-@admin.register(WorkspaceQuota)
-class WorkspaceQuotaAdmin(UnscopedAdmin):
-    """Scheduler quotas: changed by superusers only, through the service (an event each)."""
-
-    list_display = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "updated_at")
-    list_filter = ("gpu_type",)
-    fields = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli")
-
-    def get_readonly_fields(self, request, obj=None):
-        return ("workspace", "gpu_type") if obj else ()
-
-    def has_add_permission(self, request) -> bool:
-        return request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def save_model(self, request, obj, form, change: bool) -> None:
-        saved = services.quota_set(
-            actor=request.user,
-            workspace=obj.workspace,
-            gpu_type=obj.gpu_type,
-            cpu_milli=obj.cpu_milli,
-            memory_mb=obj.memory_mb,
-            gpu_milli=obj.gpu_milli,
-        )
-        obj.pk = saved.pk
 
 
 @admin.register(QuotaRequest)
