@@ -29,7 +29,8 @@ class Usage:
     storage_bytes: int = 0
 
 
-UsageProvider = Callable[[Workspace], Usage]
+# provider(workspace, gpu_types): usage for each quota GPU type given ('' always included).
+UsageProvider = Callable[[Workspace, set[str]], Usage]
 _usage_provider: UsageProvider | None = None
 
 
@@ -39,8 +40,14 @@ def register_usage_provider(provider: UsageProvider) -> None:
     _usage_provider = provider
 
 
-def usage_of(workspace: Workspace) -> Usage:
-    return _usage_provider(workspace) if _usage_provider is not None else Usage()
+def usage_of(workspace: Workspace, gpu_types: set[str] | None = None) -> Usage:
+    if _usage_provider is None:
+        return Usage()
+    if gpu_types is None:
+        gpu_types = set(
+            WorkspaceQuota.objects.for_workspace(workspace).values_list("gpu_type", flat=True)
+        )
+    return _usage_provider(workspace, gpu_types | {""})
 
 
 def limits_from_units(
@@ -75,10 +82,11 @@ def quota_summary(*, workspace: Workspace) -> dict[str, Any]:
     ``rows``: one per GPU type (blank: all types) with the limits (``None``: unlimited) and
     ``used_*``; the storage limit and use are on the all-types row. ``limited`` is False for a
     workspace without a quota (then the top-level ``used_*`` still say what it uses)."""
-    usage = usage_of(workspace)
+    quotas = list(WorkspaceQuota.objects.for_workspace(workspace).order_by("gpu_type"))
+    usage = usage_of(workspace, {quota.gpu_type for quota in quotas})
     used_storage_gb = round(usage.storage_bytes / GIB, 3)
     rows = []
-    for quota in WorkspaceQuota.objects.for_workspace(workspace).order_by("gpu_type"):
+    for quota in quotas:
         used = usage.by_gpu_type.get(quota.gpu_type, {})
         rows.append(
             {

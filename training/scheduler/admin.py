@@ -15,6 +15,7 @@ from training.scheduler.models import (
     NodeLending,
     OverQuotaJob,
 )
+from workspaces.admin import ServiceManagedAdminMixin
 from workspaces.models import QuotaRequest
 
 
@@ -72,14 +73,17 @@ class QuotaRequestAdmin(UnscopedAdmin):
 
 
 @admin.register(JobScheduling)
-class JobSchedulingAdmin(UnscopedAdmin):
+class JobSchedulingAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+    """The scheduler's record of each job: written by admission and the tick only."""
+
     list_display = ("job", "workspace", "reason", "policy", "placements", "preemptions", "borrowed")
     list_filter = ("policy", "borrowed", "over_quota")
-    readonly_fields = ("job", "workspace", "gang_nodes", "victims", "recommendation")
 
 
 @admin.register(OverQuotaJob)
-class OverQuotaJobAdmin(UnscopedAdmin):
+class OverQuotaJobAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+    """Flagged by admission; closed by the "Mark as reviewed" action (``over_quota_review``)."""
+
     list_display = (
         "job",
         "workspace",
@@ -91,7 +95,6 @@ class OverQuotaJobAdmin(UnscopedAdmin):
     )
     list_filter = ("reviewed_at",)
     actions = ["mark_reviewed"]
-    readonly_fields = ("job", "workspace", "reason", "flagged_at", "reviewed_at", "reviewed_by")
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(over_quota=True).select_related("job")
@@ -108,9 +111,6 @@ class OverQuotaJobAdmin(UnscopedAdmin):
     def mark_reviewed(self, request, queryset):
         for item in queryset:
             services.over_quota_review(actor=request.user, scheduling=item)
-
-    def has_add_permission(self, request):
-        return False
 
 
 @admin.register(LendingLease)

@@ -94,14 +94,15 @@ def queue_of(*, workspace) -> list[dict[str, Any]]:
     return rows
 
 
-def workspace_usage_now(workspace) -> Usage:
+def workspace_usage_now(workspace, gpu_types: set[str]) -> Usage:
     """The quota's usage provider (registered in ``SchedulerConfig.ready``): CPU, memory and GPU
     held by the workspace's in-quota jobs, counted exactly as admission counts them
     (``admission.workspace_usage``), and the bytes of its feature batches (``Batch.bytes``, the
     stored size of every accepted push). Dataset files are not counted: their size is not kept
     on the row."""
     stored = Batch.objects.for_workspace(workspace).aggregate(total=Sum("bytes"))["total"]
-    return Usage(by_gpu_type=workspace_usage(workspace.pk), storage_bytes=int(stored or 0))
+    by_type = workspace_usage(workspace.pk, gpu_types=gpu_types)
+    return Usage(by_gpu_type=by_type, storage_bytes=int(stored or 0))
 
 
 def quotas_of(*, workspace) -> list[dict[str, Any]]:

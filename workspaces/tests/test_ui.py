@@ -534,9 +534,9 @@ def test_dashboard_query_count_does_not_grow_with_members_and_events(
         services.quota_set(actor=None, workspace=workspace, cpu_milli=8000 + number)
     client = browser(members["viewer"])
     # Session, user, workspace and permissions (6), the events with their refs (2), members (1),
-    # and a fixed few per card: features 1, jobs 2, models 3, experiments 1, lineage 1, quota 4
-    # (its rows, the GPU types, the holding jobs and the stored bytes).
-    with django_assert_max_num_queries(22):
+    # and a fixed few per card: features 1, jobs 2, models 3, experiments 1, lineage 1, quota 3
+    # (its rows, the holding jobs and the stored bytes).
+    with django_assert_max_num_queries(21):
         response = client.get(dashboard_url(workspace))
     assert response.status_code == 200
     # The ten newest events, each with its refs from the one prefetch.
