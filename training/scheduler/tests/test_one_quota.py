@@ -146,3 +146,18 @@ def test_the_scheduling_record_is_read_only_in_the_admin(workspace):
         assert response.status_code in (403, 404), url
     sched.refresh_from_db()
     assert (sched.over_quota, sched.reason, sched.borrowed) == (False, "admitted", False)
+
+
+def test_the_quota_api_sets_storage_on_the_all_types_row_only(workspace, members, client_for):
+    base = f"/api/v1/workspaces/{workspace.slug}/scheduler/quotas/"
+    platform_admin = client_for(UserFactory(is_staff=True, is_superuser=True))
+    refused = platform_admin.post(
+        base, {"gpu_type": "A100", "gpu_milli": 1000, "storage_gb": 5}, format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["attr"] == "storage_gb"
+    created = platform_admin.post(base, {"gpu_type": "", "storage_gb": 5}, format="json")
+    assert created.status_code == 201, created.content
+    assert (created.json()["storage_gb"], created.json()["used_storage_gb"]) == (5, 0.0)
+    event = Event.objects.for_workspace(workspace).get(verb="quota.changed")
+    assert event.payload["after"]["storage_gb"] == 5 and event.payload["before"] is None
