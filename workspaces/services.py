@@ -81,7 +81,6 @@ def workspace_create(
         workspace=workspace,
         verb="workspace.created",
         refs=[Ref.to(workspace)],
-        resources=limits,
         payload={
             "slug": slug,
             "scene": scene,
@@ -90,7 +89,7 @@ def workspace_create(
         },
     )
     if limits:
-        quota_set(actor=None, workspace=workspace, **limits)
+        quota_set(actor=actor, workspace=workspace, **limits)  # its own quota.changed
     return workspace
 
 
@@ -255,7 +254,7 @@ def quota_set(
         workspace=workspace,
         verb="quota.changed",
         refs=[Ref("workspace_quota", quota.pk, gpu_type or "all GPU types")],
-        resources={name: value for name, value in after.items() if value is not None},
+        # Limits, not use: kept out of ``resources``, which lineage prices as usage.
         payload={"gpu_type": gpu_type, "before": before, "after": after},
     )
     return quota

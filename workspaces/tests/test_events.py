@@ -27,7 +27,7 @@ def event(workspace):
 def test_workspace_creation_records_its_event_with_refs_and_resources(workspace):
     event = Event.objects.for_workspace(workspace).get(verb="workspace.created")
     assert event.payload["slug"] == workspace.slug
-    assert event.resources == {}  # created without a quota: unlimited
+    assert event.resources == {}  # no resources used (quota limits are not usage)
     refs = list(event.refs.values_list("role", "kind", "object_id"))
     assert refs == [("subject", "workspace", str(workspace.pk))]
 

@@ -161,3 +161,4 @@ def test_the_quota_api_sets_storage_on_the_all_types_row_only(workspace, members
     assert (created.json()["storage_gb"], created.json()["used_storage_gb"]) == (5, 0.0)
     event = Event.objects.for_workspace(workspace).get(verb="quota.changed")
     assert event.payload["after"]["storage_gb"] == 5 and event.payload["before"] is None
+    assert event.resources == {}  # a limit is not usage: lineage must not price it
