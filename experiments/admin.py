@@ -1,11 +1,17 @@
-"""Admin console views of experiments (platform-wide, deliberately unscoped)."""
+"""Admin console views of experiments (platform-wide, deliberately unscoped).
+
+An experiment's state, ramp and decision move only through ``experiments.services`` (submit,
+approve, ramp, stop, conclude: each checked and recorded); layers' salts and the feedback and
+snapshots the analysis reads are never edited. So every field is read-only here.
+"""
 
 from django.contrib import admin
 
 from experiments.models import Experiment, FeedbackEvent, Layer, Snapshot
+from workspaces.admin import ServiceManagedAdminMixin
 
 
-class _Unscoped(admin.ModelAdmin):
+class _Unscoped(ServiceManagedAdminMixin, admin.ModelAdmin):
     def get_queryset(self, request):
         return self.model.objects.unscoped()
 
@@ -19,7 +25,6 @@ class LayerAdmin(_Unscoped):
 class ExperimentAdmin(_Unscoped):
     list_display = ["key", "workspace", "state", "ramp_step", "created_at"]
     list_filter = ["state"]
-    readonly_fields = ["review", "decision", "ramp_history"]
 
 
 @admin.register(FeedbackEvent)

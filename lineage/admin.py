@@ -24,7 +24,7 @@ from lineage.cost import platform_usage
 from lineage.models import AuditItem, AuditStatus, Edge, Node, Usage
 from lineage.projection import catch_up
 from workspaces.humanize import key_values
-from workspaces.models import Event, Quota, Workspace
+from workspaces.models import Event, Workspace, WorkspaceQuota
 
 TRAIL_LIMIT = 500
 CSV_LIMIT = 100_000
@@ -141,7 +141,17 @@ class AuditItemAdmin(_Unscoped, admin.ModelAdmin):
             days = 30
         since = timezone.now() - timedelta(days=days)
         rows = platform_usage(since=since)
-        quotas = {q.workspace.slug: q for q in Quota.objects.unscoped().select_related("workspace")}
+        # The one quota's all-types row, in human units (None: unlimited, no share to show).
+        quotas = {
+            q.workspace.slug: {
+                "cpu_cores": None if q.cpu_milli is None else q.cpu_milli / 1000,
+                "gpus": None if q.gpu_milli is None else q.gpu_milli / 1000,
+                "memory_gb": None if q.memory_mb is None else q.memory_mb / 1024,
+            }
+            for q in WorkspaceQuota.objects.unscoped()
+            .filter(gpu_type="")
+            .select_related("workspace")
+        }
         totals: dict[str, dict] = {}
         for row in rows:
             t = totals.setdefault(
@@ -155,17 +165,17 @@ class AuditItemAdmin(_Unscoped, admin.ModelAdmin):
             t = totals.get(
                 ws.slug, {"cpu_hours": 0, "gpu_hours": 0, "memory_gb_hours": 0, "cost": 0}
             )
-            quota = quotas.get(ws.slug)
+            quota = quotas.get(ws.slug, dict.fromkeys(("cpu_cores", "gpus", "memory_gb")))
             hours = days * 24
             capacity = {
-                "cpu_hours": float(quota.cpu_cores) * hours if quota else 0,
-                "gpu_hours": float(quota.gpus) * hours if quota else 0,
-                "memory_gb_hours": float(quota.memory_gb) * hours if quota else 0,
+                "cpu_hours": (quota.get("cpu_cores") or 0) * hours,
+                "gpu_hours": (quota.get("gpus") or 0) * hours,
+                "memory_gb_hours": (quota.get("memory_gb") or 0) * hours,
             }
             summary.append(
                 {
                     "workspace": ws.slug,
-                    "quota": quota.as_dict() if quota else {},
+                    "quota": quota,
                     "usage": t,
                     "share": {
                         key: (100 * t[key] / capacity[key]) if capacity[key] else None

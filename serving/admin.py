@@ -1,6 +1,14 @@
+"""Admin console views of the registry and deployments (platform-wide, deliberately unscoped).
+
+Versions, deployments and their changes are written only by the registry, the release gates and
+the deployment services (each with its event): here every field is read-only, so a version
+cannot be marked deployable without its gates, nor a deployment moved without a change record.
+"""
+
 from django.contrib import admin
 
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
+from workspaces.admin import ServiceManagedAdminMixin
 
 
 class UnscopedAdmin(admin.ModelAdmin):
@@ -14,16 +22,15 @@ class RegisteredModelAdmin(UnscopedAdmin):
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(UnscopedAdmin):
+class ModelVersionAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
     list_display = ["model", "version", "workspace", "gate_status", "created_at"]
-    readonly_fields = ["artifact_path", "spec", "gates"]
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(UnscopedAdmin):
+class DeploymentAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
     list_display = ["name", "workspace", "version", "backend", "replicas", "state"]
 
 
 @admin.register(DeploymentChange)
-class DeploymentChangeAdmin(UnscopedAdmin):
+class DeploymentChangeAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
     list_display = ["deployment", "kind", "from_version", "to_version", "actor", "created_at"]

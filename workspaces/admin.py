@@ -1,4 +1,4 @@
-"""Admin console: workspaces with their quotas and members, tokens, service accounts, events.
+"""Admin console: workspaces with their quota and members, tokens, service accounts, events.
 
 Writes made here go through the same services as the API, so each one records its event. Events
 are read-only here, as everywhere.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
@@ -21,12 +21,13 @@ from workspaces.models import (
     EventRef,
     Membership,
     Notification,
-    Quota,
     ServiceAccount,
     WebhookEndpoint,
     Workspace,
     WorkspacePolicy,
+    WorkspaceQuota,
 )
+from workspaces.quota import quota_summary
 
 
 class UnscopedAdminMixin:
@@ -35,6 +36,33 @@ class UnscopedAdminMixin:
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
         return queryset.unscoped() if hasattr(queryset, "unscoped") else queryset
+
+
+class ServiceManagedAdminMixin:
+    """Rows whose every field is set by services and gates (a version's gate status, an
+    experiment's state and decision, a job's scheduling record): the admin shows them and never
+    writes them, since a write here would skip the service's checks and its event.
+
+    Every field is read-only, nothing is added or deleted here, and a change form POST is
+    refused (403). Changes are made where the service is: the UI, the API or an admin action
+    that calls it."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
+        opts = self.model._meta
+        names = [f.name for f in (*opts.concrete_fields, *opts.many_to_many)]
+        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]
+
+    def has_add_permission(self, request: HttpRequest, *args) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
 
 
 class WorkspaceRowsFormSet(BaseInlineFormSet):
@@ -48,11 +76,61 @@ class WorkspaceRowsFormSet(BaseInlineFormSet):
             pk_field.queryset = self.model.objects.for_workspace(self.instance)
 
 
-class QuotaInline(UnscopedAdminMixin, admin.StackedInline):
-    model = Quota
-    formset = WorkspaceRowsFormSet
+def _usage_text(quota: WorkspaceQuota, summary: dict) -> str:
+    """The row's live usage as ``quota_summary`` (the dashboard's and queue page's) has it."""
+    row = next((r for r in summary["rows"] if r["gpu_type"] == quota.gpu_type), None)
+    if row is None:
+        return "-"
+    text = (
+        f"CPU {row['used_cpu_milli'] / 1000:g} cores, memory {row['used_memory_mb'] / 1024:g} GiB,"
+        f" GPU {row['used_gpu_milli'] / 1000:g}"
+    )
+    if row["used_storage_gb"] is not None:
+        text += f", storage {row['used_storage_gb']:g} GB"
+    return text
+
+
+class QuotaRowsFormSet(WorkspaceRowsFormSet):
+    @classmethod
+    def get_default_prefix(cls) -> str:
+        return "quotas"  # the foreign key has no reverse name ("+"), which would leave none
+
+
+class QuotaInlineForm(forms.ModelForm):
+    """A new row picks its GPU type; an existing row keeps it and may change its limits."""
+
+    class Meta:
+        model = WorkspaceQuota
+        fields = ["gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "storage_gb"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["gpu_type"].disabled = True
+
+
+class QuotaInline(UnscopedAdminMixin, admin.TabularInline):
+    """The workspace's quota rows (per GPU type); saved by ``quota_set`` (``quota.changed``)."""
+
+    model = WorkspaceQuota
+    form = QuotaInlineForm
+    formset = QuotaRowsFormSet
+    extra = 0
     can_delete = False
-    readonly_fields = ["cpu_cores_used", "memory_gb_used", "gpus_used", "storage_gb_used"]
+    fields = ["gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "storage_gb", "used_now"]
+    readonly_fields = ["used_now"]
+
+    @admin.display(description="in use now")
+    def used_now(self, quota: WorkspaceQuota) -> str:
+        if not quota.pk:
+            return "-"
+        return _usage_text(quota, quota_summary(workspace=quota.workspace))
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
 
 
 class MembershipInlineForm(forms.ModelForm):
@@ -121,7 +199,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
             obj.pk = created.pk
 
     def save_formset(self, request, form, formset, change: bool) -> None:
-        if formset.model not in (Quota, Membership):
+        if formset.model not in (WorkspaceQuota, Membership):
             super().save_formset(request, form, formset, change)
             return
         # Saved through the services (each writes its event), not formset.save(); the lists
@@ -131,11 +209,12 @@ class WorkspaceAdmin(admin.ModelAdmin):
             if not row.has_changed():
                 continue
             try:
-                if formset.model is Quota:
+                if formset.model is WorkspaceQuota:
                     saved = services.quota_set(
                         actor=request.user,
                         workspace=form.instance,
-                        **{name: row.cleaned_data[name] for name in Quota.RESOURCES},
+                        gpu_type=row.cleaned_data.get("gpu_type", ""),
+                        **{name: row.cleaned_data.get(name) for name in WorkspaceQuota.LIMITS},
                     )
                 else:
                     saved = services.membership_grant(
@@ -144,7 +223,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
                         user=row.cleaned_data["user"],
                         role=row.cleaned_data["role"],
                     )
-            except (ValidationError, ConflictError) as exc:
+            except (ValidationError, ConflictError, PermissionDenied) as exc:
                 messages.error(request, str(exc))
                 continue
             if row.instance.pk:
@@ -204,39 +283,53 @@ class MembershipAdmin(UnscopedAdminMixin, admin.ModelAdmin):
                 messages.error(request, str(exc))
 
 
-@admin.register(Quota)
-class QuotaAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+@admin.register(WorkspaceQuota)
+class WorkspaceQuotaAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    """The one quota (per workspace and GPU type): what admission reads, with its live usage.
+
+    Changed by superusers only, through ``quota_set`` (a ``quota.changed`` event each)."""
+
     list_display = [
         "workspace",
-        "cpu_cores",
-        "cpu_cores_used",
-        "memory_gb",
-        "memory_gb_used",
-        "gpus",
-        "gpus_used",
+        "gpu_type",
+        "cpu_milli",
+        "memory_mb",
+        "gpu_milli",
         "storage_gb",
-        "storage_gb_used",
+        "used_now",
+        "updated_at",
     ]
-    readonly_fields = [
-        "workspace",
-        "cpu_cores_used",
-        "memory_gb_used",
-        "gpus_used",
-        "storage_gb_used",
-    ]
+    list_filter = ["gpu_type"]
+    list_select_related = ["workspace"]
+    fields = ["workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "storage_gb"]
+
+    def get_fields(self, request, obj=None):
+        return [*self.fields, "used_now"] if obj else self.fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["workspace", "gpu_type", "used_now"] if obj else []
+
+    @admin.display(description="in use now")
+    def used_now(self, quota: WorkspaceQuota) -> str:
+        return _usage_text(quota, quota_summary(workspace=quota.workspace))
 
     def has_add_permission(self, request) -> bool:
-        return False  # created with the workspace
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
-    def save_model(self, request, obj: Quota, form, change: bool) -> None:
-        services.quota_set(
+    def save_model(self, request, obj: WorkspaceQuota, form, change: bool) -> None:
+        saved = services.quota_set(
             actor=request.user,
             workspace=obj.workspace,
-            **{name: form.cleaned_data[name] for name in Quota.RESOURCES},
+            gpu_type=obj.gpu_type,
+            **{name: form.cleaned_data.get(name) for name in WorkspaceQuota.LIMITS},
         )
+        obj.pk = saved.pk
 
 
 @admin.register(ApiToken)

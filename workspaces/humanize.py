@@ -175,6 +175,14 @@ def from_milli(value: Any) -> str:
         return "—"
 
 
+def trimmed(value: Any) -> str:
+    """A number with at most two decimals and no trailing zeros: 1.5 -> "1.5", 0.0 -> "0"."""
+    try:
+        return _trimmed(float(value))
+    except (TypeError, ValueError):
+        return "—"
+
+
 def mib_as_gib(value: Any) -> str:
     """MiB as GiB: 6144 -> "6", 512 -> "0.5"."""
     try:

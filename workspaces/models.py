@@ -123,47 +123,51 @@ class Membership(models.Model):
         return f"{self.user} is {self.role} in {self.workspace.slug}"
 
 
-class Quota(models.Model):
-    """Resource limits of a workspace and what it uses now."""
+class WorkspaceQuota(models.Model):
+    """The one quota: what a workspace may use at once, per GPU type (blank: any GPU type).
 
-    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="quota")
-    cpu_cores = models.DecimalField(
-        max_digits=8, decimal_places=2, default=16, validators=[MinValueValidator(0)]
+    The scheduler's admission reads these rows (``training.scheduler.admission``): jobs beyond
+    the quota are still admitted (use first, audit later), as preemptible and flagged. A workspace
+    without a row is unlimited, and a blank limit is unlimited. ``storage_gb`` (the blank-type row
+    only) is shown against the workspace's stored bytes; nothing refuses a push over it yet.
+
+    Live usage is not stored here (a stored "used" column drifts): it is computed on read from
+    the jobs holding capacity and the stored data (``workspaces.quota.quota_summary``). Writes go
+    through ``workspaces.services.quota_set``, which records ``quota.changed``. The table keeps
+    the name it had when the model lived in the scheduler app.
+    """
+
+    event_kind = "workspace_quota"
+    LIMITS = ("cpu_milli", "memory_mb", "gpu_milli", "storage_gb")
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    gpu_type = models.CharField(max_length=40, blank=True, help_text="Blank: all GPU types.")
+    cpu_milli = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: unlimited.")
+    memory_mb = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: unlimited.")
+    gpu_milli = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Whole and fractional GPUs in milli-GPU; blank: unlimited."
     )
-    memory_gb = models.DecimalField(
-        max_digits=10, decimal_places=2, default=64, validators=[MinValueValidator(0)]
+    storage_gb = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Stored feature batches, in GB; all-types row only. Blank: unlimited.",
     )
-    gpus = models.DecimalField(
-        max_digits=6,
-        decimal_places=2,
-        default=0,
-        validators=[MinValueValidator(0)],
-        help_text="Whole or fractional GPUs.",
-    )
-    storage_gb = models.DecimalField(
-        max_digits=12, decimal_places=2, default=100, validators=[MinValueValidator(0)]
-    )
-    cpu_cores_used = models.DecimalField(max_digits=8, decimal_places=2, default=0)
-    memory_gb_used = models.DecimalField(max_digits=10, decimal_places=2, default=0)
-    gpus_used = models.DecimalField(max_digits=6, decimal_places=2, default=0)
-    storage_gb_used = models.DecimalField(max_digits=12, decimal_places=2, default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = WorkspaceScopedQuerySet.as_manager()
 
-    RESOURCES = ("cpu_cores", "memory_gb", "gpus", "storage_gb")
+    class Meta:
+        db_table = "scheduler_workspacequota"
+        ordering = ["workspace_id", "gpu_type"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "gpu_type"], name="scheduler_quota_unique")
+        ]
 
     def __str__(self) -> str:
-        return f"quota of {self.workspace.slug}"
+        return f"quota {self.workspace_id}/{self.gpu_type or '*'}"
 
-    def as_dict(self) -> dict[str, dict[str, float]]:
-        return {
-            name: {
-                "limit": float(getattr(self, name)),
-                "used": float(getattr(self, f"{name}_used")),
-            }
-            for name in self.RESOURCES
-        }
+    def limits(self) -> dict[str, int | None]:
+        return {name: getattr(self, name) for name in self.LIMITS}
 
 
 class ServiceAccount(models.Model):

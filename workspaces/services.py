@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
@@ -24,12 +23,12 @@ from workspaces.models import (
     WORKSPACE_PERMISSIONS,
     ApiToken,
     Membership,
-    Quota,
     QuotaRequest,
     Role,
     ServiceAccount,
     Workspace,
     WorkspacePolicy,
+    WorkspaceQuota,
     default_workspace_template,
     hash_token_key,
 )
@@ -51,9 +50,11 @@ def workspace_create(
     prediction_type: str,
     description: str = "",
     template: dict[str, Any] | None = None,
-    quota: dict[str, Decimal | float | int] | None = None,
+    quota: dict[str, int | None] | None = None,
 ) -> Workspace:
-    """Create a workspace for a business scene, with its quota and template. Admins only."""
+    """Create a workspace for a business scene, with its template and, when ``quota`` names
+    limits (``cpu_milli``, ``memory_mb``, ``gpu_milli``, ``storage_gb``), its all-types quota.
+    Without one the workspace is unlimited, as the scheduler treats a workspace without a quota."""
     if Workspace.objects.filter(slug=slug).exists():
         raise ConflictError(f"a workspace with slug '{slug}' already exists", attr="slug")
     if Workspace.objects.filter(scene=scene, prediction_type=prediction_type).exists():
@@ -71,15 +72,15 @@ def workspace_create(
     )
     _validate(workspace, exclude=["created_by"])
     workspace.save()
-    quota_row = Quota(workspace=workspace, **(quota or {}))
-    _validate(quota_row, exclude=["workspace"])
-    quota_row.save()
+    limits = {name: value for name, value in (quota or {}).items() if value is not None}
+    unknown = set(limits) - set(WorkspaceQuota.LIMITS)
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: "not a quota resource"})
     event_record(
         actor=actor,
         workspace=workspace,
         verb="workspace.created",
         refs=[Ref.to(workspace)],
-        resources={name: quota_row.as_dict()[name]["limit"] for name in Quota.RESOURCES},
         payload={
             "slug": slug,
             "scene": scene,
@@ -87,6 +88,8 @@ def workspace_create(
             "template": workspace.template,
         },
     )
+    if limits:
+        quota_set(actor=actor, workspace=workspace, **limits)  # its own quota.changed
     return workspace
 
 
@@ -211,26 +214,48 @@ def membership_revoke(
 
 @transaction.atomic
 def quota_set(
-    *, actor: AbstractBaseUser | None, workspace: Workspace, **limits: Decimal | float | int
-) -> Quota:
-    """Change a workspace's resource limits; every change is recorded (A2)."""
-    unknown = set(limits) - set(Quota.RESOURCES)
-    if unknown:
-        raise ValidationError({sorted(unknown)[0]: "not a quota resource"})
-    quota = Quota.objects.select_for_update().get(workspace=workspace)
-    before = {name: float(getattr(quota, name)) for name in Quota.RESOURCES}
-    for name, value in limits.items():
-        setattr(quota, name, Decimal(str(value)))
-    _validate(quota, exclude=["workspace"])
+    *,
+    actor: AbstractBaseUser | None,
+    workspace: Workspace,
+    gpu_type: str = "",
+    cpu_milli: int | None = None,
+    memory_mb: int | None = None,
+    gpu_milli: int | None = None,
+    storage_gb: int | None = None,
+) -> WorkspaceQuota:
+    """Create or change a workspace's quota for one GPU type (blank: all types); ``None`` is
+    unlimited. Records ``quota.changed`` with the limits before and after (A2).
+
+    Only platform admins (superusers) or the platform itself (``actor=None``) change quotas;
+    workspace admins file a quota request instead."""
+    if actor is not None and getattr(actor, "is_authenticated", False) and not actor.is_superuser:
+        raise PermissionDenied("Quotas are changed by platform admins only.")
+    if gpu_type and storage_gb is not None:
+        raise ValidationError({"storage_gb": "storage is limited on the all-types quota only"})
+    quota = (
+        WorkspaceQuota.objects.for_workspace(workspace)
+        .select_for_update()
+        .filter(gpu_type=gpu_type)
+        .first()
+    )
+    created = quota is None
+    if created:
+        quota = WorkspaceQuota(workspace=workspace, gpu_type=gpu_type)
+    before = None if created else quota.limits()
+    quota.cpu_milli, quota.memory_mb = cpu_milli, memory_mb
+    quota.gpu_milli, quota.storage_gb = gpu_milli, storage_gb
+    _validate(quota, exclude=["workspace"] if created else None)
+    after = quota.limits()
+    if before == after:
+        return quota
     quota.save()
-    after = {name: float(getattr(quota, name)) for name in Quota.RESOURCES}
     event_record(
         actor=actor,
         workspace=workspace,
         verb="quota.changed",
-        refs=[Ref.to(workspace)],
-        resources=after,
-        payload={"before": before, "after": after},
+        refs=[Ref("workspace_quota", quota.pk, gpu_type or "all GPU types")],
+        # Limits, not use: kept out of ``resources``, which lineage prices as usage.
+        payload={"gpu_type": gpu_type, "before": before, "after": after},
     )
     return quota
 

@@ -17,6 +17,7 @@ from lineage.projection import project, rebuild
 from lineage.tests.helpers import record
 from workspaces.events import Ref
 from workspaces.models import Event
+from workspaces.services import quota_set
 
 pytestmark = pytest.mark.django_db
 
@@ -115,6 +116,7 @@ def test_low_utilisation_and_idle_deployments_are_flagged(workspace):
 
 
 def test_usage_against_quota_and_the_trail_with_csv(client, staff, workspace, other_workspace):
+    quota_set(actor=None, workspace=workspace, cpu_milli=16000, memory_mb=65536)
     plant_over_quota_job(workspace)
     record(other_workspace, "training.job.running", [Ref("training_job", 2, "theirs")])
     usage = client.get(reverse("admin:lineage_audit_usage") + "?days=1")
@@ -123,6 +125,7 @@ def test_usage_against_quota_and_the_trail_with_csv(client, staff, workspace, ot
     assert workspace.slug in text and "48.00" in text  # CPU-hours used
     # 48 CPU-h against 16 cores x 24 h = 12.5% of the quota's capacity.
     assert "12.5%" in text
+    assert "16.0 / unlimited / 64.0" in text  # the one quota's limits; no GPU limit
 
     exported = client.get(reverse("admin:lineage_audit_usage") + "?days=1&format=csv")
     rows = list(csv.reader(io.StringIO(b"".join(exported.streaming_content).decode())))

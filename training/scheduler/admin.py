@@ -1,4 +1,4 @@
-"""Admin console: quotas, scheduling records, the over-quota audit list, lending."""
+"""Admin console: quota requests, scheduling records, the over-quota audit list, lending."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from training.scheduler.models import (
     NodeHealth,
     NodeLending,
     OverQuotaJob,
-    WorkspaceQuota,
 )
+from workspaces.admin import ServiceManagedAdminMixin
 from workspaces.models import QuotaRequest
 
 
@@ -26,38 +26,6 @@ class UnscopedAdmin(admin.ModelAdmin):
         manager = self.model._default_manager
         qs = manager.unscoped() if hasattr(manager, "unscoped") else manager.all()
         return qs
-
-
-@admin.register(WorkspaceQuota)
-class WorkspaceQuotaAdmin(UnscopedAdmin):
-    """Scheduler quotas: changed by superusers only, through the service (an event each)."""
-
-    list_display = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "updated_at")
-    list_filter = ("gpu_type",)
-    fields = ("workspace", "gpu_type", "cpu_milli", "memory_mb", "gpu_milli")
-
-    def get_readonly_fields(self, request, obj=None):
-        return ("workspace", "gpu_type") if obj else ()
-
-    def has_add_permission(self, request) -> bool:
-        return request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def save_model(self, request, obj, form, change: bool) -> None:
-        saved = services.quota_set(
-            actor=request.user,
-            workspace=obj.workspace,
-            gpu_type=obj.gpu_type,
-            cpu_milli=obj.cpu_milli,
-            memory_mb=obj.memory_mb,
-            gpu_milli=obj.gpu_milli,
-        )
-        obj.pk = saved.pk
 
 
 @admin.register(QuotaRequest)
@@ -105,14 +73,17 @@ class QuotaRequestAdmin(UnscopedAdmin):
 
 
 @admin.register(JobScheduling)
-class JobSchedulingAdmin(UnscopedAdmin):
+class JobSchedulingAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+    """The scheduler's record of each job: written by admission and the tick only."""
+
     list_display = ("job", "workspace", "reason", "policy", "placements", "preemptions", "borrowed")
     list_filter = ("policy", "borrowed", "over_quota")
-    readonly_fields = ("job", "workspace", "gang_nodes", "victims", "recommendation")
 
 
 @admin.register(OverQuotaJob)
-class OverQuotaJobAdmin(UnscopedAdmin):
+class OverQuotaJobAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+    """Flagged by admission; closed by the "Mark as reviewed" action (``over_quota_review``)."""
+
     list_display = (
         "job",
         "workspace",
@@ -124,7 +95,6 @@ class OverQuotaJobAdmin(UnscopedAdmin):
     )
     list_filter = ("reviewed_at",)
     actions = ["mark_reviewed"]
-    readonly_fields = ("job", "workspace", "reason", "flagged_at", "reviewed_at", "reviewed_by")
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(over_quota=True).select_related("job")
@@ -141,9 +111,6 @@ class OverQuotaJobAdmin(UnscopedAdmin):
     def mark_reviewed(self, request, queryset):
         for item in queryset:
             services.over_quota_review(actor=request.user, scheduling=item)
-
-    def has_add_permission(self, request):
-        return False
 
 
 @admin.register(LendingLease)

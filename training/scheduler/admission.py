@@ -38,17 +38,25 @@ def _applies(quota_type: str, job: TrainingJob) -> bool:
     return quota_type in (job.gpu_type or "").split("|")
 
 
-def workspace_usage(workspace_id: int, *, exclude: int | None = None) -> dict[str, dict]:
-    """In-quota usage of a workspace: {gpu type or '': {cpu_milli, memory_mb, gpu_milli}}."""
+def workspace_usage(
+    workspace_id: int, *, exclude: int | None = None, gpu_types: set[str] | None = None
+) -> dict[str, dict]:
+    """In-quota usage of a workspace: {gpu type or '': {cpu_milli, memory_mb, gpu_milli}}.
+
+    ``gpu_types``: the quota GPU types to count for (default: those of the workspace's quotas).
+    The quota summary (``workspaces.quota``) shows exactly this, so the pages and admission
+    agree."""
     usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     jobs = TrainingJob.objects.for_workspace(workspace_id).filter(
         state__in=COUNTED_STATES, over_quota=False
     )
     if exclude:
         jobs = jobs.exclude(pk=exclude)
-    types = set(
-        WorkspaceQuota.objects.for_workspace(workspace_id).values_list("gpu_type", flat=True)
-    )
+    if gpu_types is None:
+        gpu_types = set(
+            WorkspaceQuota.objects.for_workspace(workspace_id).values_list("gpu_type", flat=True)
+        )
+    types = set(gpu_types)
     for job in jobs:
         used = job_usage(job)
         for quota_type in types | {""}:
@@ -63,7 +71,9 @@ def quota_excess(job: TrainingJob) -> list[str]:
     quotas = list(WorkspaceQuota.objects.for_workspace(job.workspace_id))
     if not quotas:
         return []
-    usage = workspace_usage(job.workspace_id, exclude=job.pk)
+    usage = workspace_usage(
+        job.workspace_id, exclude=job.pk, gpu_types={quota.gpu_type for quota in quotas}
+    )
     need = job_usage(job)
     excess = []
     for quota in quotas:

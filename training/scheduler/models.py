@@ -1,8 +1,10 @@
 """Scheduler state beyond the job row (see training.models for Node and TrainingJob).
 
 The job row stays the source of truth for a job's lifecycle; these tables hold what only the
-scheduler needs: quotas per workspace and GPU type, the per-job scheduling record (queue reason,
-over-quota audit flag, lending, recommendation), and leases of borrowed inference capacity.
+scheduler needs: the per-job scheduling record (queue reason, over-quota audit flag, lending,
+recommendation) and leases of borrowed inference capacity. The quota (per workspace and GPU type)
+is ``workspaces.models.WorkspaceQuota``, the one quota the platform has; it is re-exported here
+for the scheduler's readers.
 """
 
 from __future__ import annotations
@@ -12,38 +14,18 @@ from django.db import models
 from django.utils import timezone
 
 from training.models import Node, TrainingJob
-from workspaces.models import Workspace
+from workspaces.models import Workspace, WorkspaceQuota
 from workspaces.scoping import WorkspaceScopedQuerySet
 
-
-class WorkspaceQuota(models.Model):
-    """What a workspace may use at once; a blank ``gpu_type`` is the quota for any GPU type.
-
-    Jobs beyond the quota are still admitted (use first, audit later), as preemptible and flagged.
-    A workspace without a quota row is unlimited.
-    """
-
-    event_kind = "workspace_quota"
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
-    gpu_type = models.CharField(max_length=40, blank=True, help_text="Blank: all GPU types.")
-    cpu_milli = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: unlimited.")
-    memory_mb = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: unlimited.")
-    gpu_milli = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Whole and fractional GPUs in milli-GPU; blank: unlimited."
-    )
-    updated_at = models.DateTimeField(auto_now=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["workspace_id", "gpu_type"]
-        constraints = [
-            models.UniqueConstraint(fields=["workspace", "gpu_type"], name="scheduler_quota_unique")
-        ]
-
-    def __str__(self) -> str:
-        return f"quota {self.workspace_id}/{self.gpu_type or '*'}"
+__all__ = [
+    "JobScheduling",
+    "LendingLease",
+    "ManagedNode",
+    "NodeHealth",
+    "NodeLending",
+    "OverQuotaJob",
+    "WorkspaceQuota",
+]
 
 
 class JobScheduling(models.Model):

@@ -1,13 +1,21 @@
-"""Reads for the queue view, the API and the cluster view."""
+"""Reads for the queue view, the API and the cluster view.
+
+``quota_summary`` is ``workspaces.quota.quota_summary`` (the one quota with live usage, from
+``workspace_usage_now`` below), re-exported for the scheduler's views.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Sum
+
+from features.models import Batch
 from training.models import PRIORITY_RANK, JobState, Node, NodeKind, TrainingJob
 from training.scheduler.admission import job_usage, workspace_usage
 from training.scheduler.inventory import build_cluster, holding_jobs, job_request
-from training.scheduler.models import JobScheduling, WorkspaceQuota
+from training.scheduler.models import JobScheduling
+from workspaces.quota import Usage, quota_summary
 
 QUEUE_STATES = (
     JobState.PENDING,
@@ -17,6 +25,8 @@ QUEUE_STATES = (
     JobState.PREEMPTED,
 )
 WAITING = (JobState.PENDING, JobState.ADMITTED, JobState.PREEMPTED)
+
+__all__ = ["cluster_overview", "queue_of", "quota_summary", "quotas_of", "workspace_usage_now"]
 
 
 def _reason(job: TrainingJob, sched: JobScheduling | None) -> str:
@@ -84,43 +94,20 @@ def queue_of(*, workspace) -> list[dict[str, Any]]:
     return rows
 
 
-def _quota_rows(workspace) -> tuple[list[dict[str, Any]], dict[str, dict]]:
-    usage = workspace_usage(workspace.pk)
-    rows = []
-    for quota in WorkspaceQuota.objects.for_workspace(workspace).order_by("gpu_type"):
-        used = usage.get(quota.gpu_type, {})
-        rows.append(
-            {
-                "gpu_type": quota.gpu_type,
-                "cpu_milli": quota.cpu_milli,
-                "memory_mb": quota.memory_mb,
-                "gpu_milli": quota.gpu_milli,
-                "used_cpu_milli": used.get("cpu_milli", 0),
-                "used_memory_mb": used.get("memory_mb", 0),
-                "used_gpu_milli": used.get("gpu_milli", 0),
-                "updated_at": quota.updated_at,
-            }
-        )
-    return rows, usage
+def workspace_usage_now(workspace, gpu_types: set[str]) -> Usage:
+    """The quota's usage provider (registered in ``SchedulerConfig.ready``): CPU, memory and GPU
+    held by the workspace's in-quota jobs, counted exactly as admission counts them
+    (``admission.workspace_usage``), and the bytes of its feature batches (``Batch.bytes``, the
+    stored size of every accepted push). Dataset files are not counted: their size is not kept
+    on the row."""
+    stored = Batch.objects.for_workspace(workspace).aggregate(total=Sum("bytes"))["total"]
+    by_type = workspace_usage(workspace.pk, gpu_types=gpu_types)
+    return Usage(by_gpu_type=by_type, storage_bytes=int(stored or 0))
 
 
 def quotas_of(*, workspace) -> list[dict[str, Any]]:
-    """One row per scheduler quota of the workspace (per GPU type) with what it uses of it."""
-    return _quota_rows(workspace)[0]
-
-
-def quota_summary(*, workspace) -> dict[str, Any]:
-    """The workspace's scheduler quota as both the dashboard and the queue page show it: the
-    rows of ``quotas_of`` and, for a workspace without a quota, what it uses now."""
-    rows, usage = _quota_rows(workspace)
-    in_use = usage.get("", {})
-    return {
-        "limited": bool(rows),
-        "rows": rows,
-        "used_cpu_milli": in_use.get("cpu_milli", 0),
-        "used_memory_mb": in_use.get("memory_mb", 0),
-        "used_gpu_milli": in_use.get("gpu_milli", 0),
-    }
+    """One row per quota of the workspace (per GPU type) with what it uses of it."""
+    return quota_summary(workspace=workspace)["rows"]
 
 
 def cluster_overview() -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Scheduler writes outside the tick: quotas, audit review, the recommendation opt-in."""
+"""Scheduler writes outside the tick: quota requests, audit review, the recommendation opt-in.
+
+Quotas themselves are set by ``workspaces.services.quota_set`` (re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -7,49 +10,23 @@ from django.db import transaction
 from django.utils import timezone
 
 from training.models import TrainingJob
-from training.scheduler.models import JobScheduling, WorkspaceQuota
+from training.scheduler.models import JobScheduling
 from workspaces.events import Ref, event_record
-from workspaces.models import QuotaRequest
+from workspaces.models import QuotaRequest, WorkspaceQuota
+from workspaces.services import quota_set  # the one quota's writer, re-exported
+
+__all__ = ["auto_recommend_set", "over_quota_review", "quota_request_decide", "quota_set"]
 
 
-@transaction.atomic
-def quota_set(
-    *,
-    actor,
-    workspace,
-    gpu_type: str = "",
-    cpu_milli: int | None = None,
-    memory_mb: int | None = None,
-    gpu_milli: int | None = None,
-) -> WorkspaceQuota:
-    """Create or change a workspace's quota (one per GPU type; blank = all types). Recorded (A2).
-
-    Only platform admins (superusers) or the platform itself (``actor=None``) change quotas."""
-    if actor is not None and getattr(actor, "is_authenticated", False) and not actor.is_superuser:
-        raise PermissionDenied("Quotas are changed by platform admins only.")
-    quota, created = WorkspaceQuota.objects.for_workspace(workspace).get_or_create(
-        workspace=workspace, gpu_type=gpu_type
+def _current_storage(quota_request: QuotaRequest) -> int | None:
+    """A quota request names CPU, memory and GPUs only: approving it keeps the storage limit."""
+    current = (
+        WorkspaceQuota.objects.for_workspace(quota_request.workspace_id)
+        .filter(gpu_type="")
+        .values_list("storage_gb", flat=True)
+        .first()
     )
-    before = {
-        "cpu_milli": quota.cpu_milli,
-        "memory_mb": quota.memory_mb,
-        "gpu_milli": quota.gpu_milli,
-    }
-    quota.cpu_milli, quota.memory_mb, quota.gpu_milli = cpu_milli, memory_mb, gpu_milli
-    quota.full_clean()
-    quota.save()
-    event_record(
-        actor=actor,
-        workspace=workspace,
-        verb="scheduler.quota.set",
-        refs=[Ref("workspace_quota", quota.pk, gpu_type or "all GPU types")],
-        payload={
-            "gpu_type": gpu_type,
-            "before": None if created else before,
-            "after": {"cpu_milli": cpu_milli, "memory_mb": memory_mb, "gpu_milli": gpu_milli},
-        },
-    )
-    return quota
+    return current
 
 
 @transaction.atomic
@@ -69,6 +46,7 @@ def quota_request_decide(*, actor, quota_request: QuotaRequest, approve: bool) -
             cpu_milli=locked.cpu_milli,
             memory_mb=locked.memory_mb,
             gpu_milli=locked.gpu_milli,
+            storage_gb=None if locked.gpu_type else _current_storage(locked),
         )
     locked.status = QuotaRequest.Status.APPROVED if approve else QuotaRequest.Status.REJECTED
     locked.decided_by, locked.decided_at = actor, timezone.now()

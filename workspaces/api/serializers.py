@@ -7,20 +7,35 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from workspaces.models import ApiToken, Event, EventRef, Membership, Role, Workspace
+from workspaces.quota import quota_summary
 
 User = get_user_model()
 
 
-class QuotaResourceSerializer(serializers.Serializer):
-    limit = serializers.FloatField()
-    used = serializers.FloatField()
+class QuotaRowSerializer(serializers.Serializer):
+    """One quota row (per GPU type; blank: all types). Limits ``null``: unlimited."""
+
+    gpu_type = serializers.CharField()
+    cpu_milli = serializers.IntegerField(allow_null=True)
+    memory_mb = serializers.IntegerField(allow_null=True)
+    gpu_milli = serializers.IntegerField(allow_null=True)
+    storage_gb = serializers.IntegerField(allow_null=True)
+    used_cpu_milli = serializers.IntegerField()
+    used_memory_mb = serializers.IntegerField()
+    used_gpu_milli = serializers.IntegerField()
+    used_storage_gb = serializers.FloatField(allow_null=True)
+    updated_at = serializers.DateTimeField()
 
 
 class QuotaSerializer(serializers.Serializer):
-    cpu_cores = QuotaResourceSerializer()
-    memory_gb = QuotaResourceSerializer()
-    gpus = QuotaResourceSerializer()
-    storage_gb = QuotaResourceSerializer()
+    """``workspaces.quota.quota_summary``: what the dashboard, queue page and admin show."""
+
+    limited = serializers.BooleanField(help_text="False: no quota, the workspace is unlimited.")
+    rows = QuotaRowSerializer(many=True)
+    used_cpu_milli = serializers.IntegerField()
+    used_memory_mb = serializers.IntegerField()
+    used_gpu_milli = serializers.IntegerField()
+    used_storage_gb = serializers.FloatField()
 
 
 class WorkspaceSerializer(serializers.ModelSerializer):
@@ -44,7 +59,7 @@ class WorkspaceSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(QuotaSerializer)
     def get_quota(self, workspace: Workspace) -> dict:
-        return workspace.quota.as_dict()
+        return QuotaSerializer(quota_summary(workspace=workspace)).data
 
     def get_role(self, workspace: Workspace) -> str | None:
         roles = self.context.get("roles", {})

@@ -130,9 +130,7 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
     pagination_class = None
 
     def get_queryset(self) -> QuerySet:
-        return workspaces_visible_to(
-            user=self.request.user, token=request_token(self.request)
-        ).select_related("quota")
+        return workspaces_visible_to(user=self.request.user, token=request_token(self.request))
 
     def _roles(self, workspaces) -> dict[int, str]:
         user = self.request.user

@@ -12,6 +12,7 @@ for _name in (
     "from_milli",
     "key_values",
     "mib_as_gib",
+    "trimmed",
     "verb_label",
 ):
     register.filter(_name, getattr(humanize, _name))

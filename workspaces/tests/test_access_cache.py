@@ -95,8 +95,9 @@ def test_invalidation_publishes_a_new_generation_on_commit(
 def test_hot_path_runs_no_queries_once_warm(client_for, workspace, django_assert_num_queries):
     client = client_for(make_member(workspace, Role.VIEWER))
     assert detail(client, workspace).status_code == 200
-    # The body's own reads (workspace with quota, the caller's role); none for auth or access.
-    with django_assert_num_queries(2):
+    # The body's own reads (the caller's role; the quota summary: its rows, the holding jobs,
+    # the stored bytes); none for auth, access or the workspace itself.
+    with django_assert_num_queries(4):
         assert detail(client, workspace).status_code == 200
 
 

@@ -7,7 +7,8 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from workspaces.models import Event, Membership, Quota, Workspace
+from workspaces import services
+from workspaces.models import Event, Membership, Workspace, WorkspaceQuota
 from workspaces.testing.factories import UserFactory, make_member
 
 
@@ -32,30 +33,37 @@ def test_admin_creates_a_workspace_through_the_service(staff_client):
     )
     assert response.status_code == 302, response.content[:2000]
     workspace = Workspace.objects.get(slug="video-recall")
-    assert Quota.objects.for_workspace(workspace).exists()
+    # No quota was given: none is created (unlimited, as admission treats a workspace without one).
+    assert not WorkspaceQuota.objects.for_workspace(workspace).exists()
     event = Event.objects.for_workspace(workspace).get()
     assert event.verb == "workspace.created"
     assert event.actor_name == response.wsgi_request.user.username
 
 
 def test_admin_quota_change_is_recorded(staff_client, workspace):
-    quota = Quota.objects.for_workspace(workspace).get()
+    quota = services.quota_set(actor=None, workspace=workspace, gpu_milli=0, storage_gb=100)
     response = staff_client.post(
-        f"/admin/workspaces/quota/{quota.pk}/change/",
-        {"cpu_cores": "64", "memory_gb": "256", "gpus": "8", "storage_gb": "500"},
+        f"/admin/workspaces/workspacequota/{quota.pk}/change/",
+        {"cpu_milli": "64000", "memory_mb": "262144", "gpu_milli": "8000", "storage_gb": "500"},
     )
     assert response.status_code == 302, response.content[:2000]
     quota.refresh_from_db()
-    assert (quota.cpu_cores, quota.gpus) == (64, 8)
-    event = Event.objects.for_workspace(workspace).get(verb="quota.changed")
-    assert event.payload["after"]["gpus"] == 8.0
-    assert event.payload["before"]["gpus"] == 0.0
+    assert (quota.cpu_milli, quota.gpu_milli, quota.storage_gb) == (64000, 8000, 500)
+    event = Event.objects.for_workspace(workspace).filter(verb="quota.changed").latest("id")
+    assert event.actor_name == response.wsgi_request.user.username
+    assert event.payload["after"]["gpu_milli"] == 8000
+    assert event.payload["before"] == {
+        "cpu_milli": None,
+        "memory_mb": None,
+        "gpu_milli": 0,
+        "storage_gb": 100,
+    }
 
 
 def test_workspace_page_saves_its_quota_and_grants_roles_through_the_services(
     staff_client, workspace
 ):
-    quota = Quota.objects.for_workspace(workspace).get()
+    quota = services.quota_set(actor=None, workspace=workspace, cpu_milli=16000)
     member = make_member(workspace, "viewer")
     newcomer = UserFactory()
     existing = Membership.objects.for_workspace(workspace).get(user=member)
@@ -65,14 +73,20 @@ def test_workspace_page_saves_its_quota_and_grants_roles_through_the_services(
             "name": workspace.name,
             "description": "",
             "template": '{"sample_stream": {"features": []}}',
-            "quota-TOTAL_FORMS": "1",
-            "quota-INITIAL_FORMS": "1",
-            "quota-0-id": str(quota.pk),
-            "quota-0-workspace": str(workspace.pk),
-            "quota-0-cpu_cores": "16",
-            "quota-0-memory_gb": "64",
-            "quota-0-gpus": "4",
-            "quota-0-storage_gb": "100",
+            "quotas-TOTAL_FORMS": "2",
+            "quotas-INITIAL_FORMS": "1",
+            "quotas-0-id": str(quota.pk),
+            "quotas-0-workspace": str(workspace.pk),
+            "quotas-0-cpu_milli": "16000",
+            "quotas-0-memory_mb": "",
+            "quotas-0-gpu_milli": "4000",
+            "quotas-0-storage_gb": "100",
+            "quotas-1-workspace": str(workspace.pk),
+            "quotas-1-gpu_type": "A100",
+            "quotas-1-cpu_milli": "",
+            "quotas-1-memory_mb": "",
+            "quotas-1-gpu_milli": "2000",
+            "quotas-1-storage_gb": "",
             "memberships-TOTAL_FORMS": "2",
             "memberships-INITIAL_FORMS": "1",
             "memberships-0-id": str(existing.pk),
@@ -85,7 +99,8 @@ def test_workspace_page_saves_its_quota_and_grants_roles_through_the_services(
     )
     assert response.status_code == 302, response.content[:3000]
     quota.refresh_from_db()
-    assert quota.gpus == 4
+    assert (quota.cpu_milli, quota.gpu_milli, quota.storage_gb) == (16000, 4000, 100)
+    assert WorkspaceQuota.objects.for_workspace(workspace).get(gpu_type="A100").gpu_milli == 2000
     roles = dict(Membership.objects.for_workspace(workspace).values_list("user__username", "role"))
     assert roles == {member.username: "developer", newcomer.username: "maintainer"}
     verbs = set(Event.objects.for_workspace(workspace).values_list("verb", flat=True))

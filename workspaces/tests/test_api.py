@@ -123,7 +123,8 @@ def test_another_users_token_cannot_be_revoked(client_for, members):
 def test_workspace_detail_shows_quota_usage_and_the_callers_role(client_for, workspace, members):
     body = client_for(members["maintainer"]).get(f"/api/v1/workspaces/{workspace.slug}/").json()
     assert body["role"] == "maintainer"
-    assert body["quota"]["cpu_cores"] == {"limit": 16.0, "used": 0.0}
+    assert body["quota"]["limited"] is False  # created without a quota
+    assert (body["quota"]["rows"], body["quota"]["used_cpu_milli"]) == ([], 0)
     assert (body["scene"], body["prediction_type"]) == (workspace.scene, workspace.prediction_type)
 
 
@@ -237,7 +238,7 @@ def test_activity_filters_by_verb_and_object(client_for, workspace, members):
 @pytest.mark.django_db
 def test_pagination_is_capped(client_for, workspace, members, settings):
     for index in range(8):
-        services.quota_set(actor=None, workspace=workspace, cpu_cores=index + 1)
+        services.quota_set(actor=None, workspace=workspace, cpu_milli=index + 1)
     from workspaces.api.pagination import CappedLimitOffsetPagination
 
     CappedLimitOffsetPagination.max_limit, saved = 5, CappedLimitOffsetPagination.max_limit

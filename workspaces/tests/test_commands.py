@@ -7,7 +7,14 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from workspaces.models import ApiToken, Event, Membership, Quota, Workspace, hash_token_key
+from workspaces.models import (
+    ApiToken,
+    Event,
+    Membership,
+    Workspace,
+    WorkspaceQuota,
+    hash_token_key,
+)
 from workspaces.testing.factories import UserFactory
 
 
@@ -33,7 +40,7 @@ def test_workspace_create_grant_and_quota():
     )
     workspace = Workspace.objects.get(slug="feed-pctr")
     assert (workspace.scene, workspace.prediction_type) == ("feed", "pctr")
-    assert Quota.objects.for_workspace(workspace).get().gpus == 4
+    assert WorkspaceQuota.objects.for_workspace(workspace).get(gpu_type="").gpu_milli == 4000
 
     run("workspace", "grant", "feed-pctr", "carol", "maintainer")
     assert Membership.objects.for_workspace(workspace).get(user=user).role == "maintainer"
@@ -41,11 +48,12 @@ def test_workspace_create_grant_and_quota():
     assert not user.has_perm("workspaces.administer_workspace", workspace)
 
     run("workspace", "quota", "feed-pctr", "--cpu-cores", "32")
-    assert Quota.objects.for_workspace(workspace).get().cpu_cores == 32
+    quota = WorkspaceQuota.objects.for_workspace(workspace).get(gpu_type="")
+    assert (quota.cpu_milli, quota.gpu_milli) == (32000, 4000)  # the GPU limit stays as set
     verbs = list(
         Event.objects.for_workspace(workspace).order_by("id").values_list("verb", flat=True)
     )
-    assert verbs == ["workspace.created", "membership.granted", "quota.changed"]
+    assert verbs == ["workspace.created", "quota.changed", "membership.granted", "quota.changed"]
 
     run("workspace", "revoke", "feed-pctr", "carol")
     assert not Membership.objects.for_workspace(workspace).filter(user=user).exists()

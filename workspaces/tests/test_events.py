@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connection, transaction
 
 from workspaces import services
 from workspaces.events import EventOutsideTransactionError, Ref, event_record
-from workspaces.models import Event, EventRef, ImmutableEventError, Membership, Quota, Role
+from workspaces.models import (
+    Event,
+    EventRef,
+    ImmutableEventError,
+    Membership,
+    Role,
+    WorkspaceQuota,
+)
 from workspaces.testing.factories import UserFactory, make_workspace
 
 
@@ -19,7 +27,7 @@ def event(workspace):
 def test_workspace_creation_records_its_event_with_refs_and_resources(workspace):
     event = Event.objects.for_workspace(workspace).get(verb="workspace.created")
     assert event.payload["slug"] == workspace.slug
-    assert event.resources["cpu_cores"] == float(workspace.quota.cpu_cores)
+    assert event.resources == {}  # no resources used (quota limits are not usage)
     refs = list(event.refs.values_list("role", "kind", "object_id"))
     assert refs == [("subject", "workspace", str(workspace.pk))]
 
@@ -92,10 +100,12 @@ def test_failing_write_rolls_back_its_event(workspace):
 
 def test_invalid_quota_change_writes_nothing(workspace):
     before = Event.objects.for_workspace(workspace).count()
-    with pytest.raises(Exception, match="greater than or equal to 0"):
-        services.quota_set(actor=None, workspace=workspace, gpus=-1)
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        services.quota_set(actor=None, workspace=workspace, gpu_milli=-1)
+    with pytest.raises(ValidationError, match="all-types quota only"):
+        services.quota_set(actor=None, workspace=workspace, gpu_type="A100", storage_gb=5)
     assert Event.objects.for_workspace(workspace).count() == before
-    assert Quota.objects.for_workspace(workspace).get().gpus >= 0
+    assert not WorkspaceQuota.objects.for_workspace(workspace).exists()
 
 
 def test_duplicate_workspace_writes_nothing(workspace):

@@ -121,7 +121,7 @@ def test_a_workspace_without_a_scheduler_quota_is_unlimited_on_both_pages(worksp
     queue = quota_table(client.get(f"/w/{workspace.slug}/queue/").content.decode())
     assert dashboard == queue
     assert "No quota: the scheduler admits this workspace's jobs without a limit." in queue
-    assert "In use now: 1.5 CPU cores, 0.5 GiB memory, 0 GPUs." in queue
+    assert "In use now: 1.5 CPU cores, 0.5 GiB memory, 0 GPUs, 0 GB stored." in queue
 
 
 # 4. Activity in words; durations -----------------------------------------------------------------

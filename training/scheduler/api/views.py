@@ -12,12 +12,11 @@ from rest_framework.response import Response
 from features.models import Dataset
 from training.models import JobState, PriorityClass
 from training.scheduler import selectors, services
-from training.scheduler.models import WorkspaceQuota
 from training.scheduler.recommend import recommend
 from workspaces import services as workspace_services
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.exceptions import ReferenceNotFound
-from workspaces.models import QuotaRequest, Role
+from workspaces.models import QuotaRequest, Role, WorkspaceQuota
 
 
 class QueueEntrySerializer(serializers.Serializer):
@@ -108,9 +107,13 @@ class SchedulerQuotaSerializer(serializers.Serializer):
     cpu_milli = serializers.IntegerField(allow_null=True, min_value=0, default=None)
     memory_mb = serializers.IntegerField(allow_null=True, min_value=0, default=None)
     gpu_milli = serializers.IntegerField(allow_null=True, min_value=0, default=None)
+    storage_gb = serializers.IntegerField(
+        allow_null=True, min_value=0, default=None, help_text="All-types row only."
+    )
     used_cpu_milli = serializers.IntegerField(read_only=True)
     used_memory_mb = serializers.IntegerField(read_only=True)
     used_gpu_milli = serializers.IntegerField(read_only=True)
+    used_storage_gb = serializers.FloatField(read_only=True, allow_null=True)
     updated_at = serializers.DateTimeField(read_only=True)
 
 

@@ -32,7 +32,7 @@ def test_workspace_members_cannot_change_a_quota(workspace, members, client_for,
     assert response.status_code == 403, response.content
     assert response.json()["type"] == "permission_denied"
     assert not WorkspaceQuota.objects.for_workspace(workspace).exists()
-    assert not Event.objects.for_workspace(workspace).filter(verb="scheduler.quota.set").exists()
+    assert not Event.objects.for_workspace(workspace).filter(verb="quota.changed").exists()
 
 
 def test_an_outsider_gets_404_and_anonymous_401(workspace, members, client_for):
@@ -46,7 +46,7 @@ def test_a_superuser_changes_a_quota_and_the_change_is_an_event(workspace, clien
     assert response.status_code == 201, response.content
     quota = WorkspaceQuota.objects.for_workspace(workspace).get(gpu_type="")
     assert quota.gpu_milli == QUOTA["gpu_milli"]
-    event = Event.objects.for_workspace(workspace).get(verb="scheduler.quota.set")
+    event = Event.objects.for_workspace(workspace).get(verb="quota.changed")
     assert event.actor_id == superuser.pk
     assert event.payload["after"]["gpu_milli"] == QUOTA["gpu_milli"]
 
@@ -81,7 +81,7 @@ def test_a_workspace_admin_requests_and_a_superuser_approves_in_the_admin(
     assert QuotaRequest.objects.for_workspace(workspace).get().status == "approved"
     assert WorkspaceQuota.objects.for_workspace(workspace).get(gpu_type="").gpu_milli == 4000
     verbs = set(Event.objects.for_workspace(workspace).values_list("verb", flat=True))
-    assert {"quota_request.approved", "scheduler.quota.set"} <= verbs
+    assert {"quota_request.approved", "quota.changed"} <= verbs
 
 
 def test_staff_who_are_no_superusers_cannot_approve(workspace, members, client):
@@ -102,9 +102,9 @@ def test_staff_who_are_no_superusers_cannot_approve(workspace, members, client):
 def test_a_superuser_edits_a_quota_in_the_admin_through_the_service(workspace, client, superuser):
     client.force_login(superuser)
     response = client.post(
-        "/admin/scheduler/workspacequota/add/",
+        "/admin/workspaces/workspacequota/add/",
         {"workspace": workspace.pk, "gpu_type": "", "cpu_milli": "", "memory_mb": "",
          "gpu_milli": 3000},
     )  # fmt: skip
     assert response.status_code == 302, response.content[:2000]
-    assert Event.objects.for_workspace(workspace).filter(verb="scheduler.quota.set").exists()
+    assert Event.objects.for_workspace(workspace).filter(verb="quota.changed").exists()

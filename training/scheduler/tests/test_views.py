@@ -120,7 +120,7 @@ def test_api_queue_recommendation_and_quotas(workspace, members, client_for):
     )
     assert created.status_code == 201, created.content
     assert created.json()["gpu_milli"] == 2000
-    assert Event.objects.unscoped().filter(verb="scheduler.quota.set").count() == 1
+    assert Event.objects.unscoped().filter(verb="quota.changed").count() == 1
     assert viewer.get(base + "/quotas/").json()[0]["gpu_milli"] == 2000
 
 

@@ -13,6 +13,7 @@ from django.db import transaction
 
 from workspaces import services
 from workspaces.models import PredictionType, Role, ServiceAccount, Workspace
+from workspaces.quota import limits_from_units
 
 User = get_user_model()
 
@@ -60,7 +61,7 @@ class Command(BaseCommand):
                         scene=spec["scene"],
                         prediction_type=spec["prediction_type"],
                         description=spec["description"],
-                        quota=spec["quota"],
+                        quota=limits_from_units(**spec["quota"]),
                     )
                     services.membership_grant(
                         actor=admin, workspace=workspace, user=admin, role=Role.ADMIN

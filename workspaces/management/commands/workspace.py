@@ -15,13 +15,17 @@ from django.core.management.base import BaseCommand, CommandError
 
 from workspaces import services
 from workspaces.exceptions import ConflictError
-from workspaces.models import PredictionType, Quota, Role, Workspace
+from workspaces.models import PredictionType, Role, Workspace, WorkspaceQuota
+from workspaces.quota import limits_from_units
 
 User = get_user_model()
 
 
+UNITS = ("cpu_cores", "memory_gb", "gpus", "storage_gb")
+
+
 def _add_quota_options(parser) -> None:
-    for resource in Quota.RESOURCES:
+    for resource in UNITS:
         parser.add_argument(f"--{resource.replace('_', '-')}", dest=resource, type=float)
 
 
@@ -68,8 +72,10 @@ class Command(BaseCommand):
         return user
 
     @staticmethod
-    def _limits(options) -> dict[str, float]:
-        return {name: options[name] for name in Quota.RESOURCES if options.get(name) is not None}
+    def _limits(options) -> dict[str, int]:
+        """The options given, in the quota's units (cores -> milli-CPU, GiB -> MiB, ...)."""
+        given = {name: options.get(name) for name in UNITS}
+        return {k: v for k, v in limits_from_units(**given).items() if v is not None}
 
     def handle_create(self, *, slug, scene, prediction_type, name, description, **options) -> None:
         workspace = services.workspace_create(
@@ -101,9 +107,12 @@ class Command(BaseCommand):
             raise CommandError(
                 "name at least one of --cpu-cores, --memory-gb, --gpus, --storage-gb"
             )
-        quota = services.quota_set(actor=None, workspace=self._workspace(slug), **limits)
-        self.stdout.write(self.style.SUCCESS(f"quota of {slug}: {quota.as_dict()}"))
+        workspace = self._workspace(slug)
+        current = WorkspaceQuota.objects.for_workspace(workspace).filter(gpu_type="").first()
+        merged = {**(current.limits() if current else {}), **limits}  # the others stay as set
+        quota = services.quota_set(actor=None, workspace=workspace, **merged)
+        self.stdout.write(self.style.SUCCESS(f"quota of {slug}: {quota.limits()}"))
 
     def handle_list(self, **options) -> None:
-        for workspace in Workspace.objects.select_related("quota"):
+        for workspace in Workspace.objects.all():
             self.stdout.write(f"{workspace.slug}\t{workspace.scene}\t{workspace.prediction_type}")
