@@ -2,7 +2,8 @@
 
 Model artifacts are read only from the platform's artifact store (``ARTIFACT_ROOT``) at paths the
 platform wrote, and only as a JSON spec plus a tensors-only state dict (``torch.load`` with
-``weights_only=True``), so a pickle planted as a model is refused, never executed. Anything that
+``weights_only=True``) or, for gradient-boosted trees, LightGBM's text model, so a pickle planted
+as a model is refused, never executed. Anything that
 names a path or a source is validated here first (see ``shared/docs/BAD-INPUTS.md``): fully
 URL-decoded, then refused when it has ``..``, absolute parts, NUL bytes, backslashes, ``?#;``,
 over-long names, Unicode look-alikes for ``/`` and ``.``, symlinks leading out of the root, or a
@@ -23,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+# A torch bundle's files; a template with its own model file swaps the second (``bundle_files``).
 BUNDLE_FILES = ("spec.json", "weights.pt")
 FORBIDDEN_CHARS = set("\\?#;\x00")
 # Look-alikes of '/' and '.' (fraction slash, division slash, full-width forms, one-dot leader...).
@@ -92,11 +94,28 @@ def platform_path(path: str) -> Path:
     return resolve_artifact(path, attr="model_path")
 
 
+def bundle_files(directory: Path, *, attr: str = "path") -> tuple[str, ...]:
+    """The files of the bundle in ``directory``: ``spec.json`` and the model file its template
+    keeps (``weights.pt``, or ``model.txt`` for ``lightgbm``: ``training.bundle.model_file``)."""
+    from training.bundle import bundle_files as files_of
+
+    spec = directory / BUNDLE_FILES[0]
+    if spec.is_symlink():
+        raise ValidationError({attr: f"{spec.name} is a symlink; refused"})
+    if not spec.is_file():
+        raise ValidationError({attr: f"bundle has no {spec.name}"})
+    try:
+        return files_of(directory)
+    except (ValueError, OSError) as exc:
+        raise ValidationError({attr: f"bad bundle spec: {str(exc)[:200]}"}) from exc
+
+
 def check_bundle_dir(directory: Path, *, attr: str = "path") -> None:
-    """A bundle directory holds regular files only (no symlinks), the spec and the weights."""
+    """A bundle directory holds regular files only (no symlinks), the spec and the model file
+    (the weights)."""
     if directory.is_symlink() or not directory.is_dir():
         raise ValidationError({attr: "not a model bundle directory"})
-    for name in BUNDLE_FILES:
+    for name in bundle_files(directory, attr=attr):
         file = directory / name
         if file.is_symlink():
             raise ValidationError({attr: f"{name} is a symlink; refused"})
@@ -117,7 +136,7 @@ def copy_bundle(source: Path, target: Path) -> list[dict]:
     check_bundle_dir(source)
     target.mkdir(parents=True, exist_ok=True)
     out = []
-    for name in BUNDLE_FILES:
+    for name in bundle_files(source):
         src, dst = source / name, target / name
         if dst.exists():
             dst.unlink()

@@ -446,12 +446,13 @@ def model_version_import_mlflow(
     Accepted: a RankOps bundle spec (``spec.json``, e.g.
     ``mlflow.log_dict(spec, "model/spec.json")``)
     plus a state dict (``mlflow.pytorch.log_state_dict`` -> ``state_dict.pth``, or ``weights.pt``),
-    loaded with ``weights_only=True``. A pickled model (the pytorch flavour's ``model.pth``, a
+    loaded with ``weights_only=True``; for a ``lightgbm`` spec, LightGBM's text model
+    (``model.txt``). A pickled model (the pytorch flavour's ``model.pth``, a
     cloudpickle pyfunc) cannot be loaded safely and is refused with 400; it is never unpickled.
     """
     import torch
 
-    from training.bundle import BundleSpec, build_model, save_bundle
+    from training.bundle import WEIGHTS_FILE, BundleSpec, build_model, model_file, save_bundle
 
     local, run = _owned_source(workspace, source)
     spec_file = _find(local, ("spec.json",))
@@ -462,19 +463,29 @@ def model_version_import_mlflow(
                 "models without a spec are not loaded"
             }
         )
-    weights = _find(local, ("state_dict.pth", "weights.pt"))
-    if weights is None:
-        raise ValidationError(
-            {
-                "source": "no state dict (state_dict.pth / weights.pt); pickled full models "
-                "(model.pth, python_model.pkl) are refused"
-            }
-        )
     try:
         spec = BundleSpec.from_json(json.loads(spec_file.read_text()))
+    except Exception as exc:
+        raise ValidationError({"source": f"bad bundle spec: {str(exc)[:200]}"}) from exc
+    own_file = model_file(spec.template)
+    if own_file != WEIGHTS_FILE:  # e.g. lightgbm: its text model, logged with log_artifact
+        weights = _find(local, (own_file,))
+        missing = f"no {own_file} (a {spec.template} bundle's model)"
+    else:
+        weights = _find(local, ("state_dict.pth", "weights.pt"))
+        missing = (
+            "no state dict (state_dict.pth / weights.pt); pickled full models "
+            "(model.pth, python_model.pkl) are refused"
+        )
+    if weights is None:
+        raise ValidationError({"source": missing})
+    try:
         model = build_model(spec)
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
+        if own_file != WEIGHTS_FILE:
+            model.load(weights)
+        else:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            model.load_state_dict(state)
     except ValidationError:
         raise
     except Exception as exc:

@@ -5,6 +5,8 @@ A bundle is a directory under ``ARTIFACT_ROOT``::
     spec.json    {"format": "rankops-bundle/1", "template": ..., "hparams": {...},
                   "features": [FeatureSpec...], "label": ..., "entity_keys": {...}, ...}
     weights.pt   the module's state_dict (tensors only; loaded with ``weights_only=True``)
+    model.txt    instead of ``weights.pt`` for a template registered with its own model file
+                 (``lightgbm``: the booster as LightGBM's text model); ``model_file`` names it
 
 ``extra["calibration"]`` (when present) is the post-hoc calibration fitted on the validation
 rows: ``{"method": "temperature", "temperature": T}`` (probability ``sigmoid(logit / T)``) or
@@ -177,16 +179,47 @@ TEMPLATES: dict[str, Callable[[BundleSpec], Any]] = {}
 # The built-in templates' own param schemas (``training.params.Param`` by name); a template
 # registered without one (an entry point's user code) takes free-form params.
 TEMPLATE_PARAMS: dict[str, Mapping[str, Any]] = {}
+# Templates whose model is not a torch module (gradient-boosted trees): name -> the bundle's
+# model file. Such a model has ``save(path)`` and ``load(path)`` (its own text format, never a
+# pickle) and is trained by ``training.gbdt``, not the torch loop.
+MODEL_FILES: dict[str, str] = {}
 
 
-def register_template(name: str, *, params: Mapping[str, Any] | None = None) -> Callable:
+def register_template(
+    name: str, *, params: Mapping[str, Any] | None = None, model_file: str = ""
+) -> Callable:
     def decorate(builder: Callable[[BundleSpec], Any]) -> Callable[[BundleSpec], Any]:
         TEMPLATES[name] = builder
         if params is not None:
             TEMPLATE_PARAMS[name] = params
+        if model_file:
+            MODEL_FILES[name] = model_file
         return builder
 
     return decorate
+
+
+def model_file(template: str) -> str:
+    """The file that holds a ``template`` bundle's model: ``weights.pt`` (a torch state dict)
+    unless the template registered its own."""
+    import training.templates  # noqa: F401  (registers the built-in templates)
+
+    return MODEL_FILES.get(template, WEIGHTS_FILE)
+
+
+def template_kind(template: str) -> str:
+    """``"gbdt"`` for a template trained by ``training.gbdt`` (its own model file), else
+    ``"torch"`` (the built-in neural templates and user entry points)."""
+    return "torch" if model_file(template) == WEIGHTS_FILE else "gbdt"
+
+
+def bundle_files(directory: str | os.PathLike) -> tuple[str, str]:
+    """The two files of the bundle in ``directory``: the spec and the model file its template
+    uses (read from ``spec.json``; ``ValueError`` when that is not a bundle spec)."""
+    spec = json.loads((Path(directory) / SPEC_FILE).read_text())
+    if not isinstance(spec, dict) or not isinstance(spec.get("template"), str):
+        raise ValueError("spec.json names no template")
+    return SPEC_FILE, model_file(spec["template"])
 
 
 def build_model(spec: BundleSpec):
@@ -201,7 +234,7 @@ def build_model(spec: BundleSpec):
 
 @dataclass
 class Bundle:
-    model: Any  # torch.nn.Module in eval mode
+    model: Any  # torch.nn.Module in eval mode, or a template's own (``LightGBMModel``)
     spec: BundleSpec
     encoder: FeatureEncoder
 
@@ -224,8 +257,12 @@ def save_bundle(directory: str | os.PathLike, model, spec: BundleSpec) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         (tmp / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1, sort_keys=True))
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        torch.save(state, tmp / WEIGHTS_FILE)
+        name = model_file(spec.template)
+        if name == WEIGHTS_FILE:
+            state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            torch.save(state, tmp / WEIGHTS_FILE)
+        else:
+            model.save(tmp / name)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -236,13 +273,18 @@ def save_bundle(directory: str | os.PathLike, model, spec: BundleSpec) -> Path:
 
 
 def load_bundle(directory: str | os.PathLike) -> Bundle:
-    """Load a bundle the platform wrote: the spec as JSON, the weights as tensors only."""
+    """Load a bundle the platform wrote: the spec as JSON, the weights as tensors only (or
+    the template's own text model file)."""
     import torch
 
     path = Path(directory)
     spec = BundleSpec.from_json(json.loads((path / SPEC_FILE).read_text()))
     model = build_model(spec)
-    state = torch.load(path / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
+    name = model_file(spec.template)
+    if name == WEIGHTS_FILE:
+        state = torch.load(path / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    else:
+        model.load(path / name)
     model.eval()
     return Bundle(model=model, spec=spec, encoder=FeatureEncoder(spec))

@@ -18,6 +18,9 @@ restores the best weights; then it fits ``calibration`` on the validation logits
 the bundle. The test rows (``holdout``) are read for reporting only: the per-epoch held-out
 curves and the final evaluation.
 
+Gradient-boosted trees (template ``lightgbm``) take another loop with the same contract:
+``training.gbdt`` (boosting rounds as steps, the booster's text model in the checkpoint).
+
 Exit codes: 0 done, ``EXIT_STOPPED`` checkpointed and stopped on SIGTERM, anything else failed.
 
 User entry points follow the same contract as a template: the module (dotted path or a ``.py``
@@ -160,9 +163,20 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     from torch.nn import functional as F
 
     from training import data, evaluation
-    from training.bundle import BundleSpec, apply_calibration, build_model, load_bundle, save_bundle
+    from training.bundle import (
+        BundleSpec,
+        apply_calibration,
+        build_model,
+        load_bundle,
+        save_bundle,
+        template_kind,
+    )
 
     stop = stop or StopFlag()
+    if not job.entry_point and template_kind(job.template) == "gbdt":
+        from training import gbdt
+
+        return gbdt.train(job, emit=emit, stop=stop)
     seed = int(job.param("seed", 0))
     threads = int(job.param("threads", 0))
     if threads:

@@ -117,6 +117,14 @@ def _known_templates() -> set[str]:
     return set(template_schemas())
 
 
+def _model_kind(template: str, entry_point: str) -> str:
+    """``"gbdt"`` (boosted trees, ``training.gbdt``) or ``"torch"`` for a job's model: an
+    incremental job's base model must be of its own kind."""
+    from training.bundle import template_kind
+
+    return "torch" if entry_point or not template else template_kind(template)
+
+
 def _check_job_input(
     *,
     workspace: Workspace,
@@ -153,6 +161,14 @@ def _check_job_input(
         errors["dataset"] = f"dataset is {dataset.status}, not ready"
     if base_job is not None and base_job.state != JobState.SUCCEEDED:
         errors["base_job"] = "must be a succeeded job of this workspace"
+    elif base_job is not None and "template" not in errors:
+        kinds = (_model_kind(template, entry_point), _model_kind(base_job.template, ""))
+        if kinds[0] != kinds[1]:
+            errors["base_job"] = (
+                "a lightgbm job continues only from a lightgbm job's trees, and a neural "
+                f"template or entry point only from a neural model; job {base_job.pk} trained "
+                f"{base_job.template or base_job.entry_point}"
+            )
     if not isinstance(params, dict):
         errors["params"] = "must be an object"
     else:

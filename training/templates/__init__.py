@@ -1,19 +1,40 @@
-"""Built-in PyTorch model templates, registered by name in ``training.bundle.TEMPLATES``.
+"""Built-in model templates, registered by name in ``training.bundle.TEMPLATES``.
 
-Each builder takes a ``BundleSpec`` and returns a module whose ``forward(dense, cat)`` gives one
-logit per row. A module may define ``training_loss(dense, cat, label)`` (the two-tower model's
-in-batch negatives); otherwise the runner uses binary cross-entropy on the logits.
+Each builder takes a ``BundleSpec`` and returns a model whose ``forward(dense, cat)`` gives one
+logit per row. The neural templates are PyTorch modules trained by the runner's torch loop; a
+module may define ``training_loss(dense, cat, label)`` (the two-tower model's in-batch
+negatives), otherwise the runner uses binary cross-entropy on the logits. ``lightgbm`` is
+gradient-boosted trees, trained by ``training.gbdt`` and stored as LightGBM's text model.
+
+Which to pick: ``lightgbm`` first on a new tabular dataset (the baseline to beat), ``logreg``
+as the sanity floor, ``fine_ranking`` or ``deepfm`` when many categorical fields interact and
+there are enough rows for embeddings, ``two_tower`` for recall (user and item vectors).
 """
 
-from training.templates import deepfm, fine_ranking, logreg, two_tower  # noqa: F401
+from training.templates import deepfm, fine_ranking, lightgbm, logreg, two_tower  # noqa: F401
 
-# Template name -> one line shown in the API and the UI.
+# Template name -> one line shown in the API and the UI: what it is and when to pick it.
 DESCRIPTIONS = {
-    "logreg": "Logistic regression (linear baseline)",
-    "fine_ranking": "Fine ranking CTR model (DCN-v2: embeddings, cross layers, MLP)",
-    "two_tower": "Recall two-tower model (user and item towers, in-batch negatives)",
+    "logreg": (
+        "Logistic regression (linear baseline): the sanity floor every other model must beat; "
+        "pick it to check a dataset and its features quickly"
+    ),
+    "fine_ranking": (
+        "Fine ranking CTR model (DCN-v2: embeddings, cross layers, MLP): the platform's default "
+        "ranker; pick it for many categorical fields with enough rows to learn embeddings"
+    ),
+    "two_tower": (
+        "Recall two-tower model (user and item towers, in-batch negatives): pick it for "
+        "candidate retrieval, where users and items are scored by a dot product"
+    ),
     "deepfm": (
         "DeepFM: explicit 2nd-order feature interactions plus a deep part; "
-        "a strong CTR baseline on sparse categorical fields"
+        "a strong CTR baseline on sparse categorical fields; pick it when pairwise field "
+        "interactions (user x ad) carry the signal"
+    ),
+    "lightgbm": (
+        "LightGBM gradient-boosted trees: the strong tabular baseline; pick it first on a new "
+        "dataset (dense and categorical fields, no embeddings to learn). Trained by boosting "
+        "rounds: the torch params (epochs, lr, batch_size...) do not apply"
     ),
 }

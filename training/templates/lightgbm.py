@@ -1,0 +1,211 @@
+"""LightGBM: gradient-boosted decision trees, the strong tabular baseline.
+
+Pick it first on a new tabular CTR dataset (a few dense and categorical fields, up to millions of
+rows): it needs no feature scaling, handles categorical codes natively, trains in seconds on CPU
+and is the baseline a neural template (``deepfm``, ``fine_ranking``) has to beat. It does not
+learn embeddings of high-cardinality ids the way the neural templates do, and has no recall
+(two-tower) mode.
+
+Inputs are the encoded features every template sees (``FeatureEncoder``): the dense block (numbers
+standardised, embeddings as one column per component) followed by the hashed categorical codes
+(``0`` is null), one LightGBM column each. With ``categorical`` the codes are LightGBM
+categorical features (a split groups codes), otherwise plain ordinal numbers.
+
+Training is not the torch loop: ``training.gbdt`` runs it (boosting rounds, early stopping on the
+validation rows, checkpoints of the booster's text model). So the shared torch params (``epochs``,
+``max_steps``, ``batch_size``, ``lr``, ``weight_decay``, ``early_stopping_patience``,
+``device``, ``step_sleep_s``, ``epoch_eval``) do not apply; ``num_boost_round``,
+``learning_rate`` and ``early_stopping_rounds`` are their counterparts. The shared ``seed``,
+``threads``, ``early_stopping_metric``, ``calibration``, the split params, ``log_every_steps``,
+``checkpoint_every_steps``/``_s`` and ``importance`` apply as for every template.
+
+The bundle stores the booster as LightGBM's own text model (``model.txt``; no pickle), and
+``LightGBMModel`` puts it behind the torch templates' interface (``model(dense, cat)`` -> one raw
+score, a logit, per row, ``.eval()``), so evaluation, the bundle's ``predict`` and serving score
+it unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.bundle import BundleSpec, register_template
+from training.params import Param
+
+MODEL_FILE = "model.txt"
+
+PARAMS = {
+    "num_boost_round": Param(
+        "int",
+        1000,
+        "Boosting rounds (trees) at most; early stopping usually ends sooner.",
+        min=1,
+        max=100_000,
+        label="Boosting rounds",
+    ),
+    "learning_rate": Param(
+        "float",
+        0.05,
+        "Shrinkage of each tree's contribution (lower: more rounds, often better).",
+        min=0.0001,
+        max=1.0,
+    ),
+    "num_leaves": Param(
+        "int", 31, "Leaves per tree at most (the main capacity knob).", min=2, max=131_072
+    ),
+    "min_data_in_leaf": Param(
+        "int",
+        20,
+        "Training rows a leaf needs at least (higher: smoother, less overfitting).",
+        min=1,
+        max=1_000_000,
+        label="Min rows in a leaf",
+    ),
+    "feature_fraction": Param(
+        "float",
+        0.9,
+        "Share of the columns each tree may use (sampled per tree).",
+        min=0.01,
+        max=1.0,
+    ),
+    "bagging_fraction": Param(
+        "float",
+        1.0,
+        "Share of the training rows each bagging draw keeps (with bagging_freq > 0).",
+        min=0.01,
+        max=1.0,
+    ),
+    "bagging_freq": Param(
+        "int",
+        0,
+        "Draw a new bag every N rounds (0: no bagging).",
+        min=0,
+        max=10_000,
+        label="Bagging frequency",
+    ),
+    "lambda_l1": Param(
+        "float", 0.0, "L1 penalty on the leaf values.", min=0.0, max=1000.0, label="L1 penalty"
+    ),
+    "lambda_l2": Param(
+        "float", 0.0, "L2 penalty on the leaf values.", min=0.0, max=1000.0, label="L2 penalty"
+    ),
+    "max_bin": Param(
+        "int",
+        255,
+        "Histogram bins per numeric column.",
+        min=2,
+        max=65_535,
+        advanced=True,
+        label="Max bins",
+    ),
+    "early_stopping_rounds": Param(
+        "int",
+        50,
+        "Stop after this many rounds without a better validation metric and keep the best "
+        "round's trees (0: run every round and keep them all).",
+        min=0,
+        max=100_000,
+    ),
+    "categorical": Param(
+        "bool",
+        True,
+        "Pass the categorical codes as LightGBM categorical features (false: as numbers).",
+        label="Native categorical splits",
+    ),
+}
+DEFAULTS = {name: param.default for name, param in PARAMS.items()}
+
+
+def hparams(spec_or_params: BundleSpec | dict[str, Any]) -> dict[str, Any]:
+    given = spec_or_params.hparams if isinstance(spec_or_params, BundleSpec) else spec_or_params
+    return {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+
+
+def feature_layout(spec: BundleSpec) -> tuple[list[str], list[int]]:
+    """LightGBM's column names (from the dataset columns; LightGBM refuses JSON punctuation in
+    names) and the indices of the categorical columns, in ``feature_matrix``'s order."""
+    names: list[str] = []
+    for feature in spec.dense_features:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", feature.column) or "f"
+        if feature.dtype == "embedding":
+            names.extend(f"{base}_{i}" for i in range(feature.dim))
+        else:
+            names.append(base)
+    first_cat = len(names)
+    names.extend(re.sub(r"[^A-Za-z0-9_]", "_", f.column) or "f" for f in spec.categorical_features)
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        unique.append(name if not count else f"{name}_{count}")
+    return unique, list(range(first_cat, len(unique)))
+
+
+def feature_matrix(dense: Any, cat: Any) -> np.ndarray:
+    """One float64 matrix ``[dense | cat]`` from the encoder's arrays (numpy or torch)."""
+    d = np.asarray(dense.cpu().numpy() if hasattr(dense, "cpu") else dense, dtype=np.float64)
+    c = np.asarray(cat.cpu().numpy() if hasattr(cat, "cpu") else cat, dtype=np.float64)
+    d, c = (a if a.ndim == 2 else a.reshape(len(a), -1) for a in (d, c))
+    return np.ascontiguousarray(np.concatenate([d, c], axis=1))
+
+
+class LightGBMModel:
+    """A booster behind the torch templates' interface: ``model(dense, cat)`` gives the raw
+    score (the logit) of each row as a float64 tensor. ``train``/``eval``/``to`` exist for the
+    callers that switch a torch module's mode or device and change nothing. Prediction uses
+    ``torch.get_num_threads()`` threads, so the model server's one-thread rule holds for it."""
+
+    training = False
+
+    def __init__(self, spec: BundleSpec, booster: Any = None) -> None:
+        self.spec = spec
+        self.booster = booster
+
+    def eval(self) -> LightGBMModel:
+        return self
+
+    def train(self, mode: bool = True) -> LightGBMModel:
+        return self
+
+    def to(self, *_args: Any, **_kwargs: Any) -> LightGBMModel:
+        return self
+
+    def __call__(self, dense: Any, cat: Any):
+        return self.forward(dense, cat)
+
+    def forward(self, dense: Any, cat: Any):
+        import torch
+
+        if self.booster is None:
+            raise RuntimeError("this LightGBM model has no booster (train or load one first)")
+        x = feature_matrix(dense, cat)
+        if not len(x):
+            return torch.zeros(0, dtype=torch.float64)
+        raw = self.booster.predict(x, raw_score=True, num_threads=torch.get_num_threads())
+        return torch.from_numpy(np.asarray(raw, dtype=np.float64).reshape(-1))
+
+    @property
+    def num_trees(self) -> int:
+        return int(self.booster.num_trees()) if self.booster is not None else 0
+
+    def save(self, path: Path) -> None:
+        """The booster as LightGBM's text model (every tree it holds)."""
+        Path(path).write_text(self.booster.model_to_string(num_iteration=-1))
+
+    def load(self, path: Path) -> LightGBMModel:
+        """Parse LightGBM's text model (text only: nothing is unpickled)."""
+        import lightgbm as lgb
+
+        self.booster = lgb.Booster(model_str=Path(path).read_text())
+        return self
+
+
+@register_template("lightgbm", params=PARAMS, model_file=MODEL_FILE)
+def build(spec: BundleSpec) -> LightGBMModel:
+    """An empty model: ``training.gbdt`` trains its booster, ``load_bundle`` reads it."""
+    return LightGBMModel(spec)
