@@ -70,6 +70,17 @@ def register_stage(run, stage, context: dict) -> dict:
     return {"model_version_id": version.pk, "model": name, "version": version.version}
 
 
+def register_tuning_best(*, actor, workspace, name: str, job, description: str = "") -> dict:
+    """A tuning job's best trial becomes the next version of model ``name`` (training's
+    ``training.tuning.register_model_registrar`` hook)."""
+    from serving.registry import model_version_register
+
+    version = model_version_register(
+        actor=actor, workspace=workspace, name=name, job=job, description=description
+    )
+    return {"id": version.pk, "label": f"{name} v{version.version}", "version": version.version}
+
+
 def _stage_deployment(run, stage) -> Deployment:
     name = str(_param(run, stage, "deployment") or "")
     dep = production_deployment(run.workspace, name)

@@ -427,3 +427,153 @@ class CandidateEvaluation(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TuningState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TUNING_TERMINAL_STATES = frozenset(
+    {TuningState.SUCCEEDED, TuningState.FAILED, TuningState.CANCELLED}
+)
+
+
+class TuningMetric(models.TextChoices):
+    LOGLOSS = "logloss", "Validation log loss, calibrated (lower is better)"
+    AUC = "auc", "Validation AUC (higher is better)"
+
+
+class TuningPruner(models.TextChoices):
+    MEDIAN = "median", "Median: stop a trial behind the finished trials' median"
+    ASHA = "asha", "ASHA: asynchronous successive halving"
+    NONE = "none", "None: every trial runs to its end"
+
+
+class TuningJob(models.Model):
+    """A hyperparameter search (Katib's Experiment): trials are training jobs of one template on
+    one dataset, sampled by Optuna's TPE from ``space`` and placed by the scheduler, at most
+    ``parallelism`` at once, until ``n_trials`` or ``max_minutes``; the best trial by the
+    validation ``metric`` is registered as a model version. ``training.tuning`` advances it."""
+
+    event_kind = "tuning_job"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=63, validators=[job_name_validator])
+    template = models.CharField(max_length=40)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="+")
+    base_job = models.ForeignKey(
+        TrainingJob,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The job whose template, dataset, params and resources were copied.",
+    )
+    params = models.JSONField(default=dict, blank=True, help_text="Fixed params of every trial.")
+    space = models.JSONField(
+        default=dict,
+        help_text='{"lr": {"low": 0.0001, "high": 0.1, "log": true}, '
+        '"embedding_dim": {"choices": [8, 16]}}',
+    )
+    metric = models.CharField(
+        max_length=10, choices=TuningMetric.choices, default=TuningMetric.LOGLOSS
+    )
+    direction = models.CharField(max_length=10, default="minimize")
+    pruner = models.CharField(
+        max_length=10, choices=TuningPruner.choices, default=TuningPruner.MEDIAN
+    )
+    n_trials = models.PositiveSmallIntegerField(default=8, validators=[MinValueValidator(1)])
+    max_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Time budget from the start (blank: trials decide)."
+    )
+    parallelism = models.PositiveSmallIntegerField(default=2, validators=[MinValueValidator(1)])
+    seed = models.PositiveIntegerField(default=0)
+    model_name = models.CharField(
+        max_length=63, validators=[job_name_validator], help_text="Registered model of the best."
+    )
+
+    # What each trial job asks for.
+    cpu_milli = models.PositiveIntegerField(default=1000, validators=[MinValueValidator(1)])
+    memory_mb = models.PositiveIntegerField(default=1024, validators=[MinValueValidator(1)])
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    gpu_milli = models.PositiveIntegerField(default=0)
+    gpu_type = models.CharField(max_length=40, blank=True)
+    priority_class = models.CharField(
+        max_length=12, choices=PriorityClass.choices, default=PriorityClass.EXPERIMENT
+    )
+
+    state = models.CharField(max_length=10, choices=TuningState.choices, default=TuningState.QUEUED)
+    state_reason = models.CharField(max_length=500, blank=True)
+    best_trial = models.ForeignKey(
+        "TuningTrial", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    best_value = models.FloatField(null=True, blank=True)
+    # The registered version lives in serving (to the right of training): its id and label.
+    model_version_id = models.PositiveBigIntegerField(null=True, blank=True)
+    model_version_label = models.CharField(max_length=100, blank=True)
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TUNING_TERMINAL_STATES
+
+
+class TrialState(models.TextChoices):
+    RUNNING = "running", "Running"
+    COMPLETE = "complete", "Complete"
+    PRUNED = "pruned", "Pruned (stopped early by the pruner)"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class TuningTrial(models.Model):
+    """One trial of a tuning job: its sampled params and its child training job. What the tuner
+    reads of it is validation only (``value``: the final validation metric; ``intermediate``:
+    ``[[epoch, value], ...]``); this row has no place for a held-out metric."""
+
+    event_kind = "tuning_trial"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    tuning_job = models.ForeignKey(TuningJob, on_delete=models.CASCADE, related_name="trials")
+    number = models.PositiveIntegerField()
+    job = models.OneToOneField(TrainingJob, on_delete=models.PROTECT, related_name="tuning_trial")
+    params = models.JSONField(default=dict, help_text="The sampled params.")
+    state = models.CharField(max_length=10, choices=TrialState.choices, default=TrialState.RUNNING)
+    value = models.FloatField(null=True, blank=True)
+    intermediate = models.JSONField(default=list, blank=True)
+    pruner_attrs = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tuning_job", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tuning_job", "number"], name="tuning_trial_unique_number"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"trial {self.number} of {self.tuning_job_id}"

@@ -83,6 +83,8 @@ def job_transition(
         resources=resources,
         payload={"reason": reason, **(payload or {})},
     )
+    if to in TERMINAL_STATES:
+        _wake_tuning(locked.pk)
     # Keep the caller's instance in step with the row.
     for field in locked._meta.concrete_fields:
         setattr(job, field.attname, getattr(locked, field.attname))
@@ -357,6 +359,14 @@ def job_request_stop(*, job: TrainingJob, mode: str, reason: str, actor=None) ->
     return job
 
 
+def _wake_tuning(job_id: int) -> None:
+    """A trial job of a tuning job ended or reached a new epoch: its controller runs after the
+    commit (``training.tuning``)."""
+    from training.tuning import tuning_wake_for_job
+
+    tuning_wake_for_job(job_id)
+
+
 def job_record_progress(*, job_id: int, metrics: list[tuple[int, str, float]], **fields) -> None:
     """The agent streams progress: job row fields (no state change) and metric rows."""
     fields["progress_at"] = timezone.now()
@@ -376,6 +386,8 @@ def job_record_progress(*, job_id: int, metrics: list[tuple[int, str, float]], *
                     if v is not None and math.isfinite(v)
                 ]
             )
+            if any(name.startswith("val_") for _, name, _ in metrics):
+                _wake_tuning(job_id)
 
 
 # --- entry points ------------------------------------------------------------------------------

@@ -62,6 +62,22 @@ def run_candidate_evaluation(evaluation_id: int) -> str:
     return candidates.candidate_evaluate(evaluation_id)
 
 
+@shared_task(name="training.tasks.advance_tuning_job", acks_late=True)
+def advance_tuning_job(tuning_job_id: int) -> str:
+    """Advance one tuning job (idempotent: its row lock and state decide what is left to do)."""
+    from training.tuning import tuning_job_advance
+
+    return tuning_job_advance(int(tuning_job_id))
+
+
+@shared_task(name="training.tasks.advance_tuning_jobs")
+def advance_tuning_jobs() -> int:
+    """Beat: advance every unfinished tuning job (a wake-up lost with a worker)."""
+    from training.tuning import tuning_jobs_advance_all
+
+    return tuning_jobs_advance_all()
+
+
 @worker_ready.connect
 def _start_node_heartbeats(sender=None, **_kwargs) -> None:
     if sender is not None:
