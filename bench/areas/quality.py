@@ -100,6 +100,7 @@ SEEDS = (0, 1, 2)
 # and LR take the other (``run``), so the peers' long runs fit beside the platform's tuning.
 THREADS = 1
 TUNING_BUDGET_S = 600.0
+TUNING_SHARE = 0.8
 TEMPLATES = ("logreg", "fine_ranking", "deepfm", "lightgbm")
 PEERS = ("fuxictr_dcnv2", "fuxictr_deepfm", "lightgbm", "lr")
 LABEL = "label"
@@ -186,6 +187,9 @@ class Settings:
     platform_epochs: int = 30
     peer_epochs: int = BARS_EPOCHS
     lgbm_rounds: int = 5000
+    # Enough for the 200-row sample (trials of a second each would otherwise fit the 20
+    # validation rows); MovieLens' trials take about a minute, so its budget binds first.
+    max_trials: int = 40
     threads: int = THREADS
     datasets: tuple[str, ...] = DATASETS
     genres: str = "flags"  # "flags": 19 int features; "list": one categorical_list feature
@@ -506,6 +510,7 @@ def platform_base_params(dataset: Dataset, settings: Settings) -> dict[str, Any]
         # A few hundred rows (Criteo's sample) need small batches to take enough steps.
         "batch_size": 512 if len(dataset.frame) > 10_000 else 16,
         "early_stopping_patience": 2,
+        "seed": 0,
         "threads": settings.threads,
         "importance": False,
         "epoch_eval": False,
@@ -567,7 +572,9 @@ def tuner_module():
 
 def tune_templates(ctx, dataset, path, templates, settings) -> tuple[dict[str, dict], float, dict]:
     """Best params per template within the dataset's tuning budget (all templates together),
-    or the template defaults without the tuner. Returns (params, seconds, notes)."""
+    or the template defaults without the tuner. Returns (params, seconds, notes); a template's
+    notes carry the best trial's model folder (``model_dir``: trained with seed 0, so it is the
+    seed-0 run of the final evaluation)."""
     base = platform_base_params(dataset, settings)
     tuner = tuner_module()
     if tuner is None:
@@ -578,7 +585,9 @@ def tune_templates(ctx, dataset, path, templates, settings) -> tuple[dict[str, d
     started = time.perf_counter()
     for index, template in enumerate(templates):
         left = settings.tuning_budget_s - (time.perf_counter() - started)
-        share = left / (len(templates) - index)
+        # No trial starts after the timeout, but the last one may run past it: keep a margin so
+        # the dataset's total stays within the budget.
+        share = TUNING_SHARE * left / (len(templates) - index)
         if share < 5:
             chosen[template] = dict(base)
             notes["templates"][template] = {"skipped": "no budget left"}
@@ -590,23 +599,29 @@ def tune_templates(ctx, dataset, path, templates, settings) -> tuple[dict[str, d
         t0 = time.perf_counter()
         result = tuner.optimise(
             spec,
-            n_trials=1000,
+            n_trials=settings.max_trials,
             timeout_s=share,
             metric="logloss",
             seed=0,
             work_root=str(ctx.workdir / f"trials-{dataset.name}-{template}"),
             threads=settings.threads,
         )
-        best = dict(getattr(result, "best_params", None) or result["best_params"])
-        trials = getattr(result, "trials", None)
+        best = tuner.derived_params(template, result.best_params)
         chosen[template] = {**base, **best}
+        states: dict[str, int] = {}
+        for trial in result.trials:
+            states[trial.state] = states.get(trial.state, 0) + 1
         notes["templates"][template] = {
             "best_params": best,
-            "best_validation_logloss": getattr(result, "best_value", None),
-            "trials": len(trials) if trials is not None else None,
+            "best_validation_logloss": result.best_value,
+            "trials": states,
             "seconds": round(time.perf_counter() - t0, 1),
+            "model_dir": result.best_model_dir,
         }
-        ctx.log(f"{dataset.name}/{template}: tuned in {time.perf_counter() - t0:.0f}s -> {best}")
+        ctx.log(
+            f"{dataset.name}/{template}: {states} trials in {time.perf_counter() - t0:.0f}s, "
+            f"best validation log loss {result.best_value} with {best}"
+        )
     return chosen, time.perf_counter() - started, notes
 
 
@@ -629,7 +644,9 @@ def run_platform(ctx, dataset, settings) -> tuple[dict[str, dict], float, dict]:
                 path, dataset, template, work, {**params[template], "seed": seed}, settings.genres
             )
             t0 = time.perf_counter()
-            model_dir = train_platform(spec)
+            tuned = notes.get("templates", {}).get(template, {}).get("model_dir", "")
+            # seed 0: the best trial's own model (these params, seed 0, the same rows)
+            model_dir = tuned if seed == 0 and tuned else train_platform(spec)
             runs.append(
                 {
                     "validation": bundle_predict(model_dir, table, positions["validation"]),
