@@ -129,7 +129,9 @@ def measure_drift(
     *, group: FeatureGroup, version: FeatureGroupVersion, now: datetime
 ) -> dict[str, float]:
     """PSI per numeric feature: the last 24 h of event time against the 7 days before, over 10
-    quantile bins of that reference window, read from the offline Parquet with DuckDB."""
+    quantile bins of that reference window, read from the offline Parquet with DuckDB.
+    Categorical, string, list-of-categories and embedding features have no quantiles and are
+    not measured (their freshness, coverage and consistency still are)."""
     numeric = [s["name"] for s in version.features if s["dtype"] in NUMERIC_DTYPES]
     pattern = offline_store.parquet_glob(
         workspace_id=group.workspace_id, group_id=group.pk, version=version.version

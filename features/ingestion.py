@@ -55,7 +55,11 @@ ARROW_TYPES: dict[str, Callable[[dict], pa.DataType]] = {
     Dtype.STRING: lambda spec: pa.string(),
     Dtype.CATEGORICAL: lambda spec: pa.string(),
     Dtype.EMBEDDING: lambda spec: pa.list_(pa.float32(), spec["dimension"]),
+    Dtype.CATEGORICAL_LIST: lambda spec: pa.list_(pa.string()),
 }
+# A categorical list's bounds: items per row, and characters per item (a category, not text).
+MAX_LIST_ITEMS = 1_000
+MAX_LIST_ITEM_CHARS = 1_000
 
 
 class BatchRejected(ValidationError):
@@ -103,6 +107,24 @@ def _embedding_check(dimension: int) -> Callable[[Any], bool]:
     return check
 
 
+def _is_category(value: Any) -> bool:
+    return (isinstance(value, str) and len(value) <= MAX_LIST_ITEM_CHARS) or _is_int(value)
+
+
+def _is_category_list(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_LIST_ITEMS
+        and all(_is_category(v) for v in value)
+    )
+
+
+LIST_EXPECTED = (
+    f"a list of at most {MAX_LIST_ITEMS} strings (each at most {MAX_LIST_ITEM_CHARS} "
+    "characters) or integers"
+)
+
+
 def _cell_check(spec: dict[str, Any]) -> tuple[Callable[[Any], bool], str]:
     dtype = spec["dtype"]
     if dtype == Dtype.INT:
@@ -113,6 +135,8 @@ def _cell_check(spec: dict[str, Any]) -> tuple[Callable[[Any], bool], str]:
         return (lambda v: isinstance(v, bool)), "true or false"
     if dtype in (Dtype.STRING, Dtype.CATEGORICAL):
         return (lambda v: isinstance(v, str) and len(v) <= 10_000), "a string"
+    if dtype == Dtype.CATEGORICAL_LIST:
+        return _is_category_list, LIST_EXPECTED
     return _embedding_check(spec["dimension"]), f"a list of {spec['dimension']} finite numbers"
 
 
@@ -246,6 +270,9 @@ def table_from_rows(
                 problems.append(_problem(index, name, f"expected {expected}, got {value!r:.60}"))
                 if len(problems) >= MAX_ERRORS:
                     raise BatchRejected(problems)
+        if spec["dtype"] == Dtype.CATEGORICAL_LIST and not problems:
+            # One category, one text: 7 and "7" are the same item for training and serving.
+            values = [None if v is None else [str(item) for item in v] for v in values]
         columns[name] = values
     if problems:
         raise BatchRejected(problems)
@@ -371,6 +398,15 @@ def _arrow_feature(column: pa.Array, spec: dict[str, Any], target: pa.DataType) 
         Dtype.EMBEDDING: lambda t: (
             pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t)
         ),
+        Dtype.CATEGORICAL_LIST: lambda t: (
+            (pa.types.is_list(t) or pa.types.is_large_list(t))
+            and (
+                pa.types.is_string(t.value_type)
+                or pa.types.is_large_string(t.value_type)
+                or pa.types.is_integer(t.value_type)
+                or pa.types.is_null(t.value_type)
+            )
+        ),
     }[dtype]
     if not compatible(column.type):
         raise BatchRejected([_problem(None, name, f"has type {column.type}, expected {dtype}")])
@@ -390,10 +426,29 @@ def _arrow_feature(column: pa.Array, spec: dict[str, Any], target: pa.DataType) 
         flat = pc.list_flatten(column).cast(pa.float64())
         if len(flat) and _first_index(pc.invert(pc.is_finite(flat))) is not None:
             raise BatchRejected([_problem(None, name, "embedding values must be finite")])
+    if dtype == Dtype.CATEGORICAL_LIST:
+        _arrow_category_lists(column, name)
     try:
         return column.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise BatchRejected([_problem(None, name, f"cannot be read as {dtype}: {exc}")]) from exc
+
+
+def _arrow_category_lists(column: pa.Array, name: str) -> None:
+    """A categorical list column's rows: at most MAX_LIST_ITEMS items, none null or too long."""
+    bad = _first_index(pc.greater(pc.list_value_length(column), MAX_LIST_ITEMS))
+    if bad is not None:
+        raise BatchRejected([_problem(bad, name, f"expected {LIST_EXPECTED}")])
+    flat = pc.list_flatten(column)
+    if not len(flat):
+        return
+    parents = pc.list_parent_indices(column)
+    bad = _first_index(pc.is_null(flat))
+    if bad is None and not pa.types.is_integer(flat.type) and not pa.types.is_null(flat.type):
+        bad = _first_index(pc.greater(pc.utf8_length(flat), MAX_LIST_ITEM_CHARS))
+    if bad is not None:
+        row = parents[bad].as_py()
+        raise BatchRejected([_problem(row, name, f"expected {LIST_EXPECTED}")])
 
 
 def table_from_csv(
@@ -438,7 +493,8 @@ def _from_csv_text(value: str, spec: dict[str, Any]) -> Any:
         if lowered in ("false", "0"):
             return False
         raise ValueError(value)
-    if dtype == Dtype.EMBEDDING:
+    if dtype in (Dtype.EMBEDDING, Dtype.CATEGORICAL_LIST):
+        # A JSON array in the cell, e.g. ["sports", "travel"].
         return json.loads(value)
     return value
 

@@ -34,6 +34,9 @@ class Dtype(models.TextChoices):
     STRING = "string", "String"
     CATEGORICAL = "categorical", "Categorical"
     EMBEDDING = "embedding", "Embedding (fixed dimension)"
+    # A row holds a list of categories (strings; integers are stored as their text), e.g. a
+    # user's recent ad categories: training gives its items one vocabulary and pools them.
+    CATEGORICAL_LIST = "categorical_list", "List of categories"
 
 
 class Lifecycle(models.TextChoices):
@@ -149,7 +152,7 @@ class Feature(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="feature_set")
     name = models.CharField(max_length=63, validators=[name_validator])
-    dtype = models.CharField(max_length=12, choices=Dtype.choices)
+    dtype = models.CharField(max_length=20, choices=Dtype.choices)
     dimension = models.PositiveIntegerField(null=True, blank=True)
     description = models.TextField(blank=True)
     status = models.CharField(max_length=12, choices=Lifecycle.choices, default=Lifecycle.ACTIVE)

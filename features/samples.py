@@ -87,6 +87,7 @@ DUCKDB_TYPES = {
     Dtype.BOOL: "BOOLEAN",
     Dtype.STRING: "VARCHAR",
     Dtype.CATEGORICAL: "VARCHAR",
+    Dtype.CATEGORICAL_LIST: "VARCHAR[]",
 }
 BATCH_ID_SQL = "CAST(regexp_extract(\"__source\", 'batch-([0-9]+)[.]parquet$', 1) AS BIGINT)"
 

@@ -393,6 +393,7 @@ _EXAMPLE_VALUES: dict[str, Any] = {
     Dtype.BOOL: True,
     Dtype.STRING: "text",
     Dtype.CATEGORICAL: "a",
+    Dtype.CATEGORICAL_LIST: ["a", "b"],
 }
 
 

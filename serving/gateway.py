@@ -323,6 +323,9 @@ def oip_model(request, name: str) -> HttpResponse:
             inputs.append({"name": f.column, "datatype": "FP32", "shape": [-1, f.dim]})
         elif f.dtype in ("categorical", "string"):
             inputs.append({"name": f.column, "datatype": "BYTES", "shape": [-1]})
+        elif f.dtype == "categorical_list":
+            # Each row's items, null-padded to the slots the model reads.
+            inputs.append({"name": f.column, "datatype": "BYTES", "shape": [-1, f.slots]})
         elif f.dtype == "bool":
             inputs.append({"name": f.column, "datatype": "BOOL", "shape": [-1]})
         else:

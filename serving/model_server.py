@@ -30,6 +30,9 @@ def synthetic_columns(spec, n: int, seed: int = 0) -> dict[str, list]:
             columns[f.column] = rng.normal(size=(n, f.dim)).tolist()
         elif f.dtype in ("categorical", "string"):
             columns[f.column] = [f"v{int(x)}" for x in rng.integers(0, 1000, n)]
+        elif f.dtype == "categorical_list":
+            lengths = rng.integers(0, f.slots + 1, n)
+            columns[f.column] = [[f"v{int(x)}" for x in rng.integers(0, 1000, k)] for k in lengths]
         elif f.dtype == "bool":
             columns[f.column] = (rng.random(n) > 0.5).tolist()
         else:

@@ -17,7 +17,25 @@ logits into probabilities, so training's evaluation and serving score alike.
 ``FeatureEncoder`` is the one transform from raw feature values (dataset columns named
 ``<group>__<feature>``, or online-store values by ``group:feature`` ref) to model inputs; the
 training path and the serving path both go through it, which is what the release gate's
-consistency check verifies end to end.
+consistency check verifies end to end. It encodes, as the reference CTR libraries (FuxiCTR's
+``FeatureProcessor``, DeepCTR's preprocessing) do:
+
+- a categorical or string field through its **vocabulary** (``FeatureSpec.vocab``, fitted on
+  the train rows: the values seen at least ``vocab_min_count`` times, most frequent first): a
+  value's index 1..V, ``V + 1`` for a value outside it (unseen in training, or too rare: the
+  out-of-vocabulary row, which the rare train values teach), 0 for null. ``buckets`` is ``V + 1``,
+  so a template's ``nn.Embedding(buckets + 1, dim)`` holds every index. A field without a
+  vocabulary (an older bundle, or one whose vocabulary outgrew ``max_vocab``) hashes its values
+  into 1..``buckets`` instead (``hash_bucket``), exactly as before vocabularies existed;
+- a ``categorical_list`` field (a list of categories per row, e.g. a user's recent ad
+  categories) the same way item by item, into ``dim`` columns of the categorical matrix: its first
+  ``dim`` items' indices, padded with 0 (templates pool the non-padding slots, see
+  ``training.templates.inputs``);
+- a numeric field (float, int, bool; a bool is 0/1) as ``(t(x) - mean) / std`` with the train
+  rows' mean/std of ``t(x)``, where ``t`` is the identity or, with ``transform == "log"``,
+  ``log(1 + max(x, 0))`` (heavy-tailed counts, like Criteo's integer fields); a null becomes 0,
+  i.e. the train mean;
+- an embedding feature as its ``dim`` numbers (a null: zeros).
 """
 
 from __future__ import annotations
@@ -37,7 +55,11 @@ FORMAT = "rankops-bundle/1"
 SPEC_FILE = "spec.json"
 WEIGHTS_FILE = "weights.pt"
 NUMERIC = {"float", "int", "bool"}
-HASHED = {"categorical", "string"}
+# A list of categories per row: its items share one vocabulary, in ``dim`` padded columns.
+CATEGORICAL_LIST = "categorical_list"
+# The categorical inputs (the ``cat`` matrix): a vocabulary index, or a hash bucket without one.
+HASHED = {"categorical", "string", CATEGORICAL_LIST}
+LOG_TRANSFORM = "log"
 
 
 @dataclass
@@ -46,17 +68,32 @@ class FeatureSpec:
 
     ref: str  # "group:feature" (online store / registry reference)
     column: str  # dataset column, "<group>__<feature>"
-    dtype: str  # float | int | bool | categorical | string | embedding
+    dtype: str  # float | int | bool | categorical | string | categorical_list | embedding
     entity: str = ""  # user | item | context | ... (which request part supplies the key)
-    dim: int = 1  # embedding dimension
-    buckets: int = 0  # hash buckets for categorical/string (0 -> not hashed)
+    dim: int = 1  # embedding dimension; a categorical_list's slots (list items kept)
+    # Categorical: the index space's size without null (vocabulary: V + 1 with the OOV index;
+    # hashing: the buckets). 0 -> not fitted.
+    buckets: int = 0
     mean: float = 0.0
     std: float = 1.0
+    # The vocabulary, most frequent first (index i + 1); empty: hash into ``buckets``.
+    vocab: list[str] = field(default_factory=list)
+    transform: str = ""  # numeric: "" (as is) | "log" (log(1 + max(x, 0))) before mean/std
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FeatureSpec:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def slots(self) -> int:
+        """Columns of the categorical matrix this feature fills (a list: ``dim``; else 1)."""
+        return max(1, int(self.dim)) if self.dtype == CATEGORICAL_LIST else 1
+
+    @property
+    def oov_index(self) -> int:
+        """The out-of-vocabulary index (``len(vocab) + 1``); 0 without a vocabulary."""
+        return len(self.vocab) + 1 if self.vocab else 0
 
 
 @dataclass
@@ -115,12 +152,21 @@ def apply_calibration(logits: np.ndarray, calibration: Mapping[str, Any] | None)
     return prob
 
 
+def category_text(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Values as the text their vocabulary and hash see (``str(v)``), and the null mask.
+
+    The one normalisation both fitting and encoding apply, so ``5`` and ``"5"`` are one
+    category in the train rows and at serving alike."""
+    array = np.asarray([None if v is None else str(v) for v in values], dtype=object)
+    nulls = np.fromiter((v is None for v in array), dtype=bool, count=len(array))
+    return array, nulls
+
+
 def hash_bucket(values: Sequence[Any], buckets: int) -> np.ndarray:
     """Stable hash of values into 1..buckets (0 is reserved for null). Same in every process."""
     import pandas as pd
 
-    array = np.asarray([None if v is None else str(v) for v in values], dtype=object)
-    nulls = np.array([v is None for v in array], dtype=bool)
+    array, nulls = category_text(values)
     filled = np.where(nulls, "", array).astype(object)
     hashed = pd.util.hash_array(filled, categorize=True).astype(np.uint64)
     out = (hashed % np.uint64(buckets)).astype(np.int64) + 1
@@ -128,11 +174,46 @@ def hash_bucket(values: Sequence[Any], buckets: int) -> np.ndarray:
     return out
 
 
+def build_vocab(values: Sequence[Any], *, min_count: int, max_vocab: int) -> list[str] | None:
+    """The vocabulary of ``values`` (train rows only): the texts seen at least ``min_count``
+    times, by count descending then text (deterministic); None when more than ``max_vocab``
+    texts are kept (the caller hashes instead). Nulls are not categories."""
+    import pandas as pd
+
+    array, nulls = category_text(values)
+    counts = pd.Series(array[~nulls], dtype=object).value_counts(sort=False)
+    kept = counts[counts >= max(1, int(min_count))]
+    if len(kept) > max_vocab:
+        return None
+    return [text for text, _ in sorted(kept.items(), key=lambda item: (-int(item[1]), item[0]))]
+
+
+def categorical_columns(spec: BundleSpec) -> list[tuple[FeatureSpec, int]]:
+    """Each categorical feature with its first column in the ``cat`` matrix (a list feature
+    fills ``slots`` columns from there)."""
+    out = []
+    offset = 0
+    for feature in spec.categorical_features:
+        out.append((feature, offset))
+        offset += feature.slots
+    return out
+
+
+def _list_items(value: Any) -> Sequence[Any]:
+    """One row of a list feature as its items (a bare value is a one-item list)."""
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes | int | float | np.generic):
+        return (value,)
+    return list(value)
+
+
 class FeatureEncoder:
-    """Raw columns -> (dense float32 [n, dense_dim], categorical int64 [n, n_cat]) arrays."""
+    """Raw columns -> (dense float32 [n, dense_dim], categorical int64 [n, cat columns])."""
 
     def __init__(self, spec: BundleSpec) -> None:
         self.spec = spec
+        self._indexes: dict[str, tuple[list[str], Any]] = {}
 
     def encode(self, columns: Mapping[str, Sequence[Any]], n: int) -> tuple[np.ndarray, np.ndarray]:
         """``columns`` maps each feature's ``column`` (or its ``ref``) to ``n`` raw values."""
@@ -146,28 +227,104 @@ class FeatureEncoder:
                         block[i] = np.asarray(v, dtype=np.float32)
                 dense_parts.append(block)
             else:
-                arr = np.array(
-                    [np.nan if v is None else float(v) for v in values], dtype=np.float64
-                )
+                arr = numeric_values(values, feature.transform)
                 arr = (arr - feature.mean) / (feature.std or 1.0)
                 arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
                 dense_parts.append(arr.astype(np.float32).reshape(n, 1))
         dense = np.concatenate(dense_parts, axis=1) if dense_parts else np.zeros((n, 0), np.float32)
-        cat_parts = [
-            hash_bucket(_lookup(columns, f, n), f.buckets).reshape(n, 1)
-            for f in self.spec.categorical_features
-        ]
+        cat_parts = []
+        for feature in self.spec.categorical_features:
+            if feature.dtype == CATEGORICAL_LIST:
+                values = _lookup(columns, feature, n, arrow=True)
+                cat_parts.append(self._encode_lists(feature, values, n))
+            else:
+                values = _lookup(columns, feature, n)
+                cat_parts.append(self._indices(feature, values).reshape(n, 1))
         cat = np.concatenate(cat_parts, axis=1) if cat_parts else np.zeros((n, 0), np.int64)
         return dense, cat
 
+    def _indices(self, feature: FeatureSpec, values: Sequence[Any]) -> np.ndarray:
+        """Indices of single values: the vocabulary's (OOV for the rest), else hash buckets."""
+        if not feature.vocab:
+            return hash_bucket(values, feature.buckets)
+        import pandas as pd
 
-def _lookup(columns: Mapping[str, Sequence[Any]], feature: FeatureSpec, n: int) -> Sequence[Any]:
+        # Serving encodes each request through one encoder: build each lookup index once.
+        cached = self._indexes.get(feature.column)
+        if cached is None or cached[0] is not feature.vocab:
+            cached = self._indexes[feature.column] = (
+                feature.vocab,
+                pd.Index(feature.vocab, dtype=object),
+            )
+        index = cached[1]
+        array, nulls = category_text(values)
+        positions = index.get_indexer(array).astype(np.int64)
+        out = np.where(positions >= 0, positions + 1, feature.oov_index)
+        out[nulls] = 0
+        return out
+
+    def _encode_lists(self, feature: FeatureSpec, values: Any, n: int) -> np.ndarray:
+        """``[n, slots]``: each row's first ``slots`` items' indices, then 0 (padding)."""
+        slots = feature.slots
+        out = np.zeros((n, slots), dtype=np.int64)
+        if _is_arrow_list(values):
+            # A dataset column: slice and flatten in Arrow, no Python object per row.
+            import pyarrow.compute as pc
+
+            sliced = pc.list_slice(values, 0, slots)
+            lengths = np.asarray(
+                pc.fill_null(pc.list_value_length(sliced), 0).to_numpy(zero_copy_only=False),
+                dtype=np.int64,
+            )
+            flat = pc.list_flatten(sliced).cast("string").to_numpy(zero_copy_only=False)
+        else:
+            rows = [_list_items(v)[:slots] for v in values]
+            lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=n)
+            flat = [item for r in rows for item in r]
+        if len(flat):
+            starts = np.cumsum(lengths) - lengths
+            row_of = np.repeat(np.arange(n), lengths)
+            slot_of = np.arange(len(flat)) - np.repeat(starts, lengths)
+            out[row_of, slot_of] = self._indices(feature, flat)
+        return out
+
+
+def _is_arrow_list(values: Any) -> bool:
+    """An Arrow list column of strings or integers (what the Arrow path reads as
+    ``category_text`` would: an integer's text is its digits)."""
+    import pyarrow as pa
+
+    if not isinstance(values, pa.Array | pa.ChunkedArray):
+        return False
+    kind = values.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return False
+    item = kind.value_type
+    return pa.types.is_string(item) or pa.types.is_large_string(item) or pa.types.is_integer(item)
+
+
+def numeric_values(values: Sequence[Any], transform: str = "") -> np.ndarray:
+    """Raw numeric values as float64 (null: NaN; a bool: 0/1), through ``transform``."""
+    # NumPy reads None as NaN and a bool as 0/1 when it converts to float64.
+    arr = np.asarray(values, dtype=np.float64)
+    if transform == LOG_TRANSFORM:
+        arr = np.log1p(np.maximum(arr, 0.0))
+    return arr
+
+
+def _lookup(
+    columns: Mapping[str, Sequence[Any]], feature: FeatureSpec, n: int, *, arrow: bool = False
+) -> Sequence[Any]:
+    """A feature's ``n`` raw values, by column or by ref; Arrow columns become Python lists
+    unless ``arrow`` (a list feature's Arrow column is encoded in Arrow)."""
     if feature.column in columns:
         values = columns[feature.column]
     elif feature.ref in columns:
         values = columns[feature.ref]
     else:
         return [None] * n
+    if arrow and _is_arrow_list(values):
+        return values
     if hasattr(values, "to_pylist"):
         values = values.to_pylist()
     return values

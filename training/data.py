@@ -9,8 +9,10 @@ rows (a time-ordered split, so evaluation never sees the past through the future
 validation rows the newest ``validation_fraction`` of what precedes them (early stopping and
 calibration read them; nothing but the final evaluation reads the test rows). A
 ``split_column`` whose values are ``train``/``validation``/``test`` assigns the rows instead of
-the fractions. The loader fits the numeric features' mean/std on the train part only, and
-encodes everything once through ``FeatureEncoder`` (the same transform serving uses). Batches
+the fractions. The loader fits the encoding on the train part only (the numeric features'
+mean/std, the categorical features' vocabularies, a list feature's slots; see
+``training.bundle``), and encodes everything once through ``FeatureEncoder`` (the same transform
+serving uses). Batches
 are then index slices of in-memory tensors, in an order fixed by ``seed`` and the epoch number,
 so a resumed run sees exactly the batches it would have seen.
 """
@@ -25,7 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from training.bundle import HASHED, BundleSpec, FeatureEncoder, FeatureSpec, hash_bucket
+from training.bundle import (
+    CATEGORICAL_LIST,
+    HASHED,
+    LOG_TRANSFORM,
+    BundleSpec,
+    FeatureEncoder,
+    FeatureSpec,
+    build_vocab,
+    hash_bucket,
+    numeric_values,
+)
+from training.params import COMMON
 
 TIME_COLUMN = "event_time"
 MIN_BUCKETS = 16
@@ -143,23 +156,53 @@ def choose_buckets(values: list[Any]) -> int:
     return buckets
 
 
+def fit_categorical(feature: FeatureSpec, values: list[Any], job: JobSpec) -> None:
+    """A categorical feature's vocabulary (or, above ``max_vocab``, its hash buckets) from the
+    train rows' ``values`` (a list feature's: every item of every row)."""
+    vocab = build_vocab(
+        values,
+        min_count=int(job.param("vocab_min_count", COMMON["vocab_min_count"].default)),
+        max_vocab=int(job.param("max_vocab", COMMON["max_vocab"].default)),
+    )
+    if vocab is None:
+        feature.vocab = []
+        feature.buckets = choose_buckets(list(dict.fromkeys(values)))
+    else:
+        feature.vocab = vocab
+        feature.buckets = len(vocab) + 1  # the OOV index is the last one
+
+
 def fit_bundle_spec(job: JobSpec, train_table) -> BundleSpec:
-    """The bundle spec with stats fitted on the train rows only (mean/std, hash buckets)."""
+    """The bundle spec with the encoding fitted on the train rows only (mean/std,
+    vocabularies or hash buckets, list slots)."""
     import pyarrow.compute as pc
 
+    transform = str(job.param("numeric_transform", COMMON["numeric_transform"].default))
     fitted: list[FeatureSpec] = []
     for raw in job.features:
         feature = FeatureSpec.from_dict(raw)
         if feature.column not in train_table.column_names:
+            if feature.dtype == CATEGORICAL_LIST:
+                feature.dim = 1
             fitted.append(feature)
             continue
         column = train_table.column(feature.column)
-        if feature.dtype in HASHED:
+        if feature.dtype == CATEGORICAL_LIST:
+            rows = [r for r in column.to_pylist() if r is not None]
+            longest = max((len(r) for r in rows), default=0)
+            limit = int(job.param("max_list_length", COMMON["max_list_length"].default))
+            feature.dim = max(1, min(longest, limit))
             if not feature.buckets:
-                feature.buckets = choose_buckets(pc.unique(column).to_pylist())
+                fit_categorical(feature, [item for r in rows for item in r], job)
+        elif feature.dtype in HASHED:
+            # A job that names its buckets keeps hashing into them.
+            if not feature.buckets:
+                fit_categorical(feature, column.to_pylist(), job)
         elif feature.dtype in {"float", "int", "bool"}:
-            values = np.asarray(
-                pc.cast(column, "float64").to_numpy(zero_copy_only=False), dtype=np.float64
+            if feature.dtype != "bool" and transform == LOG_TRANSFORM:
+                feature.transform = LOG_TRANSFORM
+            values = numeric_values(
+                pc.cast(column, "float64").to_numpy(zero_copy_only=False), feature.transform
             )
             values = values[~np.isnan(values)]
             if values.size:

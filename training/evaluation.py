@@ -219,8 +219,11 @@ def _feature_columns(spec) -> list[tuple[str, str, list[int]]]:
         width = feature.dim if feature.dtype == "embedding" else 1
         result.append((feature.ref, "dense", list(range(offset, offset + width))))
         offset += width
-    for i, feature in enumerate(spec.categorical_features):
-        result.append((feature.ref, "cat", [i]))
+    from training.bundle import categorical_columns
+
+    for feature, start in categorical_columns(spec):
+        # A list feature's slots move together: shuffling its rows, not its items.
+        result.append((feature.ref, "cat", list(range(start, start + feature.slots))))
     return result
 
 

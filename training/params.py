@@ -212,6 +212,48 @@ COMMON: dict[str, Param] = {
         "an isotonic map of the probability, or none.",
         choices=("temperature", "isotonic", "none"),
     ),
+    "vocab_min_count": Param(
+        "int",
+        2,
+        "Categorical values seen fewer times than this in the training rows share the "
+        "out-of-vocabulary embedding (as do values first seen after training). 2, as FuxiCTR's "
+        "Criteo configurations use: a value seen once would get an embedding trained on one "
+        "row, and the rare values are what teaches the out-of-vocabulary row, which unseen "
+        "values at serving then use; 1 keeps every value (FuxiCTR's MovieLens setting).",
+        min=1,
+        max=1_000_000,
+        label="Vocabulary minimum count",
+        advanced=True,
+    ),
+    "max_vocab": Param(
+        "int",
+        100_000,
+        "A categorical feature with more kept values than this is hashed instead of given a "
+        "vocabulary (bounds the embedding table).",
+        min=1,
+        max=10_000_000,
+        label="Largest vocabulary",
+        advanced=True,
+    ),
+    "max_list_length": Param(
+        "int",
+        8,
+        "Items of a list-of-categories feature the model reads per row (the first ones; at "
+        "most the longest list in the training rows).",
+        min=1,
+        max=1024,
+        label="Longest category list",
+        advanced=True,
+    ),
+    "numeric_transform": Param(
+        "choice",
+        "standard",
+        "Numeric (float, int) features: standardised with the training rows' mean and "
+        "standard deviation, or log(1 + max(x, 0)) first, for heavy-tailed counts such as "
+        "Criteo's integer fields. A null becomes the mean; a bool is 0/1.",
+        choices=("standard", "log"),
+        advanced=True,
+    ),
     "label": Param(
         "str", "", "Label column (blank: the dataset's first label).", label="Label column"
     ),

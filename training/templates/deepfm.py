@@ -1,7 +1,8 @@
 """DeepFM (Guo et al., 2017): a factorisation machine and a deep network on shared embeddings.
 
 Every input field gets one ``embedding_dim``-wide vector, shared by the FM part and the deep
-part. A categorical field looks its hashed id up in its own table. A numeric field (float, int,
+part. A categorical field looks its index up in its own table (a list of categories: the mean
+of its items' vectors, see ``training.templates.inputs``). A numeric field (float, int,
 bool; already normalised by the encoder) has one learned vector scaled by its value, as DeepCTR
 and FuxiCTR embed dense fields; an embedding feature (a vector of ``dim`` numbers) is projected
 to the same width by a learned matrix, which is the same rule for ``dim`` > 1. The logit is
@@ -29,6 +30,7 @@ from torch.nn import functional as F
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
+from training.templates.inputs import FieldEmbedding, field_weights
 
 PARAMS = {
     "embedding_dim": Param(
@@ -78,8 +80,7 @@ class _BatchNorm(nn.BatchNorm1d):
 class DeepFM(nn.Module):
     def __init__(
         self,
-        dense_widths: list[int],
-        buckets: list[int],
+        spec: BundleSpec,
         *,
         embedding_dim: int,
         hidden: list[int],
@@ -88,17 +89,15 @@ class DeepFM(nn.Module):
         embedding_l2: float,
     ) -> None:
         super().__init__()
-        self.dense_widths = list(dense_widths)
+        self.dense_widths = [f.dim if f.dtype == "embedding" else 1 for f in spec.dense_features]
         self.embedding_l2 = embedding_l2
         dense_dim = sum(self.dense_widths)
         # First order: one weight per dense column and per categorical id, one bias.
         self.bias = nn.Parameter(torch.zeros(1))
         self.linear = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
-        self.cat_weights = nn.ModuleList(nn.Embedding(b + 1, 1) for b in buckets)
-        for weights in self.cat_weights:
-            nn.init.zeros_(weights.weight)
+        self.cat_weights = field_weights(spec)
         # Field vectors: a table per categorical field, a projection per dense field.
-        self.cat_embeddings = nn.ModuleList(nn.Embedding(b + 1, embedding_dim) for b in buckets)
+        self.cat_embeddings = FieldEmbedding(spec, embedding_dim)
         self.dense_embeddings = nn.ModuleList(
             nn.Linear(width, embedding_dim, bias=False) for width in self.dense_widths
         )
@@ -106,7 +105,7 @@ class DeepFM(nn.Module):
             nn.init.normal_(table.weight, std=0.05)
         for projection in self.dense_embeddings:
             nn.init.normal_(projection.weight, std=0.05)
-        fields = len(buckets) + len(self.dense_widths)
+        fields = len(self.cat_embeddings) + len(self.dense_widths)
         layers: list[nn.Module] = []
         previous = max(1, fields * embedding_dim)
         for size in hidden:
@@ -122,7 +121,7 @@ class DeepFM(nn.Module):
 
     def fields(self, dense: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
         """The field vectors, ``[rows, fields, embedding_dim]``."""
-        vectors = [table(cat[:, i]) for i, table in enumerate(self.cat_embeddings)]
+        vectors = self.cat_embeddings.fields(cat)
         offset = 0
         for width, projection in zip(self.dense_widths, self.dense_embeddings, strict=True):
             vectors.append(projection(dense[:, offset : offset + width]))
@@ -135,8 +134,7 @@ class DeepFM(nn.Module):
         first = self.bias.expand(dense.shape[0])
         if self.linear is not None:
             first = first + self.linear(dense).squeeze(-1)
-        for i, weights in enumerate(self.cat_weights):
-            first = first + weights(cat[:, i]).squeeze(-1)
+        first = self.cat_weights.first_order(cat, first)
         v = self.fields(dense, cat)
         fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
         deep = self.deep(v.flatten(start_dim=1)).squeeze(-1)
@@ -169,8 +167,7 @@ def hparams(spec: BundleSpec) -> dict:
 def build(spec: BundleSpec) -> nn.Module:
     h = hparams(spec)
     return DeepFM(
-        [f.dim if f.dtype == "embedding" else 1 for f in spec.dense_features],
-        [f.buckets for f in spec.categorical_features],
+        spec,
         embedding_dim=int(h["embedding_dim"]),
         hidden=h["hidden"],
         dropout=float(h["dropout"]),

@@ -1,6 +1,7 @@
 """Fine ranking: a DCN-v2 style CTR model.
 
-Categorical features get embeddings; dense inputs (numbers, embedding features) are concatenated
+Categorical features get embeddings (a list of categories: the mean of its items'; see
+``training.templates.inputs``); dense inputs (numbers, embedding features) are concatenated
 with them into ``x0``. A stack of full-rank cross layers (``x_{l+1} = x0 * (W x_l + b) + x_l``)
 learns explicit feature interactions (e.g. user interest x ad category), a small MLP learns the
 implicit ones, and a linear head combines both into one logit.
@@ -13,6 +14,7 @@ from torch import nn
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
+from training.templates.inputs import FieldEmbedding
 
 PARAMS = {
     "embedding_dim": Param(
@@ -48,8 +50,7 @@ class CrossLayer(nn.Module):
 class DCNv2(nn.Module):
     def __init__(
         self,
-        dense_dim: int,
-        buckets: list[int],
+        spec: BundleSpec,
         *,
         embedding_dim: int,
         cross_layers: int,
@@ -57,10 +58,10 @@ class DCNv2(nn.Module):
         dropout: float,
     ) -> None:
         super().__init__()
-        self.embeddings = nn.ModuleList(nn.Embedding(b + 1, embedding_dim) for b in buckets)
+        self.embeddings = FieldEmbedding(spec, embedding_dim)
         for emb in self.embeddings:
             nn.init.normal_(emb.weight, std=0.05)
-        width = dense_dim + embedding_dim * len(buckets)
+        width = spec.dense_dim + embedding_dim * len(self.embeddings)
         self.width = max(width, 1)
         self.cross = nn.ModuleList(CrossLayer(self.width) for _ in range(cross_layers))
         layers: list[nn.Module] = []
@@ -74,7 +75,7 @@ class DCNv2(nn.Module):
         self.head = nn.Linear(self.width + previous, 1)
 
     def inputs(self, dense: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
-        parts = [dense] + [emb(cat[:, i]) for i, emb in enumerate(self.embeddings)]
+        parts = [dense, *self.embeddings.fields(cat)]
         x0 = torch.cat(parts, dim=1) if parts else dense
         if x0.shape[1] == 0:
             x0 = torch.zeros(dense.shape[0], 1, dtype=dense.dtype, device=dense.device)
@@ -101,8 +102,7 @@ def hparams(spec: BundleSpec) -> dict:
 def build(spec: BundleSpec) -> nn.Module:
     h = hparams(spec)
     return DCNv2(
-        spec.dense_dim,
-        [f.buckets for f in spec.categorical_features],
+        spec,
         embedding_dim=int(h["embedding_dim"]),
         cross_layers=int(h["cross_layers"]),
         hidden=h["hidden"],

@@ -1,7 +1,8 @@
 """Recall: a two-tower model trained with in-batch negatives.
 
 Features whose ``entity`` is ``item`` feed the item tower; every other feature (user, semantic,
-context) feeds the user tower. Each tower embeds its categorical inputs, concatenates its dense
+context) feeds the user tower. Each tower embeds its categorical inputs (a list of categories:
+the mean of its items' vectors, see ``training.templates.inputs``), concatenates its dense
 inputs and maps them through an MLP to a normalised vector; the score is their dot product over
 a temperature. Training (``training_loss``) takes the clicked rows of a batch and asks each user
 to pick its own item among all the batch's items (softmax cross-entropy), so every other item in
@@ -17,6 +18,7 @@ from torch.nn import functional as F
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
+from training.templates.inputs import FieldEmbedding
 
 PARAMS = {
     "embedding_dim": Param(
@@ -32,7 +34,8 @@ DEFAULTS = {name: param.default for name, param in PARAMS.items()}
 
 
 def _columns(spec: BundleSpec, item: bool) -> tuple[list[int], list[int]]:
-    """Dense column indices and categorical column indices of one tower."""
+    """Dense column indices and categorical field indices (positions in
+    ``spec.categorical_features``) of one tower."""
     dense_idx: list[int] = []
     offset = 0
     for feature in spec.dense_features:
@@ -45,18 +48,18 @@ def _columns(spec: BundleSpec, item: bool) -> tuple[list[int], list[int]]:
 
 
 class Tower(nn.Module):
-    def __init__(self, dense_idx, cat_idx, buckets, *, embedding_dim, hidden, out_dim) -> None:
+    def __init__(self, spec, dense_idx, cat_idx, *, embedding_dim, hidden, out_dim) -> None:
         super().__init__()
         self.register_buffer("dense_idx", torch.tensor(dense_idx, dtype=torch.long))
+        # Kept as a buffer (bundles saved before list fields hold it); ``embeddings`` reads the
+        # fields' columns itself.
         self.register_buffer("cat_idx", torch.tensor(cat_idx, dtype=torch.long))
-        self.embeddings = nn.ModuleList(nn.Embedding(b + 1, embedding_dim) for b in buckets)
-        width = max(1, len(dense_idx) + embedding_dim * len(buckets))
+        self.embeddings = FieldEmbedding(spec, embedding_dim, fields=cat_idx)
+        width = max(1, len(dense_idx) + embedding_dim * len(cat_idx))
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
 
     def forward(self, dense: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
-        parts = [dense.index_select(1, self.dense_idx)]
-        sub = cat.index_select(1, self.cat_idx)
-        parts += [emb(sub[:, i]) for i, emb in enumerate(self.embeddings)]
+        parts = [dense.index_select(1, self.dense_idx), *self.embeddings.fields(cat)]
         x = torch.cat(parts, dim=1)
         if x.shape[1] == 0:
             x = torch.zeros(dense.shape[0], 1, dtype=dense.dtype, device=dense.device)
@@ -66,14 +69,13 @@ class Tower(nn.Module):
 class TwoTower(nn.Module):
     def __init__(self, spec: BundleSpec, h: dict) -> None:
         super().__init__()
-        buckets = [f.buckets for f in spec.categorical_features]
         towers = {}
         for name, is_item in (("user", False), ("item", True)):
             dense_idx, cat_idx = _columns(spec, is_item)
             towers[name] = Tower(
+                spec,
                 dense_idx,
                 cat_idx,
-                [buckets[i] for i in cat_idx],
                 embedding_dim=int(h["embedding_dim"]),
                 hidden=int(h["hidden"]),
                 out_dim=int(h["tower_dim"]),
