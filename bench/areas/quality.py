@@ -538,7 +538,10 @@ def train_platform(spec) -> str:
     from training import runner
 
     events: list[dict] = []
-    code = runner.train(spec, emit=runner.Emitter(sink=events.append))
+    try:
+        code = runner.train(spec, emit=runner.Emitter(sink=events.append))
+    except Exception as exc:  # as the child would report it: the job failed
+        raise BenchError(f"platform {spec.template} failed: {type(exc).__name__}: {exc}") from exc
     if code != 0:
         tail = [e for e in events if e["type"] in ("error", "log")][-3:]
         raise BenchError(f"platform {spec.template} exited with {code}: {tail}")
@@ -597,15 +600,21 @@ def tune_templates(ctx, dataset, path, templates, settings) -> tuple[dict[str, d
             settings.genres,
         )  # fmt: skip
         t0 = time.perf_counter()
-        result = tuner.optimise(
-            spec,
-            n_trials=settings.max_trials,
-            timeout_s=share,
-            metric="logloss",
-            seed=0,
-            work_root=str(ctx.workdir / f"trials-{dataset.name}-{template}"),
-            threads=settings.threads,
-        )
+        try:
+            result = tuner.optimise(
+                spec,
+                n_trials=settings.max_trials,
+                timeout_s=share,
+                metric="logloss",
+                seed=0,
+                work_root=str(ctx.workdir / f"trials-{dataset.name}-{template}"),
+                threads=settings.threads,
+            )
+        except Exception as exc:  # noqa: BLE001 - a trial raised; the final runs say it again
+            chosen[template] = dict(base)
+            notes["templates"][template] = {"failed": f"{type(exc).__name__}: {exc}"[:500]}
+            ctx.log(f"{dataset.name}/{template}: tuning failed: {type(exc).__name__}: {exc}")
+            continue
         best = tuner.derived_params(template, result.best_params)
         chosen[template] = {**base, **best}
         states: dict[str, int] = {}
@@ -638,24 +647,34 @@ def run_platform(ctx, dataset, settings) -> tuple[dict[str, dict], float, dict]:
     out: dict[str, dict] = {}
     for template in templates:
         runs = []
-        for seed in settings.seeds:
-            work = ctx.workdir / f"final-{dataset.name}-{template}-{seed}"
-            spec = job_spec(
-                path, dataset, template, work, {**params[template], "seed": seed}, settings.genres
-            )
-            t0 = time.perf_counter()
-            tuned = notes.get("templates", {}).get(template, {}).get("model_dir", "")
-            # seed 0: the best trial's own model (these params, seed 0, the same rows)
-            model_dir = tuned if seed == 0 and tuned else train_platform(spec)
-            runs.append(
-                {
-                    "validation": bundle_predict(model_dir, table, positions["validation"]),
-                    "test": bundle_predict(model_dir, table, positions["test"]),
-                    "fit_s": time.perf_counter() - t0,
-                }
-            )
+        try:
+            for seed in settings.seeds:
+                work = ctx.workdir / f"final-{dataset.name}-{template}-{seed}"
+                spec = job_spec(
+                    path, dataset, template, work, {**params[template], "seed": seed},
+                    settings.genres,
+                )  # fmt: skip
+                t0 = time.perf_counter()
+                tuned = notes.get("templates", {}).get(template, {}).get("model_dir", "")
+                # seed 0: the best trial's own model (these params, seed 0, the same rows)
+                model_dir = tuned if seed == 0 and tuned else train_platform(spec)
+                runs.append(
+                    {
+                        "validation": bundle_predict(model_dir, table, positions["validation"]),
+                        "test": bundle_predict(model_dir, table, positions["test"]),
+                        "fit_s": time.perf_counter() - t0,
+                    }
+                )
+        except BenchError as exc:
+            # A template that cannot train these features is left out, and said so; the others
+            # still count (the best is chosen among the ones that ran).
+            notes.setdefault("failed", {})[template] = str(exc)[:500]
+            ctx.log(f"{dataset.name}/platform_{template}: FAILED, left out: {str(exc)[:300]}")
+            continue
         out[f"platform_{template}"] = {"runs": runs, "params": params[template]}
         ctx.log(f"{dataset.name}/platform_{template}: {len(runs)} seeds")
+    if not out:
+        raise BenchError(f"{dataset.name}: no platform template trained: {notes.get('failed')}")
     return out, tuning_s, notes
 
 
