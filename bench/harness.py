@@ -51,6 +51,7 @@ KNOWN_AREAS: tuple[str, ...] = (
     "experiments",
     "lineage",
     "loop",
+    "quality",
 )
 
 # Unit shown for a measure, read from the end of its name (longest suffix first).

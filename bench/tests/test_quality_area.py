@@ -1,0 +1,162 @@
+"""The pure parts of the quality bench: the shared split (the same rows for every model, every
+run), the one metric code (ECE), and the summary arithmetic. The benchmark itself is not run
+here; these read the real datasets in ``../shared/data``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from bench.areas import quality
+from bench.harness import BenchError
+from training import data, evaluation
+
+
+@pytest.fixture(scope="module")
+def criteo():
+    return quality.shared_split("criteo")
+
+
+@pytest.fixture(scope="module")
+def movielens():
+    return quality.shared_split("movielens")
+
+
+def test_the_criteo_split_is_the_same_every_time_and_stratified(criteo):
+    again = quality.shared_split("criteo")
+    split = criteo.frame["split"].to_numpy()
+    assert np.array_equal(split, again.frame["split"].to_numpy())
+    assert quality.split_digest(split) == quality.split_digest(again.frame["split"])
+    y = criteo.frame[quality.LABEL].to_numpy()
+    assert len(split) == 200 and set(split) == set(quality.SPLITS)
+    # 70/10/20 within each class, so every part has clicks and non-clicks
+    for cls in (0, 1):
+        n = int((y == cls).sum())
+        counts = {s: int(((split == s) & (y == cls)).sum()) for s in quality.SPLITS}
+        assert counts["train"] == round(0.7 * n) and counts["validation"] == round(0.1 * n)
+        assert sum(counts.values()) == n and counts["test"] > 0
+    # another seed gives other rows: the seed, not chance, fixes them
+    assert not np.array_equal(quality.stratified_split(y, seed=1), split)
+
+
+def test_the_movielens_split_is_time_ordered(movielens):
+    frame = movielens.frame
+    counts = frame["split"].value_counts().to_dict()
+    assert counts == {"train": 70_000, "validation": 10_000, "test": 20_000}
+    times = {s: frame.loc[frame["split"] == s, "event_time"] for s in quality.SPLITS}
+    assert times["train"].max() <= times["validation"].min()
+    assert times["validation"].max() <= times["test"].min()
+    assert frame[quality.LABEL].isin([0, 1]).all()
+
+
+def test_every_model_gets_the_same_rows(criteo, tmp_path):
+    # The peers read the shared Parquet file, LR and LightGBM the frame, the platform its own
+    # table through its real loader with ``split_column``: the same rows and labels in each.
+    shared = pd.read_parquet(quality.write_shared(criteo, tmp_path))
+    assert shared["split"].tolist() == criteo.frame["split"].tolist()
+    table_path = tmp_path / "platform.parquet"
+    pq.write_table(quality.platform_table(criteo), table_path)
+    settings = quality.Settings()
+    spec = quality.job_spec(
+        table_path,
+        criteo,
+        "logreg",
+        tmp_path / "job",
+        quality.platform_base_params(criteo, settings),
+        "flags",
+    )
+    loaded = data.load(spec)
+    for split in quality.SPLITS:
+        positions = np.flatnonzero(criteo.frame["split"].to_numpy() == split)
+        # Criteo's stand-in event times follow the file order, so the loader's time order is
+        # the frame's order and the positions must match exactly.
+        assert np.array_equal(loaded.rows[split], positions)
+        assert np.array_equal(
+            shared.loc[shared["split"] == split, quality.LABEL], criteo.labels(split)
+        )
+    assert np.array_equal(loaded.holdout.label.numpy(), criteo.labels("test"))
+    assert np.array_equal(loaded.validation.label.numpy(), criteo.labels("validation"))
+    # every platform feature column is in the table the loader read
+    names = set(pq.read_schema(table_path).names)
+    assert {f["column"] for f in spec.features} <= names
+
+
+def test_platform_features_switch_genres_between_flags_and_a_list(movielens):
+    flags = quality.platform_features(movielens, "flags")
+    listed = quality.platform_features(movielens, "list")
+    assert sum(f["column"].startswith("ml_item__is_") for f in flags) == 19
+    assert not any(f["column"].startswith("ml_item__is_") for f in listed)
+    assert [f["dtype"] for f in listed if f["column"] == "ml_item__genres"] == ["categorical_list"]
+    dtypes = {f["column"]: f["dtype"] for f in flags}
+    assert dtypes["ml_user__id"] == "categorical" and dtypes["ml_user__age"] == "float"
+    assert dtypes["ml_item__is_drama"] == "int"
+
+
+def test_ece_uses_ten_equal_width_bins():
+    # bin [0.1, 0.2): two rows at 0.15, one click -> |1 - 0.3| = 0.7
+    # bin [0.9, 1.0]: two rows at 0.95, two clicks -> |2 - 1.9| = 0.1
+    label = [0, 1, 1, 1]
+    prob = [0.15, 0.15, 0.95, 0.95]
+    assert quality.ece(label, prob) == pytest.approx((0.7 + 0.1) / 4)
+    # perfectly calibrated within each bin
+    assert quality.ece([0, 1, 0, 1], [0.5, 0.5, 0.5, 0.5]) == pytest.approx(0.0)
+    # p = 1.0 falls in the last bin, not an eleventh
+    assert quality.ece([1], [1.0]) == pytest.approx(0.0)
+    rng = np.random.default_rng(3)
+    y, p = rng.integers(0, 2, 500), rng.random(500)
+    assert quality.ece(y, p) == pytest.approx(evaluation.ece(y, p))
+
+
+def test_score_is_sklearn_auc_and_clipped_logloss():
+    metrics = quality.score([0, 1, 1, 0], [0.1, 0.8, 0.6, 0.7])
+    assert metrics["auc"] == pytest.approx(0.75)
+    assert metrics["logloss"] == pytest.approx(-np.mean(np.log([0.9, 0.8, 0.6, 0.3])), rel=1e-9)
+    # a confident mistake is clipped, not infinite
+    assert np.isfinite(quality.score([1, 0], [0.0, 0.0])["logloss"])
+    with pytest.raises(ValueError, match="predictions for"):
+        quality.score([0, 1], [0.5])
+
+
+def test_summary_takes_the_best_peer_per_metric():
+    results = {
+        "platform_best": {"auc": 0.80, "logloss": 0.45},
+        "lr": {"auc": 0.78, "logloss": 0.44},  # best peer on log loss
+        "lightgbm": {"auc": 0.81, "logloss": 0.47},  # best peer on AUC
+        "fuxictr_dcnv2": {"auc": 0.79, "logloss": 0.46},
+        "platform_logreg": {"auc": 0.99, "logloss": 0.01},  # the platform's: never a peer
+    }
+    out = quality.summarise("ds", results)
+    assert out["auc_best_platform_minus_best_peer_ds"] == pytest.approx(0.80 - 0.81)
+    assert out["logloss_best_platform_minus_best_peer_ds"] == pytest.approx(0.45 - 0.44)
+    with pytest.raises(ValueError, match="at least one peer"):
+        quality.summarise("ds", {"platform_best": {"auc": 0.8, "logloss": 0.4}})
+
+
+def test_mean_sd_is_the_sample_spread():
+    assert quality.mean_sd([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))
+    assert quality.mean_sd([0.5]) == (0.5, 0.0)
+
+
+def test_settings_from_the_environment():
+    assert quality.Settings.from_env({}).seeds == (0, 1, 2)
+    quick = quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_QUICK": "1"})
+    assert quick.seeds == (0,) and quick.tuning_budget_s < quality.TUNING_BUDGET_S
+    only = quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_DATASETS": "criteo"})
+    assert only.datasets == ("criteo",)
+    with pytest.raises(BenchError, match="unknown quality datasets"):
+        quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_DATASETS": "avazu"})
+    with pytest.raises(BenchError, match="GENRES"):
+        quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_GENRES": "bits"})
+
+
+def test_fuxictr_gets_the_published_bars_config_and_the_right_columns(movielens, criteo, tmp_path):
+    settings = quality.Settings()
+    ml = quality.fuxictr_config(movielens, tmp_path / "m.parquet", "DCNv2", tmp_path, settings)
+    assert ml["params"]["num_cross_layers"] == 5 and ml["params"]["embedding_regularizer"] == 0.01
+    assert "age" in ml["categorical"] and ml["bucketed"] == []
+    cr = quality.fuxictr_config(criteo, tmp_path / "c.parquet", "DeepFM", tmp_path, settings)
+    assert cr["params"]["hidden_units"] == [400, 400, 400] and cr["batch_size"] == 4096
+    assert cr["bucketed"] == [f"I{i}" for i in range(1, 14)]
+    assert sorted(quality.fuxictr_requirements())[0].startswith("fuxictr==2.3.10")
