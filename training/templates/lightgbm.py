@@ -136,7 +136,11 @@ def feature_layout(spec: BundleSpec) -> tuple[list[str], list[int]]:
         else:
             names.append(base)
     first_cat = len(names)
-    names.extend(re.sub(r"[^A-Za-z0-9_]", "_", f.column) or "f" for f in spec.categorical_features)
+    for feature in spec.categorical_features:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", feature.column) or "f"
+        # A list of categories fills ``slots`` columns (its items, padded with 0).
+        slots = int(getattr(feature, "slots", 1) or 1)
+        names.extend([base] if slots == 1 else [f"{base}_{i}" for i in range(slots)])
     seen: dict[str, int] = {}
     unique = []
     for name in names:

@@ -341,3 +341,28 @@ def test_a_trained_bundle_encodes_in_serving_as_in_training(tmp_path, template):
     assert score(["sports", None]) == pytest.approx(score(["sports"]), abs=1e-6)
     if template != "two_tower":  # recall scores user x item affinity, not the click rate
         assert done["metrics"]["holdout"]["auc"] > 0.7, done["metrics"]["holdout"]
+
+
+def test_lightgbm_takes_a_list_feature_as_one_column_per_slot(tmp_path):
+    path = trainable_dataset(tmp_path)
+    spec_job = job(path, tmp_path, "lightgbm", threads=1, validation_fraction=0.1)
+    events: list[dict] = []
+    assert runner.train(spec_job, emit=runner.Emitter(sink=events.append)) == 0, [
+        e for e in events if e["type"] == "error"
+    ]
+    bundle = load_bundle(spec_job.model_dir)
+    table = data.read_table(path, [f["column"] for f in FEATURES])
+    head = table.slice(table.num_rows - 50, 50)
+    split = data.encode_split(bundle.spec, head, "click")
+    trained = evaluation.predict(
+        bundle.model, split.dense, split.cat, calibration=bundle.spec.extra.get("calibration")
+    )
+    served = bundle.predict({c: head.column(c) for c in head.column_names}, 50)
+    assert np.allclose(served, trained, atol=1e-9)
+    by_ref_values = {f["ref"]: head.column(f["column"]).to_pylist() for f in FEATURES}
+
+    def score(items):
+        row = {**{ref: [values[0]] for ref, values in by_ref_values.items()}, "u:recent": [items]}
+        return float(bundle.predict(row, 1)[0])
+
+    assert score(["sports"]) > score(["food"])  # clicks follow sports
