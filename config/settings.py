@@ -419,6 +419,8 @@ SPECTACULAR_SETTINGS = {
         "HealthStatusEnum": "features.models.HealthStatus",
         "FeatureStatusChangeEnum": ["active", "deprecated", "retired"],
         "NewGroupStatusEnum": ["draft", "active"],
+        "TuningMetricEnum": "training.models.TuningMetric",
+        "ExperimentMetricEnum": "experiments.models.Metric",
     },
 }
 
