@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -123,23 +124,32 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
         fields = {k: data[k] for k in ("description", "tags", "freshness_sla_seconds") if k in data}
         if "producer" in data:
             fields["producer"] = _member_user(self.workspace, data["producer"], attr="producer")
-        if fields:
-            registry.feature_group_update(actor=request.user, group=group, **fields)
-        if "features" in data:
-            registry.feature_group_new_version(
-                actor=request.user, group=group, features=data["features"]
-            )
-        if "successor" in data:
-            successor = (
-                feature_groups_of(workspace=self.workspace).filter(name=data["successor"]).first()
-            )
-            if successor is None:
-                raise ReferenceNotFound(f"no feature group '{data['successor']}'", attr="successor")
-            registry.feature_group_link_successor(
-                actor=request.user, group=group, successor=successor
-            )
-        if new_status:
-            registry.feature_group_set_status(actor=request.user, group=group, status=new_status)
+        # One PATCH, one transaction: a later part refused (a bad successor, a lifecycle move the
+        # group cannot make) leaves none of the earlier parts written.
+        with transaction.atomic():
+            if fields:
+                registry.feature_group_update(actor=request.user, group=group, **fields)
+            if "features" in data:
+                registry.feature_group_new_version(
+                    actor=request.user, group=group, features=data["features"]
+                )
+            if "successor" in data:
+                successor = (
+                    feature_groups_of(workspace=self.workspace)
+                    .filter(name=data["successor"])
+                    .first()
+                )
+                if successor is None:
+                    raise ReferenceNotFound(
+                        f"no feature group '{data['successor']}'", attr="successor"
+                    )
+                registry.feature_group_link_successor(
+                    actor=request.user, group=group, successor=successor
+                )
+            if new_status:
+                registry.feature_group_set_status(
+                    actor=request.user, group=group, status=new_status
+                )
         detail = feature_group_detail(workspace=self.workspace, name=name)
         return Response(FeatureGroupDetailSerializer(detail).data)
 

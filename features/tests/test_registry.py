@@ -284,3 +284,22 @@ def test_list_search_and_query_bound(client_for, workspace, members, django_asse
     assert body["results"][0]["features"][0]["name"] == "age"
     found = client.get(groups_url(workspace), {"search": "group_1"}).json()
     assert [g["name"] for g in found["results"]] == [f"group_1{i}" for i in range(10)]
+
+
+def test_a_patch_refused_in_its_last_part_writes_none_of_its_earlier_parts(
+    client_for, workspace, members
+):
+    group = make_group(workspace, name="user_profile", description="before")
+    client = client_for(members["maintainer"])
+    url = f"{groups_url(workspace)}user_profile/"
+    new_schema = [*USER_FEATURES[:2], {"name": "spend_30d", "dtype": "float"}]
+    response = client.patch(
+        url,
+        {"description": "after", "features": new_schema, "successor": "no_such_group"},
+        format="json",
+    )
+    assert response.status_code == 404 and response.json()["attr"] == "successor"
+    group.refresh_from_db()
+    assert (group.description, group.current_version) == ("before", 1)
+    assert FeatureGroupVersion.objects.for_workspace(workspace).filter(group=group).count() == 1
+    assert not Event.objects.for_workspace(workspace).filter(verb="feature_group.versioned")
