@@ -162,7 +162,7 @@ def _deployment_of(workspace: Workspace, deployment: Any) -> Any:
 def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
     """400 now, not a failed first stage: the features must join the stream's label source."""
     from features.models import FeatureGroup
-    from features.samples import _check_refs
+    from features.samples import check_feature_refs
     from training.pipelines import workspace_stream
 
     label_source = workspace_stream(workspace)["label_source"]
@@ -176,7 +176,7 @@ def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
     if label_group.name == group:
         raise ValidationError({"group": f"'{group}' is the sample stream's label source"})
     try:
-        _check_refs(workspace, label_group, refs)
+        check_feature_refs(workspace, label_group, refs)
     except ValidationError as exc:
         raise ValidationError(
             {"group": [m for messages in exc.message_dict.values() for m in messages]}

@@ -21,7 +21,7 @@ def deployment_of(workspace: Workspace, deployment: Any) -> Deployment:
         if found is None:
             raise ReferenceNotFound(f"no deployment {deployment}", attr="deployment")
         return found
-    return routing._deployment(workspace, deployment)
+    return routing.resolve_deployment(workspace, deployment)
 
 
 def version_of(workspace: Workspace, version_id: Any) -> ModelVersion:

@@ -53,7 +53,9 @@ def bucket(unit_id: str, salt: str, buckets: int = BUCKETS) -> int:
 # Reading and evaluating tables
 
 
-def _deployment(workspace: Workspace, deployment: Any):
+def resolve_deployment(workspace: Workspace, deployment: Any):
+    """The workspace's deployment given as an object or a name (``ReferenceNotFound`` naming
+    ``deployment`` for a missing one or another workspace's)."""
     from serving.models import Deployment
 
     if isinstance(deployment, Deployment):
@@ -70,7 +72,7 @@ def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
     """The deployment's published table as plain data (JSON-able)."""
     from serving.models import ExperimentRoute
 
-    dep = _deployment(workspace, deployment)
+    dep = resolve_deployment(workspace, deployment)
     layers: dict[str, dict[str, Any]] = {}
     for route_row in ExperimentRoute.objects.for_workspace(workspace).filter(deployment=dep):
         layer = layers.setdefault(
@@ -291,7 +293,7 @@ def routing_experiment_set(
     for field, value in (("experiment_key", experiment_key), ("layer", layer), ("salt", salt)):
         if not isinstance(value, str) or not value or len(value) > 100:
             raise ValidationError({field: "give a non-empty string of at most 100 characters"})
-    dep = _deployment(workspace, deployment)
+    dep = resolve_deployment(workspace, deployment)
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=dep.pk)
     clean = _check_allocations(allocations, workspace)
     others = ExperimentRoute.objects.for_workspace(workspace).filter(deployment=dep, layer=layer)
@@ -345,7 +347,7 @@ def routing_experiment_clear(
     """Remove an experiment from the table: its traffic goes back to production (control)."""
     from serving.models import Deployment, ExperimentRoute
 
-    dep = _deployment(workspace, deployment)
+    dep = resolve_deployment(workspace, deployment)
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=dep.pk)
     deleted, _ = (
         ExperimentRoute.objects.for_workspace(workspace)

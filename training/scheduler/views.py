@@ -10,7 +10,7 @@ from training.scheduler import selectors
 from training.scheduler.lending import utilisation
 from training.scheduler.recommend import recommend, savings_report
 from workspaces.dashboard import DashboardSection
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 
 @workspace_page()
@@ -23,7 +23,7 @@ def queue_page(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "scheduler/queue.html",
-        _context(
+        page_context(
             request,
             section="queue",
             rows=rows,
