@@ -148,11 +148,11 @@ def table_version_ids(table: dict[str, Any]) -> set[int]:
 def publish() -> None:
     """Tell every gateway process that some table changed (after the transaction commits)."""
 
-    def _bump() -> None:
+    def _bump_table_generation() -> None:
         cache.set(GENERATION_KEY, uuid.uuid4().hex, timeout=None)
         TABLES.force_refresh()
 
-    transaction.on_commit(_bump)
+    transaction.on_commit(_bump_table_generation)
 
 
 class TableCache:
@@ -266,7 +266,8 @@ def _check_allocations(allocations: Any, workspace: Workspace) -> list[dict[str,
     return clean
 
 
-def _bump(dep) -> None:
+def _bump_routing_version(dep) -> None:
+    """Count one more change of the deployment's table and publish it after the commit."""
     from serving.models import Deployment
 
     Deployment.objects.for_workspace(dep.workspace_id).filter(pk=dep.pk).update(
@@ -317,7 +318,7 @@ def routing_experiment_set(
         experiment_key=experiment_key,
         defaults={"layer": layer, "salt": salt, "allocations": clean},
     )
-    _bump(dep)
+    _bump_routing_version(dep)
     from serving.models import ModelVersion
 
     versions = ModelVersion.objects.for_workspace(workspace).filter(
@@ -356,7 +357,7 @@ def routing_experiment_clear(
     )
     if not deleted:
         return False
-    _bump(dep)
+    _bump_routing_version(dep)
     event_record(
         actor=actor,
         workspace=workspace,
