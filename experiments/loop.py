@@ -16,7 +16,8 @@ with the workspace's loop policy (ramp, guardrails, primary metric), within the 
 starts it without review.
 
 The experiments app registers the ``experiment`` stage kind in its ``AppConfig.ready`` (training
-never imports it), and owns the loop because it is the one app that may use all the others.
+never imports it), and owns the loop because it is the one app that may use every app the loop
+touches (features, training and serving).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Browser UI of the lineage app: the interactive graph page and the dashboard cost card."""
+"""Browser UI of the lineage app: the interactive graph page, its node-name suggestions (JSON)
+and the dashboard cost card."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Pipeline glue: the "register" and "deploy" stages and the production-model resolver that
-training calls through its plugin registries (training never imports serving)."""
+"""Pipeline glue: serving's stage kinds ("register", "quality_gate", "release_gates",
+"challenger", "deploy"), the tuning registrar that registers a tuning job's best trial, and the
+production-model resolver, which training calls through its plugin registries (training never
+imports serving)."""
 
 from __future__ import annotations
 

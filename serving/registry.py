@@ -380,6 +380,8 @@ def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> Non
 
 @transaction.atomic
 def model_alias_set(*, actor, workspace: Workspace, model: RegisteredModel, alias: str, version):
+    """Point one of ``ALIASES`` at a version of ``model`` (``None`` drops it): 400 naming
+    ``alias`` or ``version`` for one outside the list or a version of another model."""
     if alias not in ALIASES:
         raise ValidationError({"alias": f"use one of {', '.join(ALIASES)}"})
     if version is not None and version.model_id != model.pk:

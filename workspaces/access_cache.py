@@ -51,7 +51,8 @@ class AccessCacheUnavailable(Exception):
 
 
 def current_generation() -> str:
-    """The shared generation; read once per request when the middleware is installed.
+    """The shared generation; read once per request inside ``generation_pinned`` (the
+    middleware, and the gateway's entry point that skips the middleware).
 
     ``UNKNOWN_GENERATION`` when the shared cache cannot be reached (``cached`` then loads every
     value from the database)."""

@@ -1,4 +1,6 @@
-"""Admin console: workspaces with their quota and members, tokens, service accounts, events.
+"""Admin console: workspaces with their quota and members, tokens, service accounts, events,
+notifications, webhooks and workspace policies (the base classes every app's admin uses are in
+``workspaces.admin_base``).
 
 Writes made here go through the same services as the API, so each one records its event. Events
 are read-only here, as everywhere.

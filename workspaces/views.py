@@ -1,4 +1,5 @@
-"""Browser UI: the workspace shell (dashboard, members, activity) and the user's API tokens."""
+"""Browser UI: the workspace shell (dashboard, members, activity) and the user's API tokens;
+``workspace_page`` and ``page_context`` are what every app's pages are built on."""
 
 from __future__ import annotations
 

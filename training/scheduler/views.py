@@ -1,4 +1,5 @@
-"""Browser UI of the scheduler: the workspace queue and, for staff, the cluster."""
+"""Browser UI of the scheduler: the workspace queue (with its quota recommendation), its
+dashboard card and, for staff, the cluster."""
 
 from __future__ import annotations
 
