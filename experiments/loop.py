@@ -85,7 +85,8 @@ def loop_policy(workspace: Workspace) -> dict[str, Any]:
     return policy
 
 
-def _loop_pipeline(workspace: Workspace):
+def loop_pipeline(workspace: Workspace):
+    """The workspace's ``ab-loop`` pipeline, created on first use."""
     from training import pipelines
     from training.models import Pipeline
 
@@ -288,7 +289,7 @@ def loop_start(
             f"a loop for '{group}' is already running (#{running.pk}); wait for it or retry it",
             attr="group",
         )
-    pipeline = _loop_pipeline(workspace)
+    pipeline = loop_pipeline(workspace)
     return pipelines.pipeline_run_start(
         actor=actor,
         pipeline=pipeline,
