@@ -8,30 +8,25 @@ snapshots the analysis reads are never edited. So every field is read-only here.
 from django.contrib import admin
 
 from experiments.models import Experiment, FeedbackEvent, Layer, Snapshot
-from workspaces.admin import ServiceManagedAdminMixin
-
-
-class _Unscoped(ServiceManagedAdminMixin, admin.ModelAdmin):
-    def get_queryset(self, request):
-        return self.model.objects.unscoped()
+from workspaces.admin_base import ServiceManagedAdminMixin, UnscopedAdminMixin
 
 
 @admin.register(Layer)
-class LayerAdmin(_Unscoped):
+class LayerAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "workspace", "salt", "created_at"]
 
 
 @admin.register(Experiment)
-class ExperimentAdmin(_Unscoped):
+class ExperimentAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["key", "workspace", "state", "ramp_step", "created_at"]
     list_filter = ["state"]
 
 
 @admin.register(FeedbackEvent)
-class FeedbackEventAdmin(_Unscoped):
+class FeedbackEventAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["event_id", "workspace", "experiment", "arm", "impressions", "clicks"]
 
 
 @admin.register(Snapshot)
-class SnapshotAdmin(_Unscoped):
+class SnapshotAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["experiment", "workspace", "created_at", "traffic_percent", "srm_mismatch"]

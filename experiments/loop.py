@@ -16,7 +16,8 @@ with the workspace's loop policy (ramp, guardrails, primary metric), within the 
 starts it without review.
 
 The experiments app registers the ``experiment`` stage kind in its ``AppConfig.ready`` (training
-never imports it), and owns the loop because it is the one app that may use all the others.
+never imports it), and owns the loop because it is the one app that may use every app the loop
+touches (features, training and serving).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def loop_policy(workspace: Workspace) -> dict[str, Any]:
     return policy
 
 
-def _loop_pipeline(workspace: Workspace):
+def loop_pipeline(workspace: Workspace):
+    """The workspace's ``ab-loop`` pipeline, created on first use."""
     from training import pipelines
     from training.models import Pipeline
 
@@ -162,7 +164,7 @@ def _deployment_of(workspace: Workspace, deployment: Any) -> Any:
 def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
     """400 now, not a failed first stage: the features must join the stream's label source."""
     from features.models import FeatureGroup
-    from features.samples import _check_refs
+    from features.samples import check_feature_refs
     from training.pipelines import workspace_stream
 
     label_source = workspace_stream(workspace)["label_source"]
@@ -176,7 +178,7 @@ def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
     if label_group.name == group:
         raise ValidationError({"group": f"'{group}' is the sample stream's label source"})
     try:
-        _check_refs(workspace, label_group, refs)
+        check_feature_refs(workspace, label_group, refs)
     except ValidationError as exc:
         raise ValidationError(
             {"group": [m for messages in exc.message_dict.values() for m in messages]}
@@ -287,7 +289,7 @@ def loop_start(
             f"a loop for '{group}' is already running (#{running.pk}); wait for it or retry it",
             attr="group",
         )
-    pipeline = _loop_pipeline(workspace)
+    pipeline = loop_pipeline(workspace)
     return pipelines.pipeline_run_start(
         actor=actor,
         pipeline=pipeline,

@@ -16,7 +16,7 @@ from experiments import loop
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 STAGE_TITLES = {
     "add_feature": "Add to the sample stream",
@@ -64,7 +64,7 @@ def loop_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "experiments/loop_list.html",
-        _context(
+        page_context(
             request,
             loops=[loop.loop_summary(run, links=False) for run in runs],
             can_develop=role_at_least(request.workspace_role, Role.DEVELOPER),
@@ -105,7 +105,7 @@ def loop_new(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "experiments/loop_new.html",
-        _context(
+        page_context(
             request,
             values=values,
             errors=errors,
@@ -122,7 +122,7 @@ def _page_context(request, run) -> dict:
     for stage in summary["stages"]:
         stage["title"] = STAGE_TITLES.get(stage["name"], stage["name"])
     done = sum(1 for s in summary["stages"] if s["state"] == "succeeded")
-    return _context(
+    return page_context(
         request,
         run=run,
         loop=summary,

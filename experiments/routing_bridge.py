@@ -1,6 +1,8 @@
-"""The thin layer between experiments and serving: everything experiments needs from serving
-goes through here (serving's routing services, its registry and prediction log), so serving
-never imports experiments and a change of serving's API is fixed in one place."""
+"""The thin layer between the experiment services and serving: what they ask of serving (its
+routing services, release gates, quality check, deployments and prediction log) goes through
+here, so a change of serving's API is fixed in one place. Serving never imports experiments.
+(``assignment`` uses ``serving.routing.bucket`` directly, so a unit's bucket is the gateway's
+by construction; the loop, its pages and the demo read serving's models directly.)"""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def deployment_of(workspace: Workspace, deployment: Any) -> Deployment:
         if found is None:
             raise ReferenceNotFound(f"no deployment {deployment}", attr="deployment")
         return found
-    return routing._deployment(workspace, deployment)
+    return routing.resolve_deployment(workspace, deployment)
 
 
 def version_of(workspace: Workspace, version_id: Any) -> ModelVersion:

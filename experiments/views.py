@@ -24,7 +24,7 @@ from workspaces.dashboard import DashboardSection
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 CHART_POINTS = 200
 ARM_COLOURS = ["#6b7280", "#2563eb", "#d97706", "#059669", "#7c3aed"]
@@ -55,7 +55,7 @@ def experiment_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "experiments/experiment_list.html",
-        _context(
+        page_context(
             request,
             experiments=experiments[:200],
             states=ExperimentState.choices,
@@ -112,7 +112,7 @@ def _render_form(request, workspace, form, *, exp: Experiment | None = None, sta
     return render(
         request,
         "experiments/experiment_form.html",
-        _context(
+        page_context(
             request,
             form=form,
             exp=exp,
@@ -368,7 +368,7 @@ def experiment_page(request: HttpRequest, workspace, key: str) -> HttpResponse:
     return render(
         request,
         "experiments/experiment_detail.html",
-        _context(
+        page_context(
             request,
             exp=exp,
             latest=latest,
@@ -504,7 +504,7 @@ def layer_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "experiments/layer_list.html",
-        _context(request, layers=layers, section="experiments"),
+        page_context(request, layers=layers, section="experiments"),
     )
 
 

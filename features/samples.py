@@ -204,7 +204,7 @@ def _check_label_source(
 Resolved = dict[tuple[str, int | None], tuple[FeatureGroup, FeatureGroupVersion]]
 
 
-def _check_refs(
+def check_feature_refs(
     workspace: Workspace, label_group: FeatureGroup | None, feature_refs: Any
 ) -> tuple[list[FeatureRef], Resolved]:
     """Parse and resolve references; each must be live and joinable on the label's keys."""
@@ -301,7 +301,7 @@ def dataset_create(
     with transaction.atomic():
         _check_name(name)
         label_version = _check_label_source(workspace, label_group, label_columns)
-        refs, resolved = _check_refs(workspace, label_group, feature_refs)
+        refs, resolved = check_feature_refs(workspace, label_group, feature_refs)
         _check_output_columns(label_group, label_columns, refs)
         start_time, end_time = _check_window(start_time, end_time)
         latest = (
@@ -432,7 +432,7 @@ def dataset_preview(
     exact; coverage is measured on a reproducible sample of at most ``sample_rows`` labels (all
     of them when there are fewer), joined against only their entities' feature rows."""
     _check_label_source(workspace, label_group, label_columns)
-    refs, _resolved = _check_refs(workspace, label_group, feature_refs)
+    refs, _resolved = check_feature_refs(workspace, label_group, feature_refs)
     _check_output_columns(label_group, label_columns, refs)
     start_time, end_time = _check_window(start_time, end_time)
     draft = Dataset(  # never saved: the build's queries read only these fields
@@ -847,7 +847,7 @@ def sample_stream_add_feature(
         else None
     )
     try:
-        refs, resolved = _check_refs(workspace, label_group, [feature_ref])
+        refs, resolved = check_feature_refs(workspace, label_group, [feature_ref])
     except ReferenceNotFound as exc:
         raise ReferenceNotFound(exc.detail, attr="feature") from exc
     except ValidationError as exc:

@@ -59,7 +59,7 @@ from workspaces.exceptions import ConflictError
 from workspaces.middleware import body_limit_for
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 GROUPS_PER_PAGE = 50
 DATASETS_PER_PAGE = 50
@@ -103,7 +103,7 @@ def feature_group_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "features/group_list.html",
-        _context(
+        page_context(
             request,
             page=page,
             query=query,
@@ -141,7 +141,7 @@ def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpRespon
     return render(
         request,
         "features/group_detail.html",
-        _context(
+        page_context(
             request,
             group=group,
             features=features,
@@ -229,7 +229,7 @@ def feature_group_create(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "features/group_form.html",
-        _context(
+        page_context(
             request,
             form=form,
             schema=schema,
@@ -266,7 +266,9 @@ def feature_group_schema(request: HttpRequest, workspace, name: str) -> HttpResp
     return render(
         request,
         "features/schema_form.html",
-        _context(request, group=group, schema=schema, dtypes=_dtype_choices(), section="features"),
+        page_context(
+            request, group=group, schema=schema, dtypes=_dtype_choices(), section="features"
+        ),
         status=status,
     )
 
@@ -351,7 +353,7 @@ def feature_group_upload(request: HttpRequest, workspace, name: str) -> HttpResp
     return render(
         request,
         "features/_upload_result.html" if fragment else "features/upload_result.html",
-        _context(request, result=result, group=group, section="features"),
+        page_context(request, result=result, group=group, section="features"),
         status=status,
     )
 
@@ -453,7 +455,7 @@ def dataset_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "features/dataset_list.html",
-        _context(
+        page_context(
             request,
             page=page,
             can_write=role_at_least(request.workspace_role, Role.DEVELOPER),
@@ -527,7 +529,7 @@ def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "features/dataset_form.html",
-        _context(request, form=form, section="features"),
+        page_context(request, form=form, section="features"),
         status=status,
     )
 
@@ -581,7 +583,7 @@ def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> Ht
     return render(
         request,
         "features/dataset_detail.html",
-        _context(request, dataset=dataset, coverage_rows=rows, section="features"),
+        page_context(request, dataset=dataset, coverage_rows=rows, section="features"),
     )
 
 

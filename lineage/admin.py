@@ -23,18 +23,12 @@ from lineage.audit import audit_item_decide
 from lineage.cost import platform_usage
 from lineage.models import AuditItem, AuditStatus, Edge, Node, Usage
 from lineage.projection import catch_up
+from workspaces.admin_base import UnscopedAdminMixin
 from workspaces.humanize import key_values
 from workspaces.models import Event, Workspace, WorkspaceQuota
 
 TRAIL_LIMIT = 500
 CSV_LIMIT = 100_000
-
-
-class _Unscoped:
-    """The admin console sees every workspace's rows, deliberately."""
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).unscoped()
 
 
 class _ReadOnly:
@@ -69,7 +63,7 @@ def _since(request: HttpRequest, default_days: int = 30):
 
 
 @admin.register(AuditItem)
-class AuditItemAdmin(_Unscoped, admin.ModelAdmin):
+class AuditItemAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     list_display = [
         "flagged_at",
         "workspace",
@@ -295,7 +289,7 @@ def _safe(value: str) -> str:
 
 
 @admin.register(Node)
-class NodeAdmin(_Unscoped, _ReadOnly, admin.ModelAdmin):
+class NodeAdmin(UnscopedAdminMixin, _ReadOnly, admin.ModelAdmin):
     list_display = ["kind", "object_id", "label", "workspace", "owner_name", "live", "last_seen_at"]
     list_filter = ["kind", "live", "workspace"]
     search_fields = ["label", "object_id"]
@@ -305,14 +299,14 @@ class NodeAdmin(_Unscoped, _ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(Edge)
-class EdgeAdmin(_Unscoped, _ReadOnly, admin.ModelAdmin):
+class EdgeAdmin(UnscopedAdminMixin, _ReadOnly, admin.ModelAdmin):
     list_display = ["src", "type", "dst", "workspace", "active", "created_at", "ended_at"]
     list_filter = ["type", "active", "workspace"]
     list_select_related = ["src", "dst", "workspace"]
 
 
 @admin.register(Usage)
-class UsageAdmin(_Unscoped, _ReadOnly, admin.ModelAdmin):
+class UsageAdmin(UnscopedAdminMixin, _ReadOnly, admin.ModelAdmin):
     list_display = ["created_at", "workspace", "node", "verb", "cpu_hours", "gpu_hours", "cost"]
     list_filter = ["workspace", "verb", ("created_at", admin.DateFieldListFilter)]
     list_select_related = ["node", "workspace"]

@@ -1,4 +1,5 @@
-"""Browser UI of the lineage app: the interactive graph page and the dashboard cost card."""
+"""Browser UI of the lineage app: the interactive graph page, its node-name suggestions (JSON)
+and the dashboard cost card."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from lineage import cost, queries, search
 from lineage.models import Node, Usage
 from lineage.projection import catch_up
 from workspaces.dashboard import DashboardSection
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 # With nothing asked for, the page centres on the newest of these: a model version sits in the
 # middle of the chain, so three steps both ways show features to experiments.
@@ -116,7 +117,7 @@ def graph_page(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "lineage/graph.html",
-        _context(
+        page_context(
             request,
             section="lineage",
             node=node,

@@ -8,29 +8,24 @@ cannot be marked deployable without its gates, nor a deployment moved without a 
 from django.contrib import admin
 
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
-from workspaces.admin import ServiceManagedAdminMixin
-
-
-class UnscopedAdmin(admin.ModelAdmin):
-    def get_queryset(self, request):
-        return super().get_queryset(request).unscoped()
+from workspaces.admin_base import ServiceManagedAdminMixin, UnscopedAdminMixin
 
 
 @admin.register(RegisteredModel)
-class RegisteredModelAdmin(UnscopedAdmin):
+class RegisteredModelAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "workspace", "created_at"]
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+class ModelVersionAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["model", "version", "workspace", "gate_status", "created_at"]
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+class DeploymentAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "workspace", "version", "backend", "replicas", "state"]
 
 
 @admin.register(DeploymentChange)
-class DeploymentChangeAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+class DeploymentChangeAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["deployment", "kind", "from_version", "to_version", "actor", "created_at"]

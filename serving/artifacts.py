@@ -13,16 +13,16 @@ URL scheme/host outside the allow-list.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import shutil
-import socket
 import unicodedata
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+
+from workspaces.outbound import OutboundRefused, public_addresses
 
 # A torch bundle's files; a template with its own model file swaps the second (``bundle_files``).
 BUNDLE_FILES = ("spec.json", "weights.pt")
@@ -148,33 +148,11 @@ def copy_bundle(source: Path, target: Path) -> list[dict]:
     return out
 
 
-def _private_host(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in ("localhost", "localhost.localdomain", "") or host.endswith(".localhost"):
-        return True
-    try:
-        addresses = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(host, None)
-        except OSError:
-            return True  # unresolvable: refuse rather than guess
-        addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
-    return any(
-        a.is_private
-        or a.is_loopback
-        or a.is_link_local
-        or a.is_reserved
-        or a.is_multicast
-        or a.is_unspecified
-        for a in addresses
-    )
-
-
 def check_source_uri(value: object, *, attr: str = "source") -> tuple[str, str]:
     """(scheme, rest) of an import source; only ``runs:/``, ``models:/`` and ``file://`` inside
     the MLflow artifact root are allowed. http(s), gopher, ftp, ... are refused (no remote
-    fetches: private addresses named explicitly), as is any traversal."""
+    fetches; a host that ``workspaces.outbound`` finds not public is named as such), as is any
+    traversal."""
     if not isinstance(value, str) or not value.strip() or len(value) > 1000:
         raise ValidationError({attr: "give a source URI (runs:/<run_id>/<path> or models:/...)"})
     text = _decode_fully(value.strip(), attr)
@@ -183,10 +161,12 @@ def check_source_uri(value: object, *, attr: str = "source") -> tuple[str, str]:
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
-        if _private_host(parts.hostname or ""):
+        try:
+            public_addresses(parts.hostname or "")
+        except OutboundRefused:
             raise ValidationError(
                 {attr: "sources on private, loopback or link-local hosts are refused"}
-            )
+            ) from None
         raise ValidationError(
             {attr: "remote http(s) sources are not allowed; use runs:/ or models:/"}
         )

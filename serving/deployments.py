@@ -46,7 +46,7 @@ from serving.models import (
     name_validator,
 )
 from serving.quality import require_quality
-from serving.registry import _alias_set
+from serving.registry import model_alias_assign
 from serving.routing import publish
 from training import sandbox as user_code
 from workspaces.events import Ref, event_record
@@ -373,7 +373,7 @@ def deployment_create(
             dep, DeploymentChange.Kind.CREATE, actor=actor, from_version=None, to_version=version
         )
         publish()  # first on-commit callback: traffic moves before anything else
-        _alias_set(actor=actor, model=version.model, alias="production", version=version)
+        model_alias_assign(actor=actor, model=version.model, alias="production", version=version)
         event_record(
             actor=actor,
             workspace=workspace,
@@ -405,7 +405,7 @@ def _switch(dep: Deployment, *, to, kind: str, actor, reason: str):
     dep.save(update_fields=["previous_version", "version", "routing_version", "updated_at"])
     _change(dep, kind, actor=actor, from_version=old, to_version=to, reason=reason)
     publish()  # first on-commit callback: traffic moves before anything else
-    _alias_set(actor=actor, model=to.model, alias="production", version=to)
+    model_alias_assign(actor=actor, model=to.model, alias="production", version=to)
     return old
 
 

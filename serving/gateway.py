@@ -56,7 +56,7 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
 
 
-def _error(
+def error_response(
     status: int, code: str, detail: str, attr: str | None = None, errors=None
 ) -> HttpResponse:
     """The API's error envelope (``workspaces.api.errors.error_body``: the same ``type`` per
@@ -82,11 +82,11 @@ def _access(request, slug: str):
     try:
         found = _auth.authenticate(request)
     except drf_exceptions.AuthenticationFailed as exc:
-        raise _Refused(_error(401, "authentication_failed", str(exc.detail))) from exc
+        raise _Refused(error_response(401, "authentication_failed", str(exc.detail))) from exc
     if found is None:
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:
-            response = _error(
+            response = error_response(
                 401, "not_authenticated", "Authentication credentials were not provided."
             )
             response["WWW-Authenticate"] = 'Token realm="api"'
@@ -97,22 +97,22 @@ def _access(request, slug: str):
     try:
         workspace, perms = workspace_access(user=user, slug=slug, token=token)
     except Http404 as exc:
-        raise _Refused(_error(404, "not_found", "No such workspace.")) from exc
+        raise _Refused(error_response(404, "not_found", "No such workspace.")) from exc
     if READ_PERMISSION not in perms:
-        raise _Refused(_error(403, "permission_denied", "You do not have permission."))
+        raise _Refused(error_response(403, "permission_denied", "You do not have permission."))
     return workspace
 
 
 def _body(request) -> dict:
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > MAX_BODY:
-        raise _Refused(_error(413, "too_large", f"body over {MAX_BODY} bytes"))
+        raise _Refused(error_response(413, "too_large", f"body over {MAX_BODY} bytes"))
     try:
         data = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
-        raise _Refused(_error(400, "parse_error", "body is not valid JSON")) from exc
+        raise _Refused(error_response(400, "parse_error", "body is not valid JSON")) from exc
     if not isinstance(data, dict):
-        raise _Refused(_error(400, "invalid", "the body must be a JSON object"))
+        raise _Refused(error_response(400, "invalid", "the body must be a JSON object"))
     return data
 
 
@@ -177,7 +177,7 @@ def _count_error(workspace_id: int, deployment: str) -> None:
 def predict(request, ws: str) -> HttpResponse:
     started = time.perf_counter()
     if request.method != "POST":
-        return _error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+        return error_response(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
     deployment = ""
     workspace = None
     try:
@@ -223,7 +223,7 @@ def predict(request, ws: str) -> HttpResponse:
         errors = getattr(exc, "message_dict", {"non_field_errors": exc.messages})
         attr, messages = next(iter(errors.items()))
         status = 404 if attr == "deployment" and "no deployment" in messages[0] else 400
-        return _error(
+        return error_response(
             status,
             "invalid" if status == 400 else "not_found",
             messages[0],
@@ -231,7 +231,7 @@ def predict(request, ws: str) -> HttpResponse:
             [{"code": "invalid", "detail": m, "attr": a} for a, ms in errors.items() for m in ms],
         )
     except ConflictError as exc:
-        return _error(409, "conflict", str(exc), exc.attr)
+        return error_response(409, "conflict", str(exc), exc.attr)
     except Exception:
         if workspace is not None:
             REQUESTS.labels(ws, deployment, "", "error").inc()
@@ -261,12 +261,14 @@ def predict(request, ws: str) -> HttpResponse:
 def _oip_target(request, name: str):
     slug, dot, deployment = name.partition(".")
     if not dot or not slug or not deployment:
-        raise _Refused(_error(404, "not_found", "model names are '<workspace>.<deployment>'"))
+        raise _Refused(
+            error_response(404, "not_found", "model names are '<workspace>.<deployment>'")
+        )
     workspace = _access(request, slug)
     try:
         table = TABLES.get(workspace.pk, deployment)
     except ValidationError as exc:
-        raise _Refused(_error(404, "not_found", f"no deployment '{deployment}'")) from exc
+        raise _Refused(error_response(404, "not_found", f"no deployment '{deployment}'")) from exc
     return workspace, deployment, table
 
 
@@ -274,11 +276,13 @@ def _oip_target(request, name: str):
 def oip_infer(request, name: str) -> HttpResponse:
     started = time.perf_counter()
     if request.method != "POST":
-        return _error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+        return error_response(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
     try:
         workspace, deployment, table = _oip_target(request, name)
         if table.get("stopped"):
-            return _error(409, "conflict", f"deployment '{deployment}' is stopped", "deployment")
+            return error_response(
+                409, "conflict", f"deployment '{deployment}' is stopped", "deployment"
+            )
         payload = _body(request)
         columns, n, request_id = oip.decode_inputs(payload)
         loaded = MODELS.get(table["production"])
@@ -286,7 +290,7 @@ def oip_infer(request, name: str) -> HttpResponse:
     except _Refused as refused:
         return refused.response
     except ValueError as exc:
-        return _error(400, "invalid", str(exc), "inputs")
+        return error_response(400, "invalid", str(exc), "inputs")
     REQUESTS.labels(workspace.slug, deployment, str(loaded.number), "ok").inc()
     LATENCY.labels(workspace.slug, deployment).observe(time.perf_counter() - started)
     return _json(oip.encode_outputs(name, str(loaded.number), request_id, scores))

@@ -1,5 +1,7 @@
-"""Pipeline glue: the "register" and "deploy" stages and the production-model resolver that
-training calls through its plugin registries (training never imports serving)."""
+"""Pipeline glue: serving's stage kinds ("register", "quality_gate", "release_gates",
+"challenger", "deploy"), the tuning registrar that registers a tuning job's best trial, and the
+production-model resolver, which training calls through its plugin registries (training never
+imports serving)."""
 
 from __future__ import annotations
 
@@ -144,7 +146,7 @@ def challenger_stage(run, stage, context: dict) -> dict:
     """Pipeline stage "challenger" (after "release_gates"): the version becomes the model's
     ``challenger`` inside the production deployment, loaded beside production so the gateway
     can route an experiment's share to it without a cold start."""
-    from serving.deployments import _warm
+    from serving.deployments import version_warm
     from serving.registry import model_alias_set
 
     dep = _stage_deployment(run, stage)
@@ -162,7 +164,7 @@ def challenger_stage(run, stage, context: dict) -> dict:
         alias="challenger",
         version=version,
     )
-    _warm(version)
+    version_warm(version)
     return {"deployment": dep.name, "challenger_version_id": version.pk}
 
 

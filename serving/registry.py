@@ -335,11 +335,16 @@ def _record_version(
         },
     )
     _register_consumers(actor=actor, version=version)
-    _alias_set(actor=actor, model=model, alias="candidate", version=version, sync=False)
+    model_alias_assign(actor=actor, model=model, alias="candidate", version=version, sync=False)
     return version
 
 
-def _alias_set(*, actor, model: RegisteredModel, alias: str, version, sync: bool = True) -> None:
+def model_alias_assign(
+    *, actor, model: RegisteredModel, alias: str, version, sync: bool = True
+) -> None:
+    """Point ``alias`` at ``version`` (``None`` drops it) and record the event, without the
+    checks of ``model_alias_set``: for callers that chose the model and version themselves
+    (registration, release, rollback)."""
     aliases = dict(model.aliases or {})
     if version is None:
         aliases.pop(alias, None)
@@ -375,11 +380,13 @@ def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> Non
 
 @transaction.atomic
 def model_alias_set(*, actor, workspace: Workspace, model: RegisteredModel, alias: str, version):
+    """Point one of ``ALIASES`` at a version of ``model`` (``None`` drops it): 400 naming
+    ``alias`` or ``version`` for one outside the list or a version of another model."""
     if alias not in ALIASES:
         raise ValidationError({"alias": f"use one of {', '.join(ALIASES)}"})
     if version is not None and version.model_id != model.pk:
         raise ValidationError({"version": "not a version of this model"})
-    _alias_set(actor=actor, model=model, alias=alias, version=version)
+    model_alias_assign(actor=actor, model=model, alias=alias, version=version)
 
 
 # ---------------------------------------------------------------------------------------------

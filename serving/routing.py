@@ -53,7 +53,9 @@ def bucket(unit_id: str, salt: str, buckets: int = BUCKETS) -> int:
 # Reading and evaluating tables
 
 
-def _deployment(workspace: Workspace, deployment: Any):
+def resolve_deployment(workspace: Workspace, deployment: Any):
+    """The workspace's deployment given as an object or a name (``ReferenceNotFound`` naming
+    ``deployment`` for a missing one or another workspace's)."""
     from serving.models import Deployment
 
     if isinstance(deployment, Deployment):
@@ -70,7 +72,7 @@ def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
     """The deployment's published table as plain data (JSON-able)."""
     from serving.models import ExperimentRoute
 
-    dep = _deployment(workspace, deployment)
+    dep = resolve_deployment(workspace, deployment)
     layers: dict[str, dict[str, Any]] = {}
     for route_row in ExperimentRoute.objects.for_workspace(workspace).filter(deployment=dep):
         layer = layers.setdefault(
@@ -146,11 +148,11 @@ def table_version_ids(table: dict[str, Any]) -> set[int]:
 def publish() -> None:
     """Tell every gateway process that some table changed (after the transaction commits)."""
 
-    def _bump() -> None:
+    def _bump_table_generation() -> None:
         cache.set(GENERATION_KEY, uuid.uuid4().hex, timeout=None)
         TABLES.force_refresh()
 
-    transaction.on_commit(_bump)
+    transaction.on_commit(_bump_table_generation)
 
 
 class TableCache:
@@ -264,7 +266,8 @@ def _check_allocations(allocations: Any, workspace: Workspace) -> list[dict[str,
     return clean
 
 
-def _bump(dep) -> None:
+def _bump_routing_version(dep) -> None:
+    """Count one more change of the deployment's table and publish it after the commit."""
     from serving.models import Deployment
 
     Deployment.objects.for_workspace(dep.workspace_id).filter(pk=dep.pk).update(
@@ -291,7 +294,7 @@ def routing_experiment_set(
     for field, value in (("experiment_key", experiment_key), ("layer", layer), ("salt", salt)):
         if not isinstance(value, str) or not value or len(value) > 100:
             raise ValidationError({field: "give a non-empty string of at most 100 characters"})
-    dep = _deployment(workspace, deployment)
+    dep = resolve_deployment(workspace, deployment)
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=dep.pk)
     clean = _check_allocations(allocations, workspace)
     others = ExperimentRoute.objects.for_workspace(workspace).filter(deployment=dep, layer=layer)
@@ -315,7 +318,7 @@ def routing_experiment_set(
         experiment_key=experiment_key,
         defaults={"layer": layer, "salt": salt, "allocations": clean},
     )
-    _bump(dep)
+    _bump_routing_version(dep)
     from serving.models import ModelVersion
 
     versions = ModelVersion.objects.for_workspace(workspace).filter(
@@ -345,7 +348,7 @@ def routing_experiment_clear(
     """Remove an experiment from the table: its traffic goes back to production (control)."""
     from serving.models import Deployment, ExperimentRoute
 
-    dep = _deployment(workspace, deployment)
+    dep = resolve_deployment(workspace, deployment)
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=dep.pk)
     deleted, _ = (
         ExperimentRoute.objects.for_workspace(workspace)
@@ -354,7 +357,7 @@ def routing_experiment_clear(
     )
     if not deleted:
         return False
-    _bump(dep)
+    _bump_routing_version(dep)
     event_record(
         actor=actor,
         workspace=workspace,

@@ -24,7 +24,7 @@ from serving.routing import routing_table
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -72,7 +72,7 @@ def model_list(request: HttpRequest, workspace, register_form=None) -> HttpRespo
     return render(
         request,
         "serving/model_list.html",
-        _context(
+        page_context(
             request,
             section="serving",
             models=models,
@@ -203,7 +203,7 @@ def version_detail(
     return render(
         request,
         "serving/version_detail.html",
-        _context(
+        page_context(
             request,
             section="serving",
             version=found,
@@ -248,7 +248,7 @@ def deployment_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "serving/deployment_list.html",
-        _context(request, section="serving", deployments=deployments),
+        page_context(request, section="serving", deployments=deployments),
     )
 
 
@@ -286,7 +286,7 @@ def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpRespons
     return render(
         request,
         "serving/deployment_detail.html",
-        _context(
+        page_context(
             request,
             section="serving",
             dep=dep,
@@ -351,7 +351,7 @@ def version_compare(request: HttpRequest, workspace, name: str) -> HttpResponse:
     return render(
         request,
         "serving/version_compare.html",
-        _context(
+        page_context(
             request,
             section="serving",
             model=model,

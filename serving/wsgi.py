@@ -55,23 +55,21 @@ def application(environ, start_response):
     request_id = begin_request_id(environ)
     signals.request_started.send(sender=__name__, environ=environ)
     try:
-        access_cache._request.generation = None
-        access_cache._request.generation = access_cache.current_generation()
-        response = view(WSGIRequest(environ), **kwargs)
+        with access_cache.generation_pinned():
+            response = view(WSGIRequest(environ), **kwargs)
     except Exception as exc:
         import logging
 
         down = unavailable_code(exc)
         if down:
-            response = gateway._error(503, down, UNAVAILABLE_DETAILS[down])
+            response = gateway.error_response(503, down, UNAVAILABLE_DETAILS[down])
             response["Retry-After"] = str(RETRY_AFTER_SECONDS)
         else:
             logging.getLogger("serving.gateway").exception(
                 "gateway error on %s", environ["PATH_INFO"]
             )
-            response = gateway._error(500, "error", "Internal error.")
+            response = gateway.error_response(500, "error", "Internal error.")
     finally:
-        access_cache._request.generation = None
         signals.request_finished.send(sender=__name__)
     response[REQUEST_ID_HEADER] = request_id
     start_response(

@@ -276,7 +276,9 @@ def artifact_path(relative: str) -> Path:
     return Path(settings.ARTIFACT_ROOT) / relative
 
 
-def _feature_dicts(job: TrainingJob) -> list[dict[str, Any]]:
+def feature_dicts(job: TrainingJob) -> list[dict[str, Any]]:
+    """The job's dataset features as the training templates read them (ref, column, dtype,
+    entity, dim); reads only ``job.dataset`` and ``job.workspace_id``."""
     from features.lookup import FeatureRef
     from features.models import Feature
     from features.samples import output_column
@@ -325,7 +327,7 @@ def build_job_spec(job: TrainingJob):
         job_id=job.pk,
         template=job.template or "entry_point",
         dataset_path=str(dataset_file(dataset)),
-        features=_feature_dicts(job),
+        features=feature_dicts(job),
         work_dir=str(job_work_dir(job)),
         label=label,
         entity_keys={"label": list(dataset.label_group.entity_keys)},

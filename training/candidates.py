@@ -204,7 +204,7 @@ def compare(job_base, job_cand, *, seed: int) -> dict[str, Any]:
 
 def candidate_evaluate(evaluation_id: int) -> str:
     from features.samples import dataset_file
-    from training.agent import _feature_dicts
+    from training.agent import feature_dicts
     from training.data import JobSpec
 
     evaluation = (
@@ -228,11 +228,11 @@ def candidate_evaluate(evaluation_id: int) -> str:
             joined,
         )
 
-        class _Job:  # only what _feature_dicts reads
+        class _Job:  # only what feature_dicts reads
             dataset = evaluation.dataset
             workspace_id = evaluation.workspace_id
 
-        features = _feature_dicts(_Job)
+        features = feature_dicts(_Job)
         label = (evaluation.dataset.label_columns or ["clicked"])[0]
         train_params = {"epochs": 2, "batch_size": 256, "seed": 0, "importance": False}
         train_params.update(params)

@@ -2,9 +2,9 @@
 
 A pipeline's ``stages`` is a list of ``{"name", "kind", "after": [names], "params": {}}``; the
 default (``DEFAULT_STAGES``) is build_samples -> train -> evaluate -> register. Each kind has a
-handler in the registry; right-hand apps add theirs (serving registers ``register`` and
-``deploy``) with ``register_stage(kind, handler)`` in their ``AppConfig.ready``; training never
-imports them.
+handler in the registry; right-hand apps add theirs (serving registers ``register``,
+``quality_gate``, ``release_gates``, ``challenger`` and ``deploy``; experiments ``experiment``)
+with ``register_stage(kind, handler)`` in their ``AppConfig.ready``; training never imports them.
 
 A handler is ``handler(run: PipelineRun, stage: StageRun, context: dict) -> dict | Wait``: the
 dict is the stage's output (merged into ``run.context`` for the stages after it); ``WAIT`` (or
@@ -69,12 +69,17 @@ _HANDLERS: dict[str, Handler] = {}
 
 
 def register_stage(kind: str, handler: Handler) -> None:
-    """Add or replace the handler of a stage kind (serving: ``register``, ``deploy``)."""
+    """Add or replace the handler of a stage kind (see the module docstring for who adds which)."""
     _HANDLERS[kind] = handler
 
 
 def stage_kinds() -> list[str]:
     return sorted(_HANDLERS)
+
+
+def stage_handler(kind: str) -> Handler | None:
+    """The handler registered for a stage kind, or None."""
+    return _HANDLERS.get(kind)
 
 
 # --- definition ---------------------------------------------------------------------------------
@@ -311,7 +316,7 @@ def _advance(run_id: int) -> tuple[str, Wait | None]:
     for stage in StageRun.objects.for_workspace(run.workspace_id).filter(run=run):
         if stage.state in {RunState.SUCCEEDED, RunState.SKIPPED}:
             continue
-        handler = _HANDLERS.get(stage.kind)
+        handler = stage_handler(stage.kind)
         _renew(run.pk)
         if stage.state == RunState.PENDING:
             stage.state = RunState.RUNNING

@@ -159,7 +159,7 @@ def _model_kind(template: str, entry_point: str) -> str:
     return "torch" if entry_point or not template else template_kind(template)
 
 
-def _check_job_input(
+def check_job_input(
     *,
     workspace: Workspace,
     template: str,
@@ -263,7 +263,7 @@ def job_create(
     The dataset's features become consumers (kind ``training_job``) so they cannot be retired
     under a model being trained on them.
     """
-    params = _check_job_input(
+    params = check_job_input(
         workspace=workspace,
         template=template,
         entry_point=entry_point,

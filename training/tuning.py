@@ -147,7 +147,7 @@ def tuning_job_create(
     template's (``training.tuner.DEFAULT_SPACES``) and is checked against its param schema;
     ``parallelism`` may not exceed what the workspace's quota holds at once. Every bad field
     at once: ``ValidationError`` by field (``space.<param>``, ``params.<param>``, ...)."""
-    from training.services import _check_job_input
+    from training.services import check_job_input
 
     if base_job is not None:
         if base_job.workspace_id != workspace.pk:
@@ -180,7 +180,7 @@ def tuning_job_create(
             "its params"
         )
     try:
-        cleaned = _check_job_input(
+        cleaned = check_job_input(
             workspace=workspace,
             template=template,
             entry_point="",

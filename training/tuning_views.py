@@ -20,7 +20,7 @@ from training.params import param_text
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.selectors import role_at_least
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 SHOWN = 100
 METRIC_LABELS = {"logloss": "Validation logloss", "auc": "Validation AUC"}
@@ -51,7 +51,7 @@ def tuning_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "training/tuning_list.html",
-        _context(
+        page_context(
             request,
             section="training",
             rows=[(tj, _progress(tj)) for tj in jobs],
@@ -91,7 +91,7 @@ def tuning_new(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "training/tuning_new.html",
-        _context(
+        page_context(
             request,
             section="training",
             form=form,
@@ -162,7 +162,7 @@ def tuning_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
     return render(
         request,
         "training/tuning_detail.html",
-        _context(
+        page_context(
             request,
             section="training",
             tj=tj,

@@ -35,7 +35,7 @@ from training.params import job_hyperparameters, param_text
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.selectors import role_at_least
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 JOBS_SHOWN = 100
 LOG_TAIL_BYTES = 8000
@@ -73,7 +73,7 @@ def job_list(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "training/job_list.html",
-        _context(
+        page_context(
             request,
             section="training",
             jobs=jobs,
@@ -140,7 +140,7 @@ def job_new(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "training/job_new.html",
-        _context(request, section="training", form=form),
+        page_context(request, section="training", form=form),
         status=400 if form.errors else 200,
     )
 
@@ -262,7 +262,7 @@ def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
     return render(
         request,
         "training/job_detail.html",
-        _context(
+        page_context(
             request,
             section="training",
             job=job,
@@ -359,7 +359,7 @@ def pipeline_list(request: HttpRequest, workspace, run_form=None, create_form=No
     return render(
         request,
         "training/pipelines.html",
-        _context(
+        page_context(
             request,
             section="training",
             pipelines=[(p, _dag_layout(p, latest.get(p.pk))) for p in pipelines],
@@ -401,13 +401,13 @@ def pipeline_new(request: HttpRequest, workspace) -> HttpResponse:
 @workspace_page(Role.DEVELOPER)
 def pipeline_run_new(request: HttpRequest, workspace) -> HttpResponse:
     """Start a run of one of the workspace's pipelines (``pipeline_run_start``, as the API)."""
-    from training.api.views import _check_dataset_params
+    from training.api.views import check_dataset_params
 
     form = PipelineRunForm(request.POST, workspace=workspace)
     if form.is_valid():
         pipeline = Pipeline.objects.for_workspace(workspace).get(name=form.cleaned_data["pipeline"])
         try:
-            _check_dataset_params(workspace, form.cleaned_data["params"], attr="params")
+            check_dataset_params(workspace, form.cleaned_data["params"], attr="params")
             run = pipeline_services.pipeline_run_start(
                 actor=request.user, pipeline=pipeline, params=form.cleaned_data["params"]
             )

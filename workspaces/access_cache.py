@@ -22,7 +22,8 @@ import copy
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from django.core.cache import cache
@@ -50,7 +51,8 @@ class AccessCacheUnavailable(Exception):
 
 
 def current_generation() -> str:
-    """The shared generation; read once per request when the middleware is installed.
+    """The shared generation; read once per request inside ``generation_pinned`` (the
+    middleware, and the gateway's entry point that skips the middleware).
 
     ``UNKNOWN_GENERATION`` when the shared cache cannot be reached (``cached`` then loads every
     value from the database)."""
@@ -148,6 +150,18 @@ def private_copy(instance: T) -> T:
     return copy.copy(instance)
 
 
+@contextmanager
+def generation_pinned() -> Iterator[None]:
+    """Read the shared generation once and use it for every lookup inside the block (one
+    request): the middleware below, and the gateway's entry point that skips the middleware."""
+    _request.generation = None
+    _request.generation = current_generation()
+    try:
+        yield
+    finally:
+        _request.generation = None
+
+
 class AccessGenerationMiddleware:
     """Read the access generation once per request instead of once per cached lookup."""
 
@@ -155,12 +169,8 @@ class AccessGenerationMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        _request.generation = None
-        _request.generation = current_generation()
-        try:
+        with generation_pinned():
             return self.get_response(request)
-        finally:
-            _request.generation = None
 
 
 def peek(key: Hashable) -> tuple[str | None, Any]:

@@ -1,4 +1,6 @@
-"""Admin console: workspaces with their quota and members, tokens, service accounts, events.
+"""Admin console: workspaces with their quota and members, tokens, service accounts, events,
+notifications, webhooks and workspace policies (the base classes every app's admin uses are in
+``workspaces.admin_base``).
 
 Writes made here go through the same services as the API, so each one records its event. Events
 are read-only here, as everywhere.
@@ -11,9 +13,9 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
 
 from workspaces import notifications, services
+from workspaces.admin_base import UnscopedAdminMixin
 from workspaces.exceptions import ConflictError
 from workspaces.models import (
     ApiToken,
@@ -28,41 +30,6 @@ from workspaces.models import (
     WorkspaceQuota,
 )
 from workspaces.quota import quota_summary
-
-
-class UnscopedAdminMixin:
-    """The admin console sees every workspace's rows, deliberately."""
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        queryset = super().get_queryset(request)
-        return queryset.unscoped() if hasattr(queryset, "unscoped") else queryset
-
-
-class ServiceManagedAdminMixin:
-    """Rows whose every field is set by services and gates (a version's gate status, an
-    experiment's state and decision, a job's scheduling record): the admin shows them and never
-    writes them, since a write here would skip the service's checks and its event.
-
-    Every field is read-only, nothing is added or deleted here, and a change form POST is
-    refused (403). Changes are made where the service is: the UI, the API or an admin action
-    that calls it."""
-
-    def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        opts = self.model._meta
-        names = [f.name for f in (*opts.concrete_fields, *opts.many_to_many)]
-        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]
-
-    def has_add_permission(self, request: HttpRequest, *args) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
-        return bool(request.user.is_active and request.user.is_staff)
 
 
 class WorkspaceRowsFormSet(BaseInlineFormSet):

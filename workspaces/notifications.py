@@ -6,9 +6,10 @@ Celery task that sends the e-mails and posts to the workspace's webhooks. A roll
 therefore never notifies anyone.
 
 Outbound webhook URLs are a server-side request forgery risk (BAD-INPUTS.md): only http(s) to
-public addresses is allowed, checked when the webhook is created and again, against a fresh DNS
-answer, when delivering; the delivery connects to the address that was checked (no second lookup
-an attacker could rebind) and never follows redirects.
+public addresses is allowed (``workspaces.outbound``, the platform's one SSRF guard), checked
+when the webhook is created and again, against a fresh DNS answer, when delivering; the delivery
+connects to the address that was checked (no second lookup an attacker could rebind) and never
+follows redirects.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.client
-import ipaddress
 import json
 import logging
 import secrets
@@ -39,6 +39,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
 
+from workspaces import outbound
 from workspaces.events import Ref, event_record
 from workspaces.models import ApiToken, Event, Notification, WebhookEndpoint, Workspace
 
@@ -50,10 +51,6 @@ WEBHOOK_SIGNATURE_HEADER = "X-RankOps-Signature"
 MAX_WEBHOOKS_PER_WORKSPACE = 20
 MIN_SECRET_LENGTH = 16
 ALLOWED_SCHEMES = {"http": 80, "https": 443}
-# Hosts refused by name, before any lookup (a resolver may map them anywhere).
-REFUSED_HOSTNAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
-# IPv6 prefixes that carry an IPv4 address inside: the embedded address is checked as well.
-NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 
 # --- outbound URL checks (SSRF) ------------------------------------------------------------------
@@ -72,49 +69,6 @@ class WebhookTarget:
 
 def _refused(detail: str) -> ValidationError:
     return ValidationError({"url": detail})
-
-
-def _address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    """Why an address may not be called, or None for a public one."""
-    embedded: list[ipaddress.IPv4Address] = []
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            embedded.append(address.ipv4_mapped)
-        if address.sixtofour is not None:
-            embedded.append(address.sixtofour)
-        if address.teredo is not None:
-            embedded.extend(address.teredo)
-        if address in NAT64:
-            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
-    for inner in embedded:
-        problem = _address_problem(inner)
-        if problem:
-            return problem
-    checks = (
-        ("is_loopback", "a loopback address"),
-        ("is_link_local", "a link-local address"),
-        ("is_private", "a private address"),
-        ("is_reserved", "a reserved address"),
-        ("is_multicast", "a multicast address"),
-        ("is_unspecified", "an unspecified address"),
-    )
-    for attribute, label in checks:
-        if getattr(address, attribute):
-            return label
-    if not address.is_global:
-        return "not a public address"
-    return None
-
-
-def _resolve(host: str, port: int) -> list[str]:
-    try:
-        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError, OSError) as exc:
-        raise _refused(f"cannot resolve host '{host}'") from exc
-    addresses = list(dict.fromkeys(str(answer[4][0]) for answer in answers))
-    if not addresses:
-        raise _refused(f"cannot resolve host '{host}'")
-    return addresses
 
 
 def webhook_url_validate(url: Any) -> WebhookTarget:
@@ -148,16 +102,13 @@ def webhook_url_validate(url: Any) -> WebhookTarget:
     if port == 0:
         raise _refused("port 0 is no port; give 1-65535 or none")
     port = port or ALLOWED_SCHEMES[scheme]
-    allow_private = settings.WEBHOOK_ALLOW_PRIVATE
-    if not allow_private and (host in REFUSED_HOSTNAMES or host.endswith(".localhost")):
-        raise _refused(f"'{host}' is a loopback host")
-    addresses = _resolve(host, port)
-    if not allow_private:
-        for text in addresses:
-            address = ipaddress.ip_address(text.split("%", 1)[0])
-            problem = _address_problem(address)
-            if problem:
-                raise _refused(f"'{host}' resolves to {address}, {problem}")
+    try:
+        if settings.WEBHOOK_ALLOW_PRIVATE:
+            addresses = outbound.resolve(host, port)
+        else:
+            addresses = outbound.public_addresses(host, port)
+    except outbound.OutboundRefused as exc:
+        raise _refused(str(exc)) from exc
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"

@@ -1,4 +1,5 @@
-"""Browser UI: the workspace shell (dashboard, members, activity) and the user's API tokens."""
+"""Browser UI: the workspace shell (dashboard, members, activity) and the user's API tokens;
+``workspace_page`` and ``page_context`` are what every app's pages are built on."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def workspace_page(required_role: str = Role.VIEWER):
     return decorator
 
 
-def _context(request: HttpRequest, **extra) -> dict:
+def page_context(request: HttpRequest, **extra) -> dict:
+    """The template context every workspace page starts from (the shell reads these keys); the
+    apps' pages call it from views wrapped in ``workspace_page``."""
     return {
         "workspace": request.workspace,
         "role": request.workspace_role,
@@ -82,7 +85,7 @@ def dashboard(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "workspaces/dashboard.html",
-        _context(
+        page_context(
             request,
             sections=[
                 (key, label, blurb, filled.get(key)) for key, label, blurb in DASHBOARD_SECTIONS
@@ -99,7 +102,7 @@ def members(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "workspaces/members.html",
-        _context(
+        page_context(
             request,
             memberships=members_of(workspace=workspace),
             grant_form=MemberGrantForm(),
@@ -182,7 +185,7 @@ def activity(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "workspaces/activity.html",
-        _context(request, page=page, verb=verb, section="activity"),
+        page_context(request, page=page, verb=verb, section="activity"),
     )
 
 

@@ -60,7 +60,7 @@ def _loop(ctx: MatrixContext, *, failed: bool = False) -> dict:
     from training.models import PipelineRun, RunState
 
     run = pipelines.pipeline_run_start(
-        actor=None, pipeline=loop._loop_pipeline(ctx.workspace), params={}, dispatch=False
+        actor=None, pipeline=loop.loop_pipeline(ctx.workspace), params={}, dispatch=False
     )
     if failed:
         PipelineRun.objects.for_workspace(ctx.workspace).filter(pk=run.pk).update(

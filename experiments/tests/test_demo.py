@@ -13,7 +13,7 @@ from experiments.services import layer_create
 from features import registry as feature_registry
 from features.models import EntityKind
 from serving.deployments import deployment_create
-from serving.tests.factories import T0, _ingest, make_scene
+from serving.tests.factories import T0, ingest_rows, make_scene
 from serving.tests.helpers import passing_version
 from training.models import TrainingJob
 from training.tests.workers import node_worker
@@ -53,7 +53,7 @@ def test_demo_runs_its_experiment_through_the_one_action_loop():
         entity_keys=["user_id"],
         features=[{"name": "recent", "dtype": "float"}],
     )
-    _ingest(
+    ingest_rows(
         None,
         group,
         [

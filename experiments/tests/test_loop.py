@@ -21,7 +21,7 @@ from lineage.models import AuditCategory, AuditItem
 from lineage.projection import project
 from serving.deployments import deployment_create
 from serving.models import Deployment, ModelVersion
-from serving.tests.factories import T0, _ingest, make_bundle, make_scene, make_spec
+from serving.tests.factories import T0, ingest_rows, make_bundle, make_scene, make_spec
 from serving.tests.helpers import passing_version
 from training import pipelines
 from training.models import JobState, PipelineRun, RunState, TrainingJob
@@ -38,7 +38,7 @@ def _extra_group(scene):
         name=f"recent_{scene.users.name}",
         features=[{"name": "clicks_1d", "dtype": "int"}],
     )
-    _ingest(
+    ingest_rows(
         None,
         group,
         [

@@ -34,7 +34,7 @@ class Scene:
     item_ids: list[str]
 
 
-def _ingest(actor, group, rows):
+def ingest_rows(actor, group, rows):
     body = json.dumps({"rows": rows}).encode()
     return batch_ingest(
         actor=actor, group=group, body=body, format="json", now=T0 + timedelta(days=1)
@@ -75,7 +75,7 @@ def make_scene(workspace, actor, *, users: int = 12, items: int = 20, labels: in
     ts = T0.isoformat()
     user_ids = [f"u{i}" for i in range(users)]
     item_ids = [f"i{i}" for i in range(items)]
-    _ingest(
+    ingest_rows(
         actor,
         ug,
         [
@@ -83,7 +83,7 @@ def make_scene(workspace, actor, *, users: int = 12, items: int = 20, labels: in
             for i, u in enumerate(user_ids)
         ],
     )
-    _ingest(
+    ingest_rows(
         actor,
         ig,
         [
@@ -92,7 +92,7 @@ def make_scene(workspace, actor, *, users: int = 12, items: int = 20, labels: in
         ],
     )
     later = (T0 + timedelta(hours=1)).isoformat()
-    _ingest(
+    ingest_rows(
         actor,
         lg,
         [

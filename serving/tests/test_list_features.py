@@ -25,7 +25,7 @@ from workspaces.models import Role
 TOPICS = ["sports", "travel", "food"]
 
 
-def _ingest(actor, group, rows):
+def ingest_rows(actor, group, rows):
     body = json.dumps({"rows": rows}).encode()
     batch_ingest(actor=actor, group=group, body=body, format="json", now=T0 + timedelta(days=1))
 
@@ -56,7 +56,7 @@ def test_a_list_feature_passes_the_consistency_gate(workspace, members):
     user_ids = [f"u{i}" for i in range(15)]
     lists = [TOPICS[: i % 4] + (["unseen"] if i % 5 == 0 else []) for i in range(15)]
     lists[3] = None
-    _ingest(
+    ingest_rows(
         actor,
         users,
         [
@@ -65,7 +65,7 @@ def test_a_list_feature_passes_the_consistency_gate(workspace, members):
         ],
     )
     later = (T0 + timedelta(hours=1)).isoformat()
-    _ingest(
+    ingest_rows(
         actor,
         labels,
         [

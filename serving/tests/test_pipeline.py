@@ -11,7 +11,7 @@ from workspaces.models import Role
 
 @pytest.mark.django_db
 def test_register_then_deploy_stages_release_a_gated_version(workspace, members):
-    assert pipelines._HANDLERS["register"].__module__ == "serving.pipeline"
+    assert pipelines.stage_handler("register").__module__ == "serving.pipeline"
     actor = members[Role.MAINTAINER]
     scene = make_scene(workspace, actor, labels=20)
     job = make_job(scene, make_bundle(make_spec(scene)))

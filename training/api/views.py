@@ -33,7 +33,7 @@ from workspaces.models import Role
 MAX_METRIC_ROWS = 5000
 
 
-def _check_dataset_params(workspace, params, *, attr: str) -> None:
+def check_dataset_params(workspace, params, *, attr: str) -> None:
     """Dataset ids and names in pipeline params name datasets of this workspace: checked when the
     run is asked for (404 naming the param, like any body reference), not when its stage runs. A
     value of the wrong type is bad input (400)."""
@@ -204,7 +204,7 @@ class PipelineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspac
         stages = data.get("stages")
         for index, stage in enumerate(stages if isinstance(stages, list) else []):
             if isinstance(stage, dict):
-                _check_dataset_params(
+                check_dataset_params(
                     self.workspace, stage.get("params"), attr=f"stages.{index}.params"
                 )
         pipeline = pipelines.pipeline_create(
@@ -222,7 +222,7 @@ class PipelineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspac
         pipeline = self.get_object()
         serializer = s.PipelineRunCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        _check_dataset_params(self.workspace, serializer.validated_data["params"], attr="params")
+        check_dataset_params(self.workspace, serializer.validated_data["params"], attr="params")
         run = pipelines.pipeline_run_start(
             actor=request.user, pipeline=pipeline, params=serializer.validated_data["params"]
         )

@@ -15,21 +15,12 @@ from training.scheduler.models import (
     NodeLending,
     OverQuotaJob,
 )
-from workspaces.admin import ServiceManagedAdminMixin
+from workspaces.admin_base import ServiceManagedAdminMixin, UnscopedAdminMixin
 from workspaces.models import QuotaRequest
 
 
-class UnscopedAdmin(admin.ModelAdmin):
-    """The admin console reads platform-wide, deliberately."""
-
-    def get_queryset(self, request):
-        manager = self.model._default_manager
-        qs = manager.unscoped() if hasattr(manager, "unscoped") else manager.all()
-        return qs
-
-
 @admin.register(QuotaRequest)
-class QuotaRequestAdmin(UnscopedAdmin):
+class QuotaRequestAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     """Workspace admins' quota requests; a superuser approves (the quota is set) or rejects."""
 
     list_display = (
@@ -73,7 +64,7 @@ class QuotaRequestAdmin(UnscopedAdmin):
 
 
 @admin.register(JobScheduling)
-class JobSchedulingAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+class JobSchedulingAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     """The scheduler's record of each job: written by admission and the tick only."""
 
     list_display = ("job", "workspace", "reason", "policy", "placements", "preemptions", "borrowed")
@@ -81,7 +72,7 @@ class JobSchedulingAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
 
 
 @admin.register(OverQuotaJob)
-class OverQuotaJobAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
+class OverQuotaJobAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     """Flagged by admission; closed by the "Mark as reviewed" action (``over_quota_review``)."""
 
     list_display = (
@@ -114,7 +105,7 @@ class OverQuotaJobAdmin(ServiceManagedAdminMixin, UnscopedAdmin):
 
 
 @admin.register(LendingLease)
-class LendingLeaseAdmin(UnscopedAdmin):
+class LendingLeaseAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ("node", "job", "gpu_milli", "started_at", "ended_at", "end_reason")
     change_list_template = "scheduler/admin_lending_changelist.html"
 

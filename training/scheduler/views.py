@@ -1,4 +1,5 @@
-"""Browser UI of the scheduler: the workspace queue and, for staff, the cluster."""
+"""Browser UI of the scheduler: the workspace queue (with its quota recommendation), its
+dashboard card and, for staff, the cluster."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from training.scheduler import selectors
 from training.scheduler.lending import utilisation
 from training.scheduler.recommend import recommend, savings_report
 from workspaces.dashboard import DashboardSection
-from workspaces.views import _context, workspace_page
+from workspaces.views import page_context, workspace_page
 
 
 @workspace_page()
@@ -23,7 +24,7 @@ def queue_page(request: HttpRequest, workspace) -> HttpResponse:
     return render(
         request,
         "scheduler/queue.html",
-        _context(
+        page_context(
             request,
             section="queue",
             rows=rows,

@@ -98,10 +98,10 @@ def populate(workspace, user, *, copies: int) -> dict[str, str]:
             ramp_plan=[5, 10],
             layer=f"layer-{next(_seq)}",
         )
-        from experiments.loop import _loop_pipeline
+        from experiments.loop import loop_pipeline
 
         pipeline_run_start(
-            actor=None, pipeline=_loop_pipeline(workspace), params={"group": group.name},
+            actor=None, pipeline=loop_pipeline(workspace), params={"group": group.name},
             dispatch=False,
         )  # fmt: skip
         notify(

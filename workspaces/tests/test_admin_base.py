@@ -1,0 +1,56 @@
+"""Every model admin over workspace-owned rows reads platform-wide through the one
+``UnscopedAdminMixin``, and its change list answers for a superuser with rows of two
+workspaces in it (a scoped queryset would raise instead)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from workspaces.admin_base import UnscopedAdminMixin
+from workspaces.events import Ref, event_record
+from workspaces.models import Event
+from workspaces.testing.factories import UserFactory, make_workspace
+
+
+def _workspace_owned_admins():
+    return sorted(
+        (
+            (model, model_admin)
+            for model, model_admin in admin.site._registry.items()
+            if hasattr(model._default_manager, "unscoped")
+        ),
+        key=lambda pair: pair[0]._meta.label,
+    )
+
+
+def test_every_admin_of_workspace_owned_rows_uses_the_one_mixin():
+    admins = _workspace_owned_admins()
+    assert len(admins) >= 10
+    without = [
+        model._meta.label
+        for model, model_admin in admins
+        if not isinstance(model_admin, UnscopedAdminMixin)
+    ]
+    assert without == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "label", [model._meta.label_lower for model, _ in _workspace_owned_admins()]
+)
+def test_each_change_list_shows_every_workspace(client, label):
+    first, second = make_workspace(), make_workspace()
+    for workspace in (first, second):
+        event_record(
+            actor=None, workspace=workspace, verb="test.admin_listed", refs=[Ref.to(workspace)]
+        )
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    app_label, model_name = label.split(".")
+    response = client.get(reverse(f"admin:{app_label}_{model_name}_changelist"))
+    assert response.status_code == 200
+    if label == "workspaces.event":
+        listed = {event.workspace_id for event in response.context["cl"].result_list}
+        assert {first.pk, second.pk} <= listed
+        assert response.context["cl"].result_count == Event.objects.unscoped().count()
