@@ -12,7 +12,8 @@ only (the test rows choose nothing), without Django or torch.
 - **Shrinkage**: on few validation rows the fitted weights follow noise, so the blend is
   ``lam * fitted + (1 - lam) * uniform`` with ``lam`` from ``SHRINK_GRID`` chosen by
   cross-fitting (``evaluation.crossfit_folds``): each fold scored by weights fitted on the other
-  folds. Many rows pick ``lam`` = 1 (the fitted weights), a handful pick the plain average.
+  folds. Many rows pick ``lam`` = 1 (the fitted weights); fewer than ``EVENTS_PER_WEIGHT``
+  rows of the rarer class per free weight take the plain average (``lam`` = 0) outright.
 - **Honest score**: ``crossfit_logloss`` is that cross-fitted validation log loss at the chosen
   ``lam``: a validation score of the blend its weights were not fitted on, comparable with the
   members' ``evaluation.crossfit_logloss`` when choosing between the blend and one member.
@@ -27,6 +28,9 @@ import numpy as np
 
 EPS = 1e-7
 SHRINK_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
+# The usual events-per-variable rule of logistic models: fitting a weight takes about ten rows
+# of the rarer class; with fewer, the blend is the plain average (nothing fitted).
+EVENTS_PER_WEIGHT = 10
 
 
 def logit(prob: np.ndarray) -> np.ndarray:
@@ -115,7 +119,8 @@ def fit_blend(label: np.ndarray, probs: Mapping[str, np.ndarray], *, folds: int 
     fitted = fit_weights(y, z)
     which = crossfit_folds(len(y), folds)
     losses: dict[float, float] = {}
-    usable = len(y) >= 2 * folds and all(
+    events = min(y.sum(), len(y) - y.sum())
+    usable = events >= EVENTS_PER_WEIGHT * (len(names) - 1) and all(
         0 < y[which != k].sum() < (which != k).sum() for k in range(folds)
     )
     if usable:
@@ -130,6 +135,7 @@ def fit_blend(label: np.ndarray, probs: Mapping[str, np.ndarray], *, folds: int 
         lam = min(SHRINK_GRID, key=lambda v: (round(losses[v], 12), v))
     else:
         lam = 0.0  # too few rows (or one class in a fold): the plain average
+        losses[lam] = _logloss(y, z @ _shrunk(fitted, lam))  # fitted on nothing: honest
     weights = _shrunk(fitted, lam)
     return Blend(
         weights={n: float(w) for n, w in zip(names, weights, strict=True)},

@@ -41,12 +41,16 @@ def test_a_blend_fitted_on_validation_beats_each_member_on_new_rows():
 
 
 def test_few_validation_rows_shrink_the_blend_towards_the_plain_average():
-    _, probs = _members(6, seed=3)
-    y = np.array([1.0, 0, 0, 0, 1, 0])  # the odd rows (one fold) hold no click
+    y, probs = _members(1000, seed=3)
+    assert ensemble.fit_blend(y, probs).lam > 0  # enough clicks to fit two free weights
+    few = np.arange(1000) < 30
+    y, probs = y[few], {k: v[few] for k, v in probs.items()}
+    assert min(y.sum(), 30 - y.sum()) < ensemble.EVENTS_PER_WEIGHT * 2
     blend = ensemble.fit_blend(y, probs)
     assert blend.lam == 0.0
     assert blend.weights == pytest.approx({"a": 1 / 3, "b": 1 / 3, "noise": 1 / 3})
     assert blend.fitted_weights != blend.weights
+    assert blend.crossfit_logloss == pytest.approx(evaluation.logloss(y, blend.predict(probs)))
 
 
 def test_a_blend_needs_every_member_at_prediction():
