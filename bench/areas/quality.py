@@ -30,8 +30,14 @@ scored on the test rows:
   trained over the seeds. Without the tuner the templates run their defaults (``parameters``
   says which). Test predictions come from the saved bundle (``load_bundle().predict``), the
   path serving uses, calibration included: the platform ships calibrated models.
-  ``platform_best`` is the template with the best mean *validation* log loss over the seeds -
-  chosen without looking at the test rows.
+  ``platform_best`` is the template with the best mean *cross-fitted validation* log loss over
+  the seeds (``crossfit_validation_logloss``: the calibration refitted on one half of the
+  validation rows scores the other half) - chosen without looking at the test rows.
+- ``platform_ensemble``: per seed, ``training.ensemble.fit_blend`` of the templates' calibrated
+  validation probabilities, applied to their test probabilities (``platform_ensemble``).
+  ``platform_top`` is the better of the templates and the ensemble by the same cross-fitted
+  validation log loss. The issue's goal ("the best tuned template") is ``platform_best``;
+  ``platform_top`` has its own goal line and ``*_top_platform_minus_best_peer_*`` measures.
 - ``fuxictr_dcnv2`` / ``fuxictr_deepfm``: FuxiCTR 2.3.10 in its own venv (``quality_peer/``),
   with the published BARS hyperparameters (``BARS`` below, cited per dataset).
 - ``lightgbm``: LightGBM 4.7.0 (the version the platform pins), categoricals native, early
@@ -880,8 +886,13 @@ def dataset_measures(dataset: Dataset, models: Mapping[str, Mapping]) -> tuple[d
         }
     for model, result in models.items():
         if model.startswith("platform_"):
+            # The ensemble's own cross-fitted value where it has one (its weights were fitted
+            # on these rows too, not only a temperature).
             honest = [
-                crossfit_validation_logloss(y_val, run["validation"]) for run in result["runs"]
+                run["crossfit_logloss"]
+                if run.get("crossfit_logloss") is not None
+                else crossfit_validation_logloss(y_val, run["validation"])
+                for run in result["runs"]
             ]
             means[model]["validation_crossfit_logloss"] = mean_sd(honest)[0]
             details[model]["validation_crossfit_logloss"] = means[model][

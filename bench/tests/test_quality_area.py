@@ -202,4 +202,9 @@ def test_the_platform_choice_reads_validation_only_and_the_ensemble_competes(cri
         assert key in measures
     honest = details["platform_logreg"]["validation_crossfit_logloss"]
     assert np.isfinite(honest) and honest != details["platform_logreg"]["validation_logloss"]
+    # The ensemble is judged by its own cross-fitted value (its weights saw the rows too).
+    own = [run["crossfit_logloss"] for run in blended["runs"]]
+    assert details["platform_ensemble"]["validation_crossfit_logloss"] == pytest.approx(
+        np.mean(own)
+    )
     assert quality.platform_ensemble({"platform_logreg": models["platform_logreg"]}, y_val) is None

@@ -58,7 +58,7 @@ def test_a_blend_needs_every_member_at_prediction():
     blend = ensemble.fit_blend(y, probs)
     with pytest.raises(ValueError, match="noise"):
         blend.predict({"a": probs["a"], "b": probs["b"]})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one member"):
         ensemble.fit_blend(y, {})
 
 
