@@ -397,6 +397,9 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         calibrated = evaluation.summary(val_y, apply_calibration(logits, fitted))
         metrics["validation"] = {
             **calibrated,
+            # What model selection reads (``tuner.validation_value``): the log loss of rows
+            # the calibration was not fitted on.
+            "crossfit_logloss": evaluation.crossfit_logloss(method, val_y, logits),
             "uncalibrated_logloss": raw["logloss"],
             "uncalibrated_ece": raw["ece"],
             "calibration": (fitted or {}).get("method", "none"),

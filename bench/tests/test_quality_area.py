@@ -160,3 +160,51 @@ def test_fuxictr_gets_the_published_bars_config_and_the_right_columns(movielens,
     assert cr["params"]["hidden_units"] == [400, 400, 400] and cr["batch_size"] == 4096
     assert cr["bucketed"] == [f"I{i}" for i in range(1, 14)]
     assert sorted(quality.fuxictr_requirements())[0].startswith("fuxictr==2.3.10")
+
+
+def test_the_platform_choice_reads_validation_only_and_the_ensemble_competes(criteo):
+    """Made-up predictions on the sample's rows: ``platform_best`` is the template with the best
+    cross-fitted validation log loss whatever the test rows say, ``platform_top`` also weighs
+    the ensemble, and the ensemble blends the templates seed by seed."""
+    rng = np.random.default_rng(0)
+    y_val, y_test = criteo.labels("validation"), criteo.labels("test")
+
+    def runs(val_signal: float, test_signal: float) -> dict:
+        def prob(y, signal):
+            return 1 / (1 + np.exp(-(signal * (2 * y - 1) + rng.normal(0, 1, len(y)))))
+
+        return {
+            "runs": [
+                {"validation": prob(y_val, val_signal), "test": prob(y_test, test_signal)}
+                for _ in range(2)
+            ]
+        }
+
+    models = {
+        "platform_logreg": runs(1.5, 0.0),  # good on validation, useless on test
+        "platform_deepfm": runs(0.5, 2.0),
+        "lr": runs(1.0, 1.0),
+    }
+    blended = quality.platform_ensemble(models, y_val)
+    assert blended is not None and len(blended["runs"]) == 2
+    for blend in blended["params"]["blends"]:
+        assert set(blend["weights"]) == {"platform_logreg", "platform_deepfm"}
+        assert sum(blend["weights"].values()) == pytest.approx(1.0)
+    models[quality.ENSEMBLE] = blended
+    measures, details = quality.dataset_measures(criteo, models)
+    assert details["platform_best"] == "logreg"  # chosen on validation, though worse on test
+    assert details["platform_top"] in {"logreg", "ensemble"}
+    assert measures["auc_platform_best_criteo"] == measures["auc_platform_logreg_criteo"]
+    for key in (
+        "auc_top_platform_minus_best_peer_criteo",
+        "logloss_best_platform_minus_best_peer_criteo",
+    ):
+        assert key in measures
+    honest = details["platform_logreg"]["validation_crossfit_logloss"]
+    assert np.isfinite(honest) and honest != details["platform_logreg"]["validation_logloss"]
+    # The ensemble is judged by its own cross-fitted value (its weights saw the rows too).
+    own = [run["crossfit_logloss"] for run in blended["runs"]]
+    assert details["platform_ensemble"]["validation_crossfit_logloss"] == pytest.approx(
+        np.mean(own)
+    )
+    assert quality.platform_ensemble({"platform_logreg": models["platform_logreg"]}, y_val) is None

@@ -192,6 +192,21 @@ def test_the_objective_reads_the_validation_block_only():
     assert tuner.validation_curve([(20, 0.5), (10, 0.6), (30, float("nan"))]) == {1: 0.6, 2: 0.5}
 
 
+def test_the_log_loss_objective_is_the_crossfit_one_where_the_run_reports_it():
+    block = {"logloss": 0.41, "crossfit_logloss": 0.45, "auc": 0.7}
+    assert tuner.validation_value(block, "logloss") == 0.45
+    assert tuner.validation_value({**block, "crossfit_logloss": None}, "logloss") == 0.41
+    assert tuner.validation_value(block, "auc") == 0.7
+
+
+def test_the_trial_budget_shrinks_with_the_validation_rows():
+    assert tuner.trial_budget(40, 20) == tuner.MIN_TRIALS
+    assert tuner.trial_budget(40, 100) == 100 // tuner.VALIDATION_ROWS_PER_TRIAL
+    assert tuner.trial_budget(40, 10_000) == 40
+    assert tuner.trial_budget(3, 20) == 3
+    assert tuner.trial_budget(40, None) == 40
+
+
 # --- in-process optimisation -------------------------------------------------------------------
 
 
@@ -248,3 +263,28 @@ def test_optimise_takes_a_json_space_and_stops_at_its_time_budget(demo_parquet, 
         work_root=tmp_path / "trials",
     )
     assert result.trials == [] and result.best_number is None and result.best_model_dir == ""
+
+
+def test_optimise_runs_fewer_trials_on_a_tiny_validation_split(demo_parquet, tmp_path):
+    """A handful of validation rows: the study stops at ``trial_budget``."""
+    spec = _spec(demo_parquet, tmp_path / "base", epochs=1, validation_fraction=0.001)
+    loaded = data.load(spec)
+    rows = loaded.validation.n
+    assert rows < tuner.MIN_TRIALS * tuner.VALIDATION_ROWS_PER_TRIAL
+    result = tuner.optimise(
+        spec, n_trials=12, work_root=tmp_path / "trials", threads=1, pruner="none"
+    )
+    assert len(result.trials) == tuner.MIN_TRIALS
+
+
+@pytest.mark.parametrize("template", ["logreg", "lightgbm"])
+def test_a_run_reports_the_crossfit_log_loss_the_objective_reads(demo_parquet, tmp_path, template):
+    from training import runner
+
+    events: list[dict] = []
+    spec = _spec(demo_parquet, tmp_path / "run", template=template, epochs=1)
+    assert runner.train(spec, emit=runner.Emitter(sink=events.append)) == 0
+    validation = next(e for e in events if e["type"] == "done")["metrics"]["validation"]
+    crossfit = validation["crossfit_logloss"]
+    assert crossfit is not None and crossfit != validation["logloss"]
+    assert tuner.validation_value(validation, "logloss") == crossfit
