@@ -164,9 +164,9 @@ def train(job, *, emit, stop) -> int:
     import lightgbm as lgb
     import torch
 
-    from training import data, evaluation
-    from training.bundle import BundleSpec, apply_calibration, load_bundle, save_bundle
-    from training.runner import EXIT_STOPPED
+    from training import data
+    from training.bundle import BundleSpec, load_bundle
+    from training.runner import EXIT_STOPPED, finish_run
     from training.templates.lightgbm import (
         LightGBMModel,
         feature_layout,
@@ -391,38 +391,16 @@ def train(job, *, emit, stop) -> int:
         "trees": model.num_trees,
         "stopped_early": stopping.stopped,
     }
-    if validation.n:
-        logits = evaluation.predict_logits(model, validation.dense, validation.cat)
-        method = str(job.param("calibration", "temperature"))
-        fitted = evaluation.fit_calibration(method, val_y, logits)
-        if fitted is not None:
-            spec.extra = {**spec.extra, "calibration": fitted}
-        raw = evaluation.summary(val_y, apply_calibration(logits, None))
-        calibrated = evaluation.summary(val_y, apply_calibration(logits, fitted))
-        metrics["validation"] = {
-            **calibrated,
-            # What model selection reads (``tuner.validation_value``): the log loss of rows
-            # the calibration was not fitted on.
-            "crossfit_logloss": evaluation.crossfit_logloss(method, val_y, logits),
-            "uncalibrated_logloss": raw["logloss"],
-            "uncalibrated_ece": raw["ece"],
-            "calibration": (fitted or {}).get("method", "none"),
-            "temperature": (fitted or {}).get("temperature"),
-            "early_stopping_metric": stopping.metric,
-            "best_value": stopping.best_value,
-            "curve": stopping.final_curve(),
-        }
-    if loaded.holdout.n:
-        metrics.update(
-            evaluation.evaluate(
-                model,
-                spec,
-                loaded.holdout,
-                seed=seed,
-                importance=bool(job.param("importance", True)),
-            )
-        )
-    spec.extra = {**spec.extra, "holdout": metrics.get("holdout", {})}
-    save_bundle(job.model_dir, model, spec)
-    emit("done", step=rounds, metrics=metrics, model_path=str(job.model_dir))
-    return 0
+    return finish_run(
+        job,
+        model=model,
+        spec=spec,
+        loaded=loaded,
+        metrics=metrics,
+        stopping_metric=stopping.metric,
+        best_value=stopping.best_value,
+        curve=stopping.final_curve(),
+        step=rounds,
+        seed=seed,
+        emit=emit,
+    )

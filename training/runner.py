@@ -168,7 +168,6 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         apply_calibration,
         build_model,
         load_bundle,
-        save_bundle,
         template_kind,
     )
 
@@ -387,7 +386,44 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         "best_epoch": stopping.best_epoch if stopping.patience else None,
         "stopped_early": stopping.stopped,
     }
+    return finish_run(
+        job,
+        model=model,
+        spec=spec,
+        loaded=loaded,
+        metrics=metrics,
+        stopping_metric=stopping.metric,
+        best_value=stopping.best_value,
+        curve=stopping.curve,
+        step=step,
+        seed=seed,
+        emit=emit,
+    )
+
+
+def finish_run(
+    job,
+    *,
+    model,
+    spec,
+    loaded,
+    metrics: dict[str, Any],
+    stopping_metric: str,
+    best_value: float | None,
+    curve: list,
+    step: int,
+    seed: int,
+    emit: Emitter,
+) -> int:
+    """The end of every run, torch or boosted trees: fit the calibration on the validation rows
+    (and report it, with the cross-fitted log loss model selection reads), evaluate on the test
+    rows (reported only), save the bundle and emit ``done``. Returns exit code 0."""
+    from training import evaluation
+    from training.bundle import apply_calibration, save_bundle
+
+    validation = loaded.validation
     if validation.n:
+        val_y = validation.label.numpy()
         logits = evaluation.predict_logits(model, validation.dense, validation.cat)
         method = str(job.param("calibration", "temperature"))
         fitted = evaluation.fit_calibration(method, val_y, logits)
@@ -404,17 +440,16 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
             "uncalibrated_ece": raw["ece"],
             "calibration": (fitted or {}).get("method", "none"),
             "temperature": (fitted or {}).get("temperature"),
-            "early_stopping_metric": stopping.metric,
-            "best_value": stopping.best_value,
-            "curve": stopping.curve,
+            "early_stopping_metric": stopping_metric,
+            "best_value": best_value,
+            "curve": curve,
         }
     if loaded.holdout.n:
-        holdout = loaded.holdout
         metrics.update(
             evaluation.evaluate(
                 model,
                 spec,
-                holdout,
+                loaded.holdout,
                 seed=seed,
                 importance=bool(job.param("importance", True)),
             )
