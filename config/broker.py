@@ -119,6 +119,22 @@ class Channel(filesystem.Channel):
             owner = _owners[unacked] = _Owner(unacked, self.tmp_folder)
         return owner.folder
 
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        """Create a missing exchange file whole (stock kombu opened it empty, then wrote: a
+        fanout publish reading it in between raised JSONDecodeError), then bind as kombu does."""
+        file = self._exchange_file(exchange)
+        if not file.exists():
+            self.control_folder.mkdir(parents=True, exist_ok=True)
+            staged = self.tmp_folder / f"{uuid.uuid4()}.exchange"
+            staged.write_bytes(b"[]")
+            try:
+                os.link(staged, file)  # atomic create-if-absent
+            except FileExistsError:
+                pass
+            finally:
+                staged.unlink()
+        return super()._queue_bind(exchange, routing_key, pattern, queue)
+
     def _put(self, queue, payload, **kwargs) -> None:
         """Write the message to tmp/, then rename it into the queue folder (atomic)."""
         # Wall-clock nanoseconds, zero-padded: sorted names are the order of sending, across
