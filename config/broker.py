@@ -25,10 +25,15 @@ filesystem transport lost the worker twice over, and this subclass changes exact
   A process's pool children share the lock (fork keeps the open file), so a task still running in
   an orphaned child is not handed out a second time until that child exits.
 
-Kombu's SQLAlchemy transport on SQLite was the alternative considered; read against this kombu
-(5.7), it keeps every delivered row with ``visible=False`` forever (the table only grows), does
-not redeliver a message whose consumer died (the same loss as above), supports no fanout (Celery's
-remote control) and takes SQLite's write lock on every poll of every queue; it was not adopted.
+Kombu's SQLAlchemy transport on SQLite (``sqla+sqlite:///…``) was the alternative; measured
+against this kombu (5.7) with one producer and a consumer in another process: a put+get+ack
+round trip took 23 ms median (40 ms p95) against 0.2 ms (0.6 ms) here; a message whose consumer
+was SIGKILLed was not delivered again within 15 s (here: 2.0 s, one recovery scan); after 51
+messages were all acked, 51 rows were left with ``visible=0`` (it never deletes a delivered
+row, so the table only grows); it supports no fanout (Celery's remote control). The test suite's
+time on the worker tests (``workspaces/tests/test_celery_worker.py``,
+``training/tests/test_worker.py``) was the same within noise on all three (38-41 s on a loaded
+2-core machine). So not adopted.
 """
 
 from __future__ import annotations
