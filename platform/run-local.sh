@@ -11,6 +11,8 @@
 # Each child runs in its own process group (`set -m`), so a terminal's Ctrl-C reaches only this
 # script, which then stops the children in order (a worker that got the terminal's SIGINT and then
 # our TERM did a cold shutdown, or hung in a warm one). Pids: $VAR/run/{web,worker,demo}.pid.
+# (Started in the background of another non-interactive script, bash ignores SIGINT and the trap
+# cannot be set: stop it with TERM there.)
 set -euo pipefail
 set -m
 BIN=${BIN:-.venv/bin}
