@@ -3,10 +3,11 @@
 #
 # The worker is supervised: when it dies (a crash, an OOM kill, `kill -9`) its whole process group
 # (pool children, the embedded beat) is killed and a new one started after a short backoff
-# (1-4 s), each restart logged here and in the worker log; its unacked messages go back to the queue (the
-# embedded broker, config/broker.py) and the new worker runs them. The web server dying stops
-# everything (exit 1). Ctrl-C or TERM stops web, worker and demo: TERM to each process group, a
-# deadline (STOP_GRACE_S, 8 s), then KILL; the script exits 0, so `make run` ends without an error.
+# (1-4 s), each restart logged here and in the worker log; its unacked messages go back to the
+# queue (the embedded broker, config/broker.py) and the new worker runs them. The web server dying
+# stops everything (exit 1). Ctrl-C or TERM stops web, worker and demo: TERM to each, a deadline
+# (STOP_GRACE_S, 8 s), then KILL to what is left of their process groups; the script exits 0, so
+# `make run` prints no "Error 1" (make, itself interrupted by the terminal's Ctrl-C, exits 130).
 #
 # Each child runs in its own process group (`set -m`), so a terminal's Ctrl-C reaches only this
 # script, which then stops the children in order (a worker that got the terminal's SIGINT and then
