@@ -5,9 +5,11 @@ import os
 from celery import Celery
 from celery.signals import task_postrun
 
+from config.broker import register as register_embedded_broker
 from config.quiet_ticks import log_tick_work
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+register_embedded_broker()  # `embedded://`, the broker without REDIS_URL
 
 app = Celery("rankops")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -244,18 +244,22 @@ MLFLOW_UI_URL = os.environ.get(
     "MLFLOW_UI_URL", MLFLOW_TRACKING_URI if MLFLOW_TRACKING_URI.startswith("http") else ""
 )
 
-# Celery: Redis when REDIS_URL is set, else kombu's filesystem transport (no server needed).
+# Celery: Redis when REDIS_URL is set, else the embedded broker (config/broker.py: kombu's
+# filesystem transport with atomic writes and claimed, recoverable unacked messages).
 if REDIS_URL:
     CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 3600}
     CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
 else:
     _broker_dir = VAR_DIR / "broker"
-    CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+    CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "embedded://")
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
-        "processed_folder": str(_broker_dir / "processed"),
+        # Staging for atomic writes, claimed messages per consumer, files that never decoded.
+        "tmp_folder": str(_broker_dir / "tmp"),
+        "unacked_folder": str(_broker_dir / "unacked"),
+        "quarantine_folder": str(_broker_dir / "quarantine"),
         # Broadcast (remote control) exchanges; kombu's default is ./control in the cwd.
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
@@ -279,6 +283,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
+# /readyz fails once no worker heartbeat (beat sends one every 15 s) is this recent; 0: no check.
+READYZ_WORKER_MAX_AGE_S = env_int("READYZ_WORKER_MAX_AGE_S", 60)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TASK_ROUTES: dict = {}
 CELERY_BEAT_SCHEDULE = {
@@ -291,7 +297,9 @@ CELERY_BEAT_SCHEDULE = {
 for _folder in (
     "cache",
     "broker/queue",
-    "broker/processed",
+    "broker/tmp",
+    "broker/unacked",
+    "broker/quarantine",
     "broker/control",
     "celery-results",
     "artifacts",

@@ -1,13 +1,23 @@
 """Liveness and readiness probes: /healthz answers while the process serves; /readyz checks the
-database, the cache and the Celery broker, and reports when a worker last beat.
+database, the cache, the Celery broker and that a worker consumes.
 
 /readyz answers 503 while any of them is down, quickly (one connection attempt each, with a short
 timeout), so the orchestrator stops routing to the pod; /healthz stays 200 (the process is fine,
-restarting it would not bring Redis back)."""
+restarting it would not bring Redis back).
+
+"A worker consumes" is the freshest end-to-end signal there is: beat sends
+``workspaces.tasks.worker_heartbeat`` every 15 s through the broker and a worker records the time
+in the cache, so a heartbeat younger than ``READYZ_WORKER_MAX_AGE_S`` (60 s: three missed beats
+plus slack) means beat, broker and a worker all worked a moment ago. Without one the web server
+would accept jobs that nothing runs (the embedded broker's dead worker, issue 17); the check says
+``error: no worker heartbeat`` or ``error: last worker heartbeat N s ago``.
+``READYZ_WORKER_MAX_AGE_S=0`` switches it off (a web tier whose readiness must not follow the
+workers')."""
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from django.conf import settings
 from django.core.cache import cache
@@ -43,6 +53,22 @@ def _check_broker() -> None:
         conn.ensure_connection(max_retries=0, timeout=BROKER_CONNECT_TIMEOUT)
 
 
+def _worker_check(last_beat: str | None) -> str:
+    """ "ok" when a worker recorded a heartbeat less than READYZ_WORKER_MAX_AGE_S ago."""
+    max_age = settings.READYZ_WORKER_MAX_AGE_S
+    if max_age <= 0:
+        return "ok"
+    if not last_beat:
+        return "error: no worker heartbeat"
+    try:
+        age = time.time() - datetime.fromisoformat(last_beat).timestamp()
+    except (TypeError, ValueError):
+        return "error: unreadable worker heartbeat"
+    if age > max_age:
+        return f"error: last worker heartbeat {int(age)} s ago"
+    return "ok"
+
+
 @never_cache
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -69,6 +95,9 @@ def readyz(request: HttpRequest) -> JsonResponse:
             last_beat = cache.get(WORKER_HEARTBEAT_KEY)
         except Exception:  # noqa: BLE001 - the cache went away since its check
             checks["cache"] = "error: unreachable"
+    checks["worker"] = (
+        _worker_check(last_beat) if checks["cache"] == "ok" else "error: cache unreachable"
+    )
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(
         {

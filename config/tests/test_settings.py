@@ -78,7 +78,7 @@ def test_embedded_defaults_need_no_servers(tmp_path):
     assert result.returncode == 0, result.stderr
     engine, broker, cache, mlflow_uri, artifacts = result.stdout.splitlines()[-1].split()
     assert engine == "django.db.backends.sqlite3"
-    assert broker == "filesystem://"
+    assert broker == "embedded://"
     assert cache.endswith("FileBasedCache")
     assert mlflow_uri.startswith("sqlite:///") and mlflow_uri.endswith("/mlflow/mlflow.db")
     assert artifacts.startswith(str(tmp_path))

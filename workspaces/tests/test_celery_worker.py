@@ -1,15 +1,17 @@
-"""A real Celery worker on the configured broker (Redis when REDIS_URL is set, else the
-filesystem transport) runs the heartbeat task, and /readyz reports it."""
+"""A real Celery worker on the configured broker (Redis when REDIS_URL is set, else the embedded
+broker) runs the heartbeat task, and /readyz reports it; without a recent heartbeat it fails."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.core.cache import cache
+from django.utils import timezone
 
 from config.celery import app
 from workspaces.health import WORKER_HEARTBEAT_KEY
@@ -35,9 +37,9 @@ def test_heartbeat_runs_on_a_real_worker_and_readyz_reports_it(client):
     response = client.get("/readyz")
     assert response.status_code == 200, response.content
     body = response.json()
-    assert body["checks"] == {"database": "ok", "cache": "ok", "broker": "ok"}
+    assert body["checks"] == {"database": "ok", "cache": "ok", "broker": "ok", "worker": "ok"}
     assert body["worker_last_heartbeat"] == beat
-    expected = "redis" if settings.REDIS_URL else "filesystem"
+    expected = "redis" if settings.REDIS_URL else "embedded"
     assert body["broker"] == expected
 
 
@@ -67,3 +69,34 @@ def test_healthz_answers_any_host(client):
     response = client.get("/healthz", HTTP_HOST="10.1.2.3:8000")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
+
+
+def test_readyz_fails_while_no_worker_has_beaten(client, db):
+    cache.delete(WORKER_HEARTBEAT_KEY)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["checks"]["worker"] == "error: no worker heartbeat"
+    assert body["checks"]["broker"] == "ok"  # the broker is up; nothing consumes it
+
+
+def test_readyz_fails_once_the_last_heartbeat_is_too_old_and_recovers_with_a_new_one(
+    client, db, settings
+):
+    stale = timezone.now() - timedelta(seconds=settings.READYZ_WORKER_MAX_AGE_S + 30)
+    cache.set(WORKER_HEARTBEAT_KEY, stale.isoformat(), timeout=60)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["worker"].startswith("error: last worker heartbeat ")
+    worker_heartbeat()  # what a worker runs for beat's message
+    assert client.get("/readyz").status_code == 200
+    cache.set(WORKER_HEARTBEAT_KEY, "not a time", timeout=60)
+    assert client.get("/readyz").json()["checks"]["worker"] == "error: unreadable worker heartbeat"
+
+
+def test_readyz_without_the_worker_check(client, db, settings):
+    settings.READYZ_WORKER_MAX_AGE_S = 0
+    cache.delete(WORKER_HEARTBEAT_KEY)
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"]["worker"] == "ok"

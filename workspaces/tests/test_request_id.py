@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from workspaces.middleware import RequestIdLogFilter
+from workspaces.tasks import worker_heartbeat
 
 
 class Boom(RuntimeError):
@@ -134,6 +135,7 @@ def test_an_insane_incoming_request_id_is_replaced(client, incoming):
 
 
 def test_every_response_carries_a_request_id_probes_and_api_errors_included(client, db):
+    worker_heartbeat()  # /readyz needs a recent worker heartbeat
     for url, status in (
         ("/healthz", 200),
         ("/readyz", 200),
