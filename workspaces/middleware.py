@@ -140,27 +140,27 @@ class RequestBodyLimitMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         declared = request.META.get("CONTENT_LENGTH") or "0"
+        from workspaces.api.errors import error_body
+
         try:
             length = int(declared)
         except ValueError:
             return JsonResponse(
-                {
-                    "type": "validation_error",
-                    "code": "invalid_content_length",
-                    "detail": "Content-Length is not a number.",
-                    "attr": None,
-                },
+                error_body(
+                    status_code=400,
+                    code="invalid_content_length",
+                    detail="Content-Length is not a number.",
+                ),
                 status=400,
             )
         limit = body_limit_for(request.path)
         if length > limit:
             return JsonResponse(
-                {
-                    "type": "too_large",
-                    "code": "too_large",
-                    "detail": f"Request body of {length} bytes is over the {limit}-byte limit.",
-                    "attr": None,
-                },
+                error_body(
+                    status_code=413,
+                    code="too_large",
+                    detail=f"Request body of {length} bytes is over the {limit}-byte limit.",
+                ),
                 status=413,
             )
         return self.get_response(request)
