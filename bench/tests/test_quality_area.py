@@ -1,6 +1,8 @@
 """The pure parts of the quality bench: the shared split (the same rows for every model, every
 run), the one metric code (ECE), and the summary arithmetic. The benchmark itself is not run
-here; these read the real datasets in ``../shared/data``."""
+here, and the datasets are not read: the fixtures write small files in the formats of
+MovieLens 100K (``u.user``, ``u.item``, ``u.data``) and of the Criteo sample (a CSV with a
+header), so the suite needs nothing outside the repository."""
 
 from __future__ import annotations
 
@@ -13,24 +15,70 @@ from bench.areas import quality
 from bench.harness import BenchError
 from training import data, evaluation
 
-
-@pytest.fixture(scope="module")
-def criteo():
-    return quality.shared_split("criteo")
+CRITEO_ROWS = 200
+RATINGS = 1000
 
 
 @pytest.fixture(scope="module")
-def movielens():
-    return quality.shared_split("movielens")
+def criteo_file(tmp_path_factory):
+    """200 rows like the Criteo sample: label, I1-I13 (some empty), C1-C26 hashed strings."""
+    rng = np.random.default_rng(11)
+    path = tmp_path_factory.mktemp("criteo") / "criteo_sample.txt"
+    header = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+    lines = [",".join(header)]
+    for _ in range(CRITEO_ROWS):
+        ints = ["" if rng.random() < 0.3 else str(int(rng.integers(0, 500))) for _ in range(13)]
+        cats = [f"{int(rng.integers(0, 6)):08x}" for _ in range(26)]
+        lines.append(",".join([str(int(rng.random() < 0.25)), *ints, *cats]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
-def test_the_criteo_split_is_the_same_every_time_and_stratified(criteo):
-    again = quality.shared_split("criteo")
+@pytest.fixture(scope="module")
+def movielens_dir(tmp_path_factory):
+    """MovieLens 100K's three files for 30 users, 40 items and 1,000 ratings."""
+    rng = np.random.default_rng(12)
+    folder = tmp_path_factory.mktemp("movielens")
+    jobs = ["student", "engineer", "artist"]
+    (folder / "u.user").write_text(
+        "".join(
+            f"{u}|{int(rng.integers(18, 60))}|{'MF'[u % 2]}|{jobs[u % 3]}|{10000 + u}\n"
+            for u in range(1, 31)
+        )
+    )
+    items = []
+    for i in range(1, 41):
+        flags = "|".join(str(int(rng.random() < 0.2)) for _ in range(19))
+        items.append(f"{i}|Film {i} (1995)|01-Jan-{1980 + i % 20}||http://x|{flags}\n")
+    (folder / "u.item").write_text("".join(items), encoding="latin-1")
+    start = 874_724_710
+    (folder / "u.data").write_text(
+        "".join(
+            f"{int(rng.integers(1, 31))}\t{int(rng.integers(1, 41))}\t"
+            f"{int(rng.integers(1, 6))}\t{start + int(rng.integers(0, 10_000_000))}\n"
+            for _ in range(RATINGS)
+        )
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def criteo(criteo_file):
+    return quality.load_criteo(criteo_file)
+
+
+@pytest.fixture(scope="module")
+def movielens(movielens_dir):
+    return quality.load_movielens(movielens_dir)
+
+
+def test_the_criteo_split_is_the_same_every_time_and_stratified(criteo, criteo_file):
+    again = quality.load_criteo(criteo_file)
     split = criteo.frame["split"].to_numpy()
     assert np.array_equal(split, again.frame["split"].to_numpy())
     assert quality.split_digest(split) == quality.split_digest(again.frame["split"])
     y = criteo.frame[quality.LABEL].to_numpy()
-    assert len(split) == 200 and set(split) == set(quality.SPLITS)
+    assert len(split) == CRITEO_ROWS and set(split) == set(quality.SPLITS)
     # 70/10/20 within each class, so every part has clicks and non-clicks
     for cls in (0, 1):
         n = int((y == cls).sum())
@@ -44,7 +92,7 @@ def test_the_criteo_split_is_the_same_every_time_and_stratified(criteo):
 def test_the_movielens_split_is_time_ordered(movielens):
     frame = movielens.frame
     counts = frame["split"].value_counts().to_dict()
-    assert counts == {"train": 70_000, "validation": 10_000, "test": 20_000}
+    assert counts == {"train": 700, "validation": 100, "test": 200}  # 70/10/20 of 1,000
     times = {s: frame.loc[frame["split"] == s, "event_time"] for s in quality.SPLITS}
     assert times["train"].max() <= times["validation"].min()
     assert times["validation"].max() <= times["test"].min()

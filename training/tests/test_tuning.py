@@ -173,7 +173,9 @@ def test_trials_run_within_parallelism_and_the_best_by_validation_is_registered(
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert len({t.params["lr"] for t in trials}) == 4
     by_validation = {
-        t.number: TrainingJob.objects.unscoped().get(pk=t.job_id).metrics["validation"]["logloss"]
+        t.number: tuner.validation_value(
+            TrainingJob.objects.unscoped().get(pk=t.job_id).metrics["validation"], "logloss"
+        )
         for t in trials
     }
     best = min(by_validation, key=by_validation.get)

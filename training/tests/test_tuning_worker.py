@@ -81,7 +81,8 @@ def test_eight_trials_two_at_a_time_on_real_workers_register_the_best(workspace)
     # The best by validation, registered: the version's source job is the best trial's.
     best = min(complete, key=lambda t: (t.value, t.number))
     assert tj.best_trial_id == best.pk and tj.best_value == best.value
-    assert best.value == best.job.metrics["validation"]["logloss"]
+    # The objective: the cross-fitted validation log loss (no test-row metric).
+    assert best.value == best.job.metrics["validation"]["crossfit_logloss"]
     version = ModelVersion.objects.for_workspace(workspace).get(pk=tj.model_version_id)
     assert version.job_id == best.job_id
     assert (
