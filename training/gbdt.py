@@ -67,11 +67,9 @@ class RoundStopping:
         self.curve: list[list[float]] = []  # [round, value of ``metric``]
 
     def _better(self, value: float | None) -> bool:
-        if value is None or value != value:
-            return False
-        if self.best_value is None:
-            return True
-        return value > self.best_value if self.metric == "auc" else value < self.best_value
+        from training.runner import improves
+
+        return improves(self.metric, value, self.best_value)
 
     def update(self, at: int, values: dict[str, float | None]) -> bool:
         """See round ``at``'s validation ``values``; True when it is the new best."""

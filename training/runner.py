@@ -87,6 +87,16 @@ def load_entry_point(target: str) -> None:
     register_template("entry_point")(build)
 
 
+def improves(metric: str, value: float | None, best: float | None) -> bool:
+    """Whether a validation ``value`` beats ``best`` (higher AUC, lower log loss); no value (one
+    class) or NaN never does. Early stopping by epoch (here) and by round (``gbdt``) share it."""
+    if value is None or value != value:
+        return False
+    if best is None:
+        return True
+    return value > best if metric == "auc" else value < best
+
+
 class EarlyStopping:
     """The best epoch so far by a validation metric, its weights (on the CPU) and the count of
     epochs since; ``stopped`` once ``patience`` epochs in a row did not improve (0: never)."""
@@ -104,11 +114,7 @@ class EarlyStopping:
         self.curve: list[list[float]] = []  # [epoch, value]
 
     def _better(self, value: float | None) -> bool:
-        if value is None or value != value:  # no AUC (one class) or NaN: not an improvement
-            return False
-        if self.best_value is None:
-            return True
-        return value > self.best_value if self.metric == "auc" else value < self.best_value
+        return improves(self.metric, value, self.best_value)
 
     def update(self, epoch: float, value: float | None, model) -> None:
         epoch = int(epoch) if float(epoch).is_integer() else round(epoch, 6)

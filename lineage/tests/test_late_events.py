@@ -11,7 +11,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from lineage import projection
@@ -112,8 +112,9 @@ def test_a_gap_is_forgotten_after_the_forget_window_and_capped(workspace, settin
 
 @pytest.mark.django_db(transaction=True)
 def test_a_transaction_that_took_its_id_first_and_commits_last_is_projected(workspace):
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite has one writer at a time: ids are always in commit order there")
+    """On PostgreSQL the later transaction commits first and the earlier id is applied late.
+    SQLite has one writer at a time: the later write cannot commit while the earlier
+    transaction is open, so ids come in commit order and no gap is ever left."""
     record(workspace, "dataset.created", [Ref("dataset", 1, "d1")])
     project(gap_wait=0)
     took_id, release, done = threading.Event(), threading.Event(), threading.Event()
@@ -135,15 +136,30 @@ def test_a_transaction_that_took_its_id_first_and_commits_last_is_projected(work
     thread = threading.Thread(target=slow_writer)
     thread.start()
     assert took_id.wait(timeout=30)
-    record(workspace, "dataset.created", [Ref("dataset", 101, "fast")])
-    assert project(gap_wait=0) == 1
     nodes = Node.objects.for_workspace(workspace)
-    assert nodes.filter(object_id="101").exists()
-    assert not nodes.filter(object_id="100").exists()
-    release.set()
+    if connection.vendor == "postgresql":
+        record(workspace, "dataset.created", [Ref("dataset", 101, "fast")])
+        assert project(gap_wait=0) == 1
+        assert nodes.filter(object_id="101").exists()
+        assert not nodes.filter(object_id="100").exists()
+        release.set()
+    else:
+        with pytest.raises(OperationalError, match="locked"):
+            record(workspace, "dataset.created", [Ref("dataset", 101, "fast")])
+        release.set()
     assert done.wait(timeout=30)
     thread.join(timeout=30)
     assert not errors
-    assert project(gap_wait=0) == 1
-    assert nodes.filter(object_id="100").exists()
+    if connection.vendor == "postgresql":
+        assert project(gap_wait=0) == 1
+    else:
+        record(workspace, "dataset.created", [Ref("dataset", 101, "fast")])
+        ids = dict(
+            Event.objects.for_workspace(workspace)
+            .filter(refs__object_id__in=["100", "101"])
+            .values_list("refs__object_id", "id")
+        )
+        assert ids["101"] > ids["100"]  # commit order
+        assert project(gap_wait=0) == 2
+    assert nodes.filter(object_id="100").exists() and nodes.filter(object_id="101").exists()
     assert not CursorGap.objects.exists()
