@@ -210,6 +210,14 @@ def check_job_input(
             template=template, entry_point=entry_point, params=params, workspace=workspace
         )
         errors.update(param_errors)
+        split_column = params.get("split_column") if isinstance(params, dict) else ""
+        if split_column and dataset is not None and "dataset" not in errors:
+            columns = dataset_columns(dataset)
+            if columns is not None and split_column not in columns:
+                errors["params.split_column"] = (
+                    f"the dataset has no column {split_column!r}; its columns: "
+                    + ", ".join(sorted(columns))
+                )
     for name in ("cpu_milli", "memory_mb"):
         value = resources.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -225,6 +233,21 @@ def check_job_input(
     if errors:
         raise ValidationError(errors)
     return params
+
+
+def dataset_columns(dataset: Dataset) -> list[str] | None:
+    """The column names of the dataset's Parquet file, read from its footer (no rows); None when
+    the file cannot be read from here (a remote store, a file not yet written)."""
+    import pyarrow.parquet as pq
+
+    from features.samples import dataset_file
+
+    if not dataset.path:
+        return None
+    try:
+        return list(pq.read_schema(dataset_file(dataset)).names)
+    except (OSError, ValueError):
+        return None
 
 
 def _request_tick_on_commit() -> None:

@@ -124,9 +124,10 @@ HIDDEN_CHOICES = ([256, 128], [128, 64], [64, 32])
 # Sensible ranges per built-in template, by param name (each checked against the template's
 # param schema when used: a template without one of these params leaves it out).
 DEFAULT_SPACES: dict[str, list[Dimension]] = {
+    # The convex fit (its default solver) depends on the penalty and the vocabulary alone.
     "logreg": [
-        _range("lr", 1e-4, 0.3, log=True),
-        _range("weight_decay", 1e-8, 1e-2, log=True),
+        _range("l2", 1e-7, 1e-1, log=True),
+        _choice("vocab_min_count", 1, 2, 3),
     ],
     "fine_ranking": [
         _range("lr", 1e-4, 0.1, log=True),

@@ -582,6 +582,18 @@ def _finish(tuning: TuningJob, trials: list[TuningTrial]) -> None:
     )
 
 
+def trial_cap(tuning: TuningJob, trials: list[TuningTrial]) -> int:
+    """How many trials the job may start: ``n_trials``, capped by the validation rows the
+    first finished trial reported (``tuner.trial_budget``: past about one trial per few
+    validation rows, the best trial wins by the validation noise, as the quality bench showed).
+    Until a trial reports, the cap is ``n_trials``."""
+    for trial in trials:
+        rows = ((trial.job.metrics or {}).get("validation") or {}).get("rows")
+        if isinstance(rows, int):
+            return tuner.trial_budget(tuning.n_trials, rows)
+    return tuning.n_trials
+
+
 def tuning_job_advance(tuning_job_id: int) -> str:
     """Move the tuning job as far as it can go now (see the module docstring); returns its
     state. Safe to call any number of times, from any number of workers."""
@@ -612,7 +624,7 @@ def tuning_job_advance(tuning_job_id: int) -> str:
         try:
             while (
                 not over_time
-                and len(trials) < tuning.n_trials
+                and len(trials) < trial_cap(tuning, trials)
                 and len(unfinished) < tuning.parallelism
             ):
                 trial = _start_trial(tuning, trials)

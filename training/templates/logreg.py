@@ -1,5 +1,15 @@
 """Logistic regression: a linear model over dense inputs and one weight per categorical index
-(a list field: the mean of its items' weights; see ``training.templates.inputs``)."""
+(a list field: the mean of its items' weights; see ``training.templates.inputs``).
+
+For: the baseline every ranking model must beat, and a calibrated, explainable model where one is
+enough. By default it is fitted as scikit-learn fits its ``LogisticRegression``: the convex loss
+(mean log loss plus ``l2``/2 times the squared weights, the bias unpenalised) minimised to
+convergence by full-batch L-BFGS (``training.runner.fit_convex``), so its result depends on ``l2``
+alone, not on a learning rate, batch order or epoch count. ``solver: "adam"`` trains it by
+minibatch steps with early stopping instead, as the deep templates are trained. Measured on the
+quality bench (MovieLens 100K, time-ordered split): Adam steps with early stopping left it 0.009
+of log loss behind scikit-learn's LR on the same rows; the convex fit closes that gap.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +17,45 @@ import torch
 from torch import nn
 
 from training.bundle import BundleSpec, register_template
+from training.params import Param
 from training.templates.inputs import field_weights
 
-# No params of its own: the shared ones (``training.params.COMMON``) are all it reads.
-PARAMS: dict = {}
+SOLVERS = ("lbfgs", "adam")
+
+PARAMS: dict = {
+    "solver": Param(
+        "choice",
+        "lbfgs",
+        "lbfgs: the convex fit to convergence on all training rows (as scikit-learn's "
+        "LogisticRegression; lr, batch_size, epochs and early stopping are not used); adam: "
+        "minibatch steps with early stopping, as the deep templates train.",
+        choices=SOLVERS,
+    ),
+    "l2": Param(
+        "float",
+        1e-4,
+        "L2 penalty of the convex fit per training row (l2 = 1 / (C * rows) in scikit-learn's "
+        "terms); the bias is not penalised.",
+        min=0.0,
+        max=100.0,
+        label="L2 penalty",
+    ),
+    "max_iter": Param(
+        "int",
+        200,
+        "Most L-BFGS iterations of the convex fit.",
+        min=1,
+        max=10_000,
+        label="Most iterations",
+        advanced=True,
+    ),
+}
 
 
 class LogisticRegression(nn.Module):
+    # The solver when the job names none (``training.runner.train`` reads it).
+    default_solver = "lbfgs"
+
     def __init__(self, spec: BundleSpec) -> None:
         super().__init__()
         dense_dim = spec.dense_dim

@@ -53,3 +53,20 @@ def test_a_bad_split_stopping_or_calibration_param_is_400(
     errors = {e["attr"]: e["detail"] for e in response.json().get("errors") or [response.json()]}
     assert errors == {attr: message}
     assert not TrainingJob.objects.for_workspace(workspace).exists()
+
+
+def test_a_split_column_the_dataset_lacks_is_400_listing_its_columns(workspace, client_for):
+    dataset = make_demo_dataset(workspace, scale=0.01)
+    client = client_for(make_member(workspace, Role.DEVELOPER))
+    url = f"/api/v1/workspaces/{workspace.slug}/training-jobs/"
+    body = {"name": "ctr", "template": "logreg", "dataset": dataset.pk}
+    response = client.post(url, {**body, "params": {"split_column": "fold"}}, format="json")
+    assert response.status_code == 400, response.content
+    errors = {e["attr"]: e["detail"] for e in response.json().get("errors") or [response.json()]}
+    assert list(errors) == ["params.split_column"]
+    assert "no column 'fold'" in errors["params.split_column"]
+    assert "click" in errors["params.split_column"]  # it lists the columns there are
+    assert not TrainingJob.objects.for_workspace(workspace).exists()
+    # a column the file has passes this check
+    ok = client.post(url, {**body, "params": {"split_column": "click"}}, format="json")
+    assert ok.status_code == 201, ok.content

@@ -27,7 +27,16 @@ from workspaces.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FIXED = {"epochs": 2, "batch_size": 256, "threads": 1, "importance": False, "log_every_steps": 5}
+BASE = {
+    "epochs": 2,
+    "batch_size": 256,
+    "threads": 1,
+    "importance": False,
+    "log_every_steps": 5,
+}
+# logreg trials train by Adam epochs (per-epoch curves for the pruners); its default is the
+# one-shot convex fit.
+FIXED = {**BASE, "solver": "adam"}
 LR = {"lr": {"low": 0.001, "high": 0.3, "log": True}}
 
 
@@ -125,7 +134,7 @@ def test_the_default_space_and_a_base_jobs_config(workspace, dataset):
 
     base = job_create(
         actor=None, workspace=workspace, name="base", dataset=dataset, template="fine_ranking",
-        params={**FIXED, "lr": 0.05, "dropout": 0.1}, cpu_milli=700, memory_mb=600,
+        params={**BASE, "lr": 0.05, "dropout": 0.1}, cpu_milli=700, memory_mb=600,
     )  # fmt: skip
     tj = tuning.tuning_job_create(
         actor=None, workspace=workspace, name="from-base", base_job=base, dispatch=False
@@ -302,3 +311,14 @@ def test_a_best_trial_that_cannot_be_registered_fails_the_tuning_job_saying_why(
     assert tj.state_reason.startswith("registering the best trial:"), tj.state_reason
     assert tj.best_trial is not None and tj.model_version_id is None
     assert not ModelVersion.objects.for_workspace(workspace).exists()
+
+
+def test_the_validation_rows_a_trial_reports_cap_the_trials(workspace, dataset):
+    tj = _create(workspace, dataset, n_trials=12)
+    tuning.tuning_job_advance(tj.pk)
+    assert tuning.trial_cap(tj, _trials(tj)) == 12  # no trial has reported yet
+    first = _trials(tj)[0].job
+    for rows, cap in [(8, tuner.MIN_TRIALS), (40, 10), (4000, 12)]:
+        metrics = {"validation": {"rows": rows, "logloss": 0.6}}
+        TrainingJob.objects.unscoped().filter(pk=first.pk).update(metrics=metrics)
+        assert tuning.trial_cap(tj, _trials(tj)) == cap
