@@ -260,3 +260,34 @@ def test_a_rolled_back_notification_is_never_delivered(workspace, allow_private)
         deliveries_send(now=timezone.now() + timedelta(days=1))
     assert receiver.requests == []
     assert not Notification.objects.for_workspace(workspace).exists()
+
+
+@pytest.mark.celery_worker
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_drains_the_log_and_retries_until_delivered(
+    workspace, allow_private, settings
+):
+    """The drain task on a real worker (as beat sends it): the first post fails, the retry
+    after its (short) backoff succeeds; the receiver processes the event once."""
+    import time
+    import uuid
+
+    from celery.contrib.testing.worker import start_worker
+
+    from config.celery import app
+    from workspaces.tasks import outbox_drain
+
+    settings.WEBHOOK_RETRY_BASE_SECONDS = 0.2
+    queue = f"test-{uuid.uuid4().hex[:12]}"  # a queue no other worker reads
+    alice = make_member(workspace, Role.DEVELOPER)
+    with FlakyReceiver([500, 200]) as receiver:
+        webhook, _ = webhook_create(actor=alice, workspace=workspace, url=receiver.url)
+        _notify(workspace, alice)
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+            deadline = time.monotonic() + 30
+            while not receiver.processed and time.monotonic() < deadline:
+                outbox_drain.apply_async(queue=queue)  # what beat sends, more often
+                time.sleep(0.5)
+    assert len(receiver.processed) == 1, receiver.requests
+    assert [r["status"] for r in receiver.requests] == [500, 200]
+    assert [(d.attempt, d.status_code) for d in _attempts(webhook)] == [(1, 500), (2, 200)]
