@@ -490,7 +490,7 @@ class WebhookDeliveryAdmin(UnscopedAdminMixin, admin.ModelAdmin):
         "workspace",
         "webhook",
         "event_id",
-        "notification",
+        "notification_id",
         "attempt",
         "next_attempt_at",
         "attempted_at",

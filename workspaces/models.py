@@ -427,9 +427,8 @@ class WebhookDelivery(models.Model):
         WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
     )
     event_id = models.BigIntegerField(db_index=True)
-    notification = models.ForeignKey(
-        Notification, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    # The first notification of the announcement, by id: the log outlives the inbox row.
+    notification_id = models.BigIntegerField(null=True, blank=True)
     attempt = models.PositiveSmallIntegerField(default=1)
     payload = models.JSONField(default=dict, editable=False)
     next_attempt_at = models.DateTimeField(help_text="When this attempt is due.")
@@ -447,7 +446,7 @@ class WebhookDelivery(models.Model):
         verbose_name_plural = "webhook deliveries"
         constraints = [
             models.UniqueConstraint(
-                fields=["webhook", "event_id", "notification", "attempt"],
+                fields=["webhook", "event_id", "notification_id", "attempt"],
                 name="webhookdelivery_one_attempt",
             )
         ]

@@ -404,7 +404,7 @@ def notifications_consume(event: Event) -> None:
                 workspace_id=event.workspace_id,
                 webhook=webhook,
                 event_id=event.pk,
-                notification=rows[0],
+                notification_id=rows[0].pk,
                 attempt=1,
                 payload=payload,
                 next_attempt_at=now,

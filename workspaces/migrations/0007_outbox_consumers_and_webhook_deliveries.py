@@ -114,16 +114,7 @@ class Migration(migrations.Migration):
                 ("status_code", models.PositiveIntegerField(blank=True, null=True)),
                 ("error", models.TextField(blank=True)),
                 ("delivered_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "notification",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="+",
-                        to="workspaces.notification",
-                    ),
-                ),
+                ("notification_id", models.BigIntegerField(blank=True, null=True)),
                 (
                     "webhook",
                     models.ForeignKey(
@@ -151,7 +142,7 @@ class Migration(migrations.Migration):
                 ],
                 "constraints": [
                     models.UniqueConstraint(
-                        fields=("webhook", "event_id", "notification", "attempt"),
+                        fields=("webhook", "event_id", "notification_id", "attempt"),
                         name="webhookdelivery_one_attempt",
                     )
                 ],
