@@ -290,7 +290,10 @@ CELERY_TASK_ROUTES: dict = {}
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
     "feature-health": {"task": "features.tasks.health_check_all", "schedule": 60.0},
-    "feature-materialize": {"task": "features.tasks.materialize_online", "schedule": 300.0},
+    # The consumers of the event log (notifications, online materialisation, OpenLineage
+    # export): queued after each commit that wrote an event; this is the catch-up (and what
+    # sends delivery retries once their backoff has passed).
+    "outbox-drain": {"task": "workspaces.tasks.outbox_drain", "schedule": 10.0},
     "feature-sweep": {"task": "features.tasks.sweep_uncommitted_files", "schedule": 3600.0},
 }
 
@@ -336,6 +339,7 @@ SERVING_MLFLOW_ASYNC = env_bool("SERVING_MLFLOW_ASYNC", not TESTING)
 SERVING_PREDLOG_FLUSH_THREAD = env_bool("SERVING_PREDLOG_FLUSH_THREAD", not TESTING)
 WSGI_GC_FREEZE = env_bool("WSGI_GC_FREEZE", not TESTING)
 LINEAGE_GAP_WAIT_SECONDS = 0.0 if TESTING else float(os.environ.get("LINEAGE_GAP_WAIT_SECONDS", 5))
+OUTBOX_GAP_WAIT_SECONDS = 0.0 if TESTING else float(os.environ.get("OUTBOX_GAP_WAIT_SECONDS", 5))
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

@@ -21,6 +21,16 @@ class FeaturesConfig(AppConfig):
         # Online lookups cache the registry per process; any registry write invalidates it.
         connect_access_invalidation(FeatureGroup, FeatureGroupVersion, Feature)
 
+        from features import materialization
+        from workspaces import outbox
+
+        # A batch the push could not write online is written by this consumer of the log.
+        outbox.consumer_register(
+            materialization.CONSUMER,
+            materialization.batch_materialize_event,
+            verbs=["feature_batch.ingested"],
+        )
+
 
 def _demo_features(base_url: str, stdout) -> None:
     from django.core.management import call_command

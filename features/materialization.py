@@ -1,10 +1,14 @@
-"""Materialisation: rebuild a group's online rows from its offline (Parquet) record.
+"""Materialisation: write a group's online rows from its offline (Parquet) record.
 
-An accepted batch is durable offline first; its online write happens after commit and may fail
-(Redis down, a worker lost), leaving ``Batch.online_written`` false. The scheduled task finds such
-batches and replays the latest row per entity of that group version into the online store. The
-online store keeps a row only when it is not older than the stored one, so replaying is harmless
-and the task is idempotent.
+An accepted batch is durable offline first; the push writes it online right after commit, and
+that write may fail (Redis down, a worker lost), leaving ``Batch.online_written`` false. The
+``features.online`` consumer of the event log (``workspaces.outbox``) reads every committed
+``feature_batch.ingested`` event after its cursor and writes that batch online when the push did
+not (``batch_materialize_event``); a handler that fails (the online store is down) keeps the
+cursor before the event, so it is tried again until it succeeds. The online store keeps a row
+only when it is not older than the stored one, so writing a batch twice (the push and the
+consumer racing) is harmless and the consumer idempotent. ``group_materialize`` rebuilds a whole
+group version on demand.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from features import offline_store
 from features.ingestion import write_online
 from features.models import Batch, FeatureGroup, FeatureGroupVersion, Lifecycle
 from workspaces.events import Ref, event_record
+from workspaces.models import Event
+
+CONSUMER = "features.online"
 
 
 @dataclass(frozen=True)
@@ -105,3 +112,46 @@ def materialize_pending(now: datetime | None = None) -> list[Materialized]:
         group_materialize(group=groups[group_id], version=version, now=now)
         for group_id, version in pairs
     ]
+
+
+def batch_materialize_event(event: Event) -> None:
+    """The ``features.online`` consumer's handler for one ``feature_batch.ingested`` event: write
+    the batch's rows online unless the push already did, then mark it written. Raises when the
+    online store cannot be written, so the consumer tries the event again."""
+    batch_id = next(
+        (int(r.object_id) for r in event.refs.all() if r.kind == "batch" and r.object_id.isdigit()),
+        None,
+    )
+    if batch_id is None or event.workspace_id is None:
+        return
+    batch = (
+        Batch.objects.for_workspace(event.workspace_id)
+        .filter(pk=batch_id, online_written=False, group__online=True)
+        .exclude(group__status=Lifecycle.RETIRED)
+        .select_related("group", "group__workspace")
+        .first()
+    )
+    if batch is None:
+        return  # written by the push (or the group is offline only, or retired)
+    group = batch.group
+    spec = (
+        FeatureGroupVersion.objects.for_workspace(group.workspace_id)
+        .filter(group=group, version=batch.version)
+        .first()
+    )
+    if spec is None:
+        return
+    table = offline_store.read_batch(
+        workspace_id=group.workspace_id,
+        group_id=group.pk,
+        version=batch.version,
+        batch_id=batch.pk,
+        columns=[
+            *group.entity_keys,
+            group.event_time_column,
+            *[s["name"] for s in spec.features],
+        ],
+    )
+    if table is not None and table.num_rows:
+        write_online(group=group, version=batch.version, table=table)
+    Batch.objects.for_workspace(group.workspace_id).filter(pk=batch.pk).update(online_written=True)

@@ -165,6 +165,23 @@ def read_group(
         ).to_arrow_table()
 
 
+def read_batch(
+    *, workspace_id: int, group_id: int, version: int, batch_id: int, columns: list[str]
+) -> pa.Table | None:
+    """The rows of one committed batch (its files, one per event-time day); None when it has
+    none left (its group version was removed)."""
+    base = group_dir(workspace_id=workspace_id, group_id=group_id, version=version)
+    paths = sorted(str(p) for p in base.glob(f"date=*/batch-{int(batch_id)}.parquet"))
+    if not paths:
+        return None
+    selected = ", ".join(quote(c) for c in columns)
+    with connect() as connection:
+        return connection.sql(
+            f"SELECT {selected} FROM read_parquet(?, {READ_OPTIONS})",  # noqa: S608 - quoted
+            params=[paths],
+        ).to_arrow_table()
+
+
 def latest_per_entity(
     *,
     workspace_id: int,

@@ -1,7 +1,8 @@
 """Celery tasks of the features app: thin, idempotent, taking ids. Beat runs the health checks
-every minute, the online materialisation every five minutes and the sweep of uncommitted
-offline files every hour (config/settings.py); dataset builds asked for from a page or the API run
-here."""
+every minute and the sweep of uncommitted offline files every hour (config/settings.py); a batch
+the push could not write online is written by the ``features.online`` consumer of the event log
+(``features.materialization``, driven by ``workspaces.tasks.outbox_drain``); dataset builds and
+rebuilds asked for from a page or the API run here."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def health_check_group(group_id: int) -> str | None:
 
 @shared_task(name="features.tasks.materialize_online", ignore_result=True)
 def materialize_online(group_ids: list[int] | None = None) -> dict[str, int]:
-    """Write batches that never reached the online store; with ``group_ids``, rebuild those
-    groups' current versions from the offline record whether or not anything is pending."""
+    """With ``group_ids``, rebuild those groups' current versions from the offline record
+    whether or not anything is pending; without, sweep every batch that never reached the online
+    store (by hand: the consumer of the log is what writes them as they come)."""
     if group_ids:
         groups = (
             FeatureGroup.objects.unscoped()

@@ -1,9 +1,13 @@
 """OpenLineage out (RunEvents for the platform's training jobs) and in (events from Spark,
 Airflow, dbt ... posted to ``POST /api/v1/lineage``).
 
-Out: when ``OPENLINEAGE_URL`` is set, the projection sends one RunEvent per training-job state
-that OpenLineage knows (running -> START, succeeded -> COMPLETE, failed -> FAIL, cancelled ->
-ABORT) after its batch commits, with the job's input datasets and the model versions it produced.
+Out: when ``OPENLINEAGE_URL`` is set, the ``lineage.openlineage`` consumer of the event log
+(``workspaces.outbox``, its own cursor) sends one RunEvent per training-job state that
+OpenLineage knows (running -> START, succeeded -> COMPLETE, failed -> FAIL, cancelled -> ABORT),
+with the job's input datasets and the model versions it produced. It waits until the projection
+has applied the event (the outputs come from the graph), sends in event order, and a send that
+fails keeps the cursor before the event, so it is sent again later: at least once, with the same
+run id, event type and time on a repeat (a receiver such as Marquez upserts on them).
 Our namespace is ``<OPENLINEAGE_NAMESPACE_PREFIX>/<workspace slug>`` (so our own events posted
 back to us never map to a workspace). Unset: nothing is sent.
 
@@ -32,6 +36,8 @@ from workspaces.events import Ref, event_record
 from workspaces.models import Event, Workspace
 
 logger = logging.getLogger(__name__)
+
+CONSUMER = "lineage.openlineage"
 
 PRODUCER = "https://github.com/rankops/rankops/lineage"
 STATE_TO_EVENT = {
@@ -92,32 +98,56 @@ def run_event_for(event: Event, refs: list) -> Any | None:
     )
 
 
-def emit_run_events(pending: list) -> int:
-    """Send the RunEvents of projected training-job events; failures are logged, not raised."""
-    url = setting("OPENLINEAGE_URL")
-    if not url or not pending:
-        return 0
+def _client() -> Any:
     from openlineage.client import OpenLineageClient
     from openlineage.client.transport.http import ApiKeyTokenProvider, HttpConfig, HttpTransport
 
     api_key = setting("OPENLINEAGE_API_KEY")
     config = HttpConfig(
-        url=url,
+        url=setting("OPENLINEAGE_URL"),
         timeout=5.0,
         retry={"total": 1},
         **({"auth": ApiKeyTokenProvider({"apiKey": api_key})} if api_key else {}),
     )
-    client = OpenLineageClient(transport=HttpTransport(config))
+    return OpenLineageClient(transport=HttpTransport(config))
+
+
+def emit_run_events(pending: list) -> int:
+    """Send the RunEvents of these (event, refs) pairs now; raises when a send fails (the
+    consumer then tries again). Without ``OPENLINEAGE_URL`` nothing is sent."""
+    if not setting("OPENLINEAGE_URL") or not pending:
+        return 0
+    client = _client()
     sent = 0
     for event, refs in pending:
-        try:
-            run_event = run_event_for(event, refs)
-            if run_event is not None:
-                client.emit(run_event)
-                sent += 1
-        except Exception:  # an unreachable lineage server must not stop the projection
-            logger.exception("could not send OpenLineage event for %s", event.verb)
+        run_event = run_event_for(event, refs)
+        if run_event is not None:
+            client.emit(run_event)
+            sent += 1
     return sent
+
+
+def openlineage_export(event: Event) -> None:
+    """The ``lineage.openlineage`` consumer's handler for one ``training.job.*`` event: send its
+    RunEvent once the projection has applied the event (``NotYet`` until then)."""
+    from lineage.models import Cursor, CursorGap
+    from lineage.projection import CURSOR, IGNORED_KINDS, R, canonical_kind
+    from workspaces.outbox import NotYet
+
+    if not setting("OPENLINEAGE_URL") or event.workspace_id is None:
+        return
+    projected = (
+        Cursor.objects.filter(name=CURSOR, last_event_id__gte=event.pk).exists()
+        and not CursorGap.objects.filter(cursor_id=CURSOR, event_id=event.pk).exists()
+    )
+    if not projected:
+        raise NotYet(f"event {event.pk} is not projected yet")
+    refs = [
+        R(canonical_kind(r.kind), r.object_id, r.label, r.role)
+        for r in event.refs.all()
+        if canonical_kind(r.kind) not in IGNORED_KINDS
+    ]
+    emit_run_events([(event, refs)])
 
 
 # --- in --------------------------------------------------------------------------------------

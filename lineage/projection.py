@@ -405,9 +405,7 @@ def _first_target(refs: list[R]) -> R | None:
 class Projector:
     """Applies events; caches the nodes it touched during one batch."""
 
-    emit: bool = True
     nodes: dict[tuple[int, str, str], Node] = field(default_factory=dict)
-    run_events: list[tuple[Event, list[R]]] = field(default_factory=list)
 
     def find(self, workspace_id: int, kind: str, object_id: str) -> Node | None:
         key = (workspace_id, canonical_kind(kind), str(object_id))
@@ -596,8 +594,6 @@ class Projector:
             registered.rule(event, refs, self)
         if first:
             self.usage(event, refs)
-        if self.emit and event.verb.startswith("training.job."):
-            self.run_events.append((event, refs))
 
 
 # --- driving it ------------------------------------------------------------------------------
@@ -701,20 +697,10 @@ def _apply_late_events(projector: Projector, cursor: Cursor) -> int:
     return len(late)
 
 
-def _emit_after_commit(projector: Projector) -> None:
-    if projector.run_events:
-        from lineage.openlineage import emit_run_events
-
-        pending = list(projector.run_events)
-        transaction.on_commit(lambda: emit_run_events(pending), robust=True)
-
-
-def _project_batch(
-    batch_size: int, gap_wait: float, emit: bool, wait: bool = True
-) -> tuple[int, bool | None]:
+def _project_batch(batch_size: int, gap_wait: float, wait: bool = True) -> tuple[int, bool | None]:
     """Apply up to ``batch_size`` events, or one slice of a large event; returns (applied,
     more may follow), or (0, None) when another process holds the cursor."""
-    projector = Projector(emit=emit)
+    projector = Projector()
     size = max(1, int(setting("LINEAGE_REFS_PER_SLICE")))
     with transaction.atomic():
         cursor = _cursor_locked(wait=wait)
@@ -729,7 +715,6 @@ def _project_batch(
             return int(_apply_slice(projector, cursor, event, subjects, others)), True
         late = _apply_late_events(projector, cursor)
         if late:
-            _emit_after_commit(projector)
             return late, True
         events = list(
             Event.objects.unscoped()
@@ -771,7 +756,6 @@ def _project_batch(
             applied += 1
         if applied:
             cursor.save(update_fields=["last_event_id", "updated_at"])
-        _emit_after_commit(projector)
     more = len(events) == batch_size or applied < len(events)
     return applied, more and not stopped
 
@@ -791,7 +775,6 @@ def project_for(
     seconds: float | None = None,
     limit: int | None = None,
     gap_wait: float | None = None,
-    emit: bool = True,
     wait: bool = True,
 ) -> ProjectionRun:
     """Apply events after the cursor for at most ``seconds`` (and ``limit`` events). Each
@@ -803,7 +786,7 @@ def project_for(
     more: bool | None = True
     while limit is None or total < limit:
         size = batch_size if limit is None else min(batch_size, limit - total)
-        applied, more = _project_batch(size, gap, emit, wait)
+        applied, more = _project_batch(size, gap, wait)
         total += applied
         if more is None:
             return ProjectionRun(total, more=True, busy=True)
@@ -816,13 +799,12 @@ def project(
     *,
     limit: int | None = None,
     gap_wait: float | None = None,
-    emit: bool = True,
     wait: bool = True,
 ) -> int:
     """Apply the events after the cursor (at most ``limit``); returns how many were applied.
 
     ``wait=False`` returns at once when another process holds the cursor (it is projecting)."""
-    return project_for(limit=limit, gap_wait=gap_wait, emit=emit, wait=wait).applied
+    return project_for(limit=limit, gap_wait=gap_wait, wait=wait).applied
 
 
 def catch_up() -> None:
@@ -840,7 +822,8 @@ def catch_up() -> None:
 
 @transaction.atomic
 def rebuild() -> int:
-    """Throw the projection away and replay the whole event log (no OpenLineage emission)."""
+    """Throw the projection away and replay the whole event log (OpenLineage export is a
+    consumer of the log with its own cursor: a rebuild sends nothing again)."""
     Cursor.objects.select_for_update().filter(name=CURSOR).first()
     AuditItem.objects.unscoped().delete()
     CursorGap.objects.all().delete()
@@ -857,7 +840,7 @@ def rebuild() -> int:
             "has_gaps": False,
         },
     )
-    return project(gap_wait=0, emit=False)
+    return project(gap_wait=0)
 
 
 # --- the post-commit hook --------------------------------------------------------------------

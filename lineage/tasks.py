@@ -33,6 +33,11 @@ def project_events() -> int:
     run = project_for(seconds=float(setting("LINEAGE_TASK_BUDGET_SECONDS")), wait=False)
     if run.more:
         enqueue_projection_once(countdown=FOLLOW_UP_DELAY if run.busy else None)
+    if run.applied and setting("OPENLINEAGE_URL"):
+        # The OpenLineage export (a consumer of the log) waits for the projection: wake it.
+        from workspaces.tasks import enqueue_drain_once
+
+        enqueue_drain_once()
     return run.applied
 
 

@@ -19,11 +19,13 @@ from workspaces.admin_base import UnscopedAdminMixin
 from workspaces.exceptions import ConflictError
 from workspaces.models import (
     ApiToken,
+    ConsumerCursor,
     Event,
     EventRef,
     Membership,
     Notification,
     ServiceAccount,
+    WebhookDelivery,
     WebhookEndpoint,
     Workspace,
     WorkspacePolicy,
@@ -412,6 +414,9 @@ class NotificationAdmin(UnscopedAdminMixin, admin.ModelAdmin):
         "created_at",
         "read_at",
         "delivered_at",
+        "email_attempts",
+        "email_next_attempt_at",
+        "email_error",
     ]
 
     def get_queryset(self, request):
@@ -462,6 +467,67 @@ class WebhookEndpointAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     def delete_webhooks(self, request, queryset: QuerySet) -> None:
         for webhook in queryset.select_related("workspace"):
             notifications.webhook_delete(actor=request.user, webhook=webhook)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+    """The webhook delivery log: one row per attempt, written by the sender; read-only."""
+
+    list_display = [
+        "id",
+        "workspace",
+        "webhook",
+        "event_id",
+        "attempt",
+        "status_code",
+        "next_attempt_at",
+        "attempted_at",
+        "delivered_at",
+    ]
+    list_filter = ["workspace", ("delivered_at", admin.EmptyFieldListFilter)]
+    search_fields = ["=event_id", "error"]
+    readonly_fields = [
+        "workspace",
+        "webhook",
+        "event_id",
+        "notification_id",
+        "attempt",
+        "next_attempt_at",
+        "attempted_at",
+        "status_code",
+        "error",
+        "delivered_at",
+    ]
+    exclude = ["payload", "claimed_until"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("workspace", "webhook")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ConsumerCursor)
+class ConsumerCursorAdmin(admin.ModelAdmin):
+    """Where each consumer of the event log stands (and its last handler error); read-only."""
+
+    list_display = ["name", "last_event_id", "has_gaps", "failures", "updated_at"]
+    readonly_fields = ["name", "last_event_id", "has_gaps", "failures", "last_error", "updated_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 class PlatformAdminOnlyMixin:

@@ -366,8 +366,15 @@ class Notification(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     read_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(
-        null=True, blank=True, help_text="When the delivery task took it (e-mail and webhooks)."
+        null=True,
+        blank=True,
+        help_text="When its e-mail was sent (or found not needed: the recipient has no address).",
     )
+    # E-mail delivery, driven by the notifications consumer of the event log: due from
+    # ``email_next_attempt_at`` (none: not due yet, or nothing left to send), retried with backoff.
+    email_attempts = models.PositiveSmallIntegerField(default=0)
+    email_next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    email_error = models.TextField(blank=True)
 
     objects = NotificationQuerySet.as_manager()
 
@@ -407,6 +414,84 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"webhook {self.pk} of {self.workspace.slug}"
+
+
+class WebhookDelivery(models.Model):
+    """One attempt to post one notification (an event's announcement) to one webhook: the
+    delivery log. The notifications consumer of the event log writes the first attempt; a failed
+    attempt writes the next one, due after an exponential backoff, until one succeeds or the
+    attempts run out. Receivers dedup on the event id (header ``X-RankOps-Event-Id``)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    webhook = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    event_id = models.BigIntegerField(db_index=True)
+    # The first notification of the announcement, by id: the log outlives the inbox row.
+    notification_id = models.BigIntegerField(null=True, blank=True)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    payload = models.JSONField(default=dict, editable=False)
+    next_attempt_at = models.DateTimeField(help_text="When this attempt is due.")
+    # A sender took the attempt until then; past it (the sender died), another one may.
+    claimed_until = models.DateTimeField(null=True, blank=True, editable=False)
+    attempted_at = models.DateTimeField(null=True, blank=True)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["webhook", "event_id", "notification_id", "attempt"],
+                name="webhookdelivery_one_attempt",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["attempted_at", "next_attempt_at"], name="webhookdelivery_due")
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.event_id} to webhook {self.webhook_id}, attempt {self.attempt}"
+
+
+class ConsumerCursor(models.Model):
+    """How far one consumer of the event log (``workspaces.outbox``) has read: the last event id
+    it applied, moved in the same transaction as the consumer's own writes."""
+
+    name = models.CharField(max_length=60, primary_key=True)
+    last_event_id = models.BigIntegerField(default=0)
+    # Whether any ``ConsumerGap`` is remembered (a batch without gaps spends no query on them).
+    has_gaps = models.BooleanField(default=False)
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Runs in a row whose handler failed on the event after the cursor."
+    )
+    last_error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} at event {self.last_event_id}"
+
+
+class ConsumerGap(models.Model):
+    """An event id a consumer's cursor passed without seeing: a transaction that took it may
+    still commit (the event is then applied late), or it rolled back (the gap is forgotten after
+    ``OUTBOX_GAP_FORGET_SECONDS``)."""
+
+    cursor = models.ForeignKey(ConsumerCursor, on_delete=models.CASCADE, related_name="gaps")
+    event_id = models.BigIntegerField()
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cursor", "event_id"], name="consumergap_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cursor_id} missing event {self.event_id}"
 
 
 # Platform-wide defaults of the per-workspace policy; ``settings.WORKSPACE_POLICY_DEFAULTS``

@@ -1,9 +1,17 @@
-"""Notifications: in-app messages to users, delivered by e-mail and signed webhooks after commit.
+"""Notifications: in-app messages to users, delivered by e-mail and signed webhooks from the log.
 
 Every app notifies through ``notify``: it writes one Notification per recipient in the caller's
-transaction (beside the event that caused it) and, once that transaction commits, enqueues the
-Celery task that sends the e-mails and posts to the workspace's webhooks. A rolled-back change
-therefore never notifies anyone.
+transaction (beside the event that caused it) and one ``notification.created`` event naming them,
+and nothing else. Delivery is a consumer of the event log (``workspaces.outbox``): the
+``notifications`` consumer reads each committed ``notification.created`` event after its cursor
+and, in the same transaction that moves the cursor, marks the e-mails due and writes the first
+``WebhookDelivery`` attempt for each active webhook of the workspace. ``deliveries_send`` then
+sends what is due, outside any transaction: at least once, since an attempt whose sender died
+is taken again after its lease; a failed one is retried after an exponential backoff
+(``WEBHOOK_RETRY_BASE_SECONDS`` doubling per attempt, at most ``WEBHOOK_RETRY_MAX_SECONDS``,
+``WEBHOOK_MAX_ATTEMPTS`` in all), each attempt a row of the delivery log. Every post carries the
+announcement's event id (header ``X-RankOps-Event-Id``, also ``id`` in the body), the same on every
+attempt, so a receiver dedups on it. A rolled-back change therefore never notifies anyone.
 
 Outbound webhook URLs are a server-side request forgery risk (BAD-INPUTS.md): only http(s) to
 public addresses is allowed (``workspaces.outbound``, the platform's one SSRF guard), checked
@@ -22,10 +30,9 @@ import logging
 import secrets
 import socket
 import ssl
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,19 +42,39 @@ from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
 from workspaces import outbound
 from workspaces.events import Ref, event_record
-from workspaces.models import ApiToken, Event, Notification, WebhookEndpoint, Workspace
+from workspaces.models import (
+    ApiToken,
+    Event,
+    Notification,
+    WebhookDelivery,
+    WebhookEndpoint,
+    Workspace,
+)
 
 logger = logging.getLogger(__name__)
 
 WEBHOOK_TIMEOUT_SECONDS = 5
 WEBHOOK_MAX_URL_LENGTH = 2000
 WEBHOOK_SIGNATURE_HEADER = "X-RankOps-Signature"
+WEBHOOK_EVENT_ID_HEADER = "X-RankOps-Event-Id"
+NOTIFICATION_VERB = "notification.created"
+CONSUMER = "notifications"
+# Delivery retries (settings of the same names override these).
+DELIVERY_DEFAULTS: dict[str, float] = {
+    "WEBHOOK_RETRY_BASE_SECONDS": 30.0,
+    "WEBHOOK_RETRY_MAX_SECONDS": 3600.0,
+    "WEBHOOK_MAX_ATTEMPTS": 8,
+    # How long a sender holds an attempt it took; past it (the sender died) another takes it.
+    "DELIVERY_LEASE_SECONDS": 60.0,
+    # Most e-mails and webhook attempts one ``deliveries_send`` call sends of each.
+    "DELIVERY_BATCH_SIZE": 200,
+}
 MAX_WEBHOOKS_PER_WORKSPACE = 20
 MIN_SECRET_LENGTH = 16
 ALLOWED_SCHEMES = {"http": 80, "https": 443}
@@ -120,26 +147,43 @@ def webhook_sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+class PinnedHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to one checked address, whatever the host name resolves to now."""
+
+    def __init__(self, host: str, port: int, *, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.pinned_address = address
+
+    def connect(self) -> None:
+        """Open the TCP connection to the pinned address (``connect`` is the documented hook)."""
+        self.sock = socket.create_connection(
+            (self.pinned_address, self.port), self.timeout, self.source_address
+        )
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class PinnedHTTPSConnection(PinnedHTTPConnection):
+    """HTTPS to one checked address: TLS still verifies the certificate against the host name;
+    only the TCP peer is pinned."""
+
+    default_port = http.client.HTTPS_PORT
+
+    def __init__(self, host: str, port: int, *, address: str, timeout: float) -> None:
+        super().__init__(host, port, address=address, timeout=timeout)
+        self.tls_context = ssl.create_default_context()
+
+    def connect(self) -> None:
+        """Connect to the pinned address, then wrap the socket in TLS for the host name."""
+        super().connect()
+        self.sock = self.tls_context.wrap_socket(self.sock, server_hostname=self.host)
+
+
 def _post(target: WebhookTarget, *, body: bytes, headers: dict[str, str]) -> int:
     """POST to the checked address (not a fresh lookup); redirects are not followed."""
-    address = target.addresses[0]
-    if target.scheme == "https":
-        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-            target.host,
-            target.port,
-            timeout=WEBHOOK_TIMEOUT_SECONDS,
-            context=ssl.create_default_context(),
-        )
-    else:
-        connection = http.client.HTTPConnection(
-            target.host, target.port, timeout=WEBHOOK_TIMEOUT_SECONDS
-        )
-
-    # TLS still verifies the certificate against the host name; only the TCP peer is pinned.
-    def connect_pinned(_address, timeout, source_address=None):
-        return socket.create_connection((address, target.port), timeout, source_address)
-
-    connection._create_connection = connect_pinned
+    kind = PinnedHTTPSConnection if target.scheme == "https" else PinnedHTTPConnection
+    connection = kind(
+        target.host, target.port, address=target.addresses[0], timeout=WEBHOOK_TIMEOUT_SECONDS
+    )
     try:
         connection.request("POST", target.path, body=body, headers=headers)
         response = connection.getresponse()
@@ -172,7 +216,8 @@ def notify(
     event: Event | None = None,
 ) -> list[Notification]:
     """Notify users of something in a workspace: one row each (duplicates and inactive users
-    dropped), written in the caller's transaction; e-mail and webhooks follow after commit."""
+    dropped) and one ``notification.created`` event, written in the caller's transaction; the
+    notifications consumer of the log sends the e-mails and webhook posts after commit."""
     users = _recipients(recipients)
     if not users:
         return []
@@ -191,16 +236,18 @@ def notify(
                 for user in users
             ]
         )
-        ids = [n.pk for n in notifications]
-        # robust: a broker that is down must not turn the committed change into an error.
-        transaction.on_commit(partial(_enqueue_delivery, ids), robust=True)
+        event_record(
+            actor=None,
+            workspace=workspace,
+            verb=NOTIFICATION_VERB,
+            refs=[Ref(kind="notification", object_id=notifications[0].pk, label=verb[:80])],
+            payload={
+                "notifications": [n.pk for n in notifications],
+                "verb": verb[:80],
+                "cause_event_id": event.pk if event is not None else None,
+            },
+        )
     return notifications
-
-
-def _enqueue_delivery(notification_ids: list[int]) -> None:
-    from workspaces.tasks import deliver_notifications
-
-    deliver_notifications.delay(notification_ids)
 
 
 @transaction.atomic
@@ -295,55 +342,26 @@ def webhooks_of(*, workspace: Workspace) -> QuerySet[WebhookEndpoint]:
     )
 
 
-# --- delivery (run by workspaces.tasks.deliver_notifications) ------------------------------------
+# --- delivery: the consumer of the log, then the sender ---------------------------------------
 
 
-def _claim(notification_ids: list[int]) -> list[Notification]:
-    """Take the not-yet-delivered rows; a redelivered task finds none and sends nothing twice."""
-    with transaction.atomic():
-        claimed = list(
-            Notification.objects.unscoped()
-            .select_for_update()
-            .filter(pk__in=notification_ids, delivered_at__isnull=True)
-            .order_by("pk")
-        )
-        if claimed:
-            Notification.objects.unscoped().filter(pk__in=[n.pk for n in claimed]).update(
-                delivered_at=timezone.now()
-            )
-    if not claimed:
-        return []
-    return list(
-        Notification.objects.unscoped()
-        .filter(pk__in=[n.pk for n in claimed])
-        .select_related("workspace", "recipient")
-        .order_by("pk")
-    )
+def delivery_setting(name: str) -> Any:
+    """A delivery knob: ``settings.<name>`` when set, else the default here."""
+    return getattr(settings, name, DELIVERY_DEFAULTS[name])
 
 
-def _send_emails(notifications: list[Notification]) -> int:
-    messages = [
-        EmailMessage(
-            subject=f"[RankOps {n.workspace.slug}] {n.title}",
-            body=f"{n.body}\n\n{n.link}".strip() if n.link else n.body,
-            to=[n.recipient.email],
-        )
-        for n in notifications
-        if n.recipient.email
-    ]
-    if not messages:
-        return 0
-    try:
-        return get_connection().send_messages(messages) or 0
-    except Exception:  # a mail outage must not stop the webhooks
-        logger.exception("sending %d notification e-mails failed", len(messages))
-        return 0
+def delivery_backoff(attempt: int) -> timedelta:
+    """How long after failed attempt number ``attempt`` (1, 2, ...) the next one is due:
+    the base doubled per attempt, capped."""
+    base = float(delivery_setting("WEBHOOK_RETRY_BASE_SECONDS"))
+    cap = float(delivery_setting("WEBHOOK_RETRY_MAX_SECONDS"))
+    return timedelta(seconds=min(cap, base * 2 ** max(0, attempt - 1)))
 
 
-def _webhook_payload(notifications: list[Notification]) -> dict[str, Any]:
+def _webhook_payload(event: Event, notifications: list[Notification]) -> dict[str, Any]:
     first = notifications[0]
     return {
-        "id": str(uuid.uuid4()),
+        "id": str(event.pk),
         "workspace": first.workspace.slug,
         "verb": first.verb,
         "title": first.title,
@@ -355,53 +373,203 @@ def _webhook_payload(notifications: list[Notification]) -> dict[str, Any]:
     }
 
 
-def webhook_deliver(*, webhook: WebhookEndpoint, payload: dict[str, Any]) -> int | None:
-    """Post one signed payload to one webhook, re-checking its URL now; returns the HTTP status
-    (None when refused or unreachable) and records the outcome on the webhook."""
+def notifications_consume(event: Event) -> None:
+    """The ``notifications`` consumer's handler, for one ``notification.created`` event: marks
+    its e-mails due and writes the first delivery attempt for each active webhook. Runs in the
+    transaction that moves the consumer's cursor; applying an event twice adds nothing."""
+    ids = [int(i) for i in (event.payload or {}).get("notifications", [])]
+    if not ids or event.workspace_id is None:
+        return
+    rows = list(
+        Notification.objects.for_workspace(event.workspace_id)
+        .filter(pk__in=ids)
+        .select_related("workspace", "recipient")
+        .order_by("pk")
+    )
+    if not rows:
+        return
+    now = timezone.now()
+    fresh = Notification.objects.for_workspace(event.workspace_id).filter(
+        pk__in=[n.pk for n in rows], delivered_at__isnull=True, email_attempts=0
+    )
+    with_address = [n.pk for n in rows if n.recipient.email and n.recipient.is_active]
+    fresh.filter(pk__in=with_address, email_next_attempt_at__isnull=True).update(
+        email_next_attempt_at=now
+    )
+    fresh.exclude(pk__in=with_address).update(delivered_at=now)
+    payload = json.loads(json.dumps(_webhook_payload(event, rows), cls=DjangoJSONEncoder))
+    WebhookDelivery.objects.bulk_create(
+        [
+            WebhookDelivery(
+                workspace_id=event.workspace_id,
+                webhook=webhook,
+                event_id=event.pk,
+                notification_id=rows[0].pk,
+                attempt=1,
+                payload=payload,
+                next_attempt_at=now,
+            )
+            for webhook in WebhookEndpoint.objects.for_workspace(event.workspace_id).filter(
+                active=True
+            )
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def webhook_post(
+    *, webhook: WebhookEndpoint, payload: dict[str, Any], event_id: int
+) -> tuple[int | None, str, bool]:
+    """Post one signed payload to one webhook, re-checking its URL now. Returns the HTTP status
+    (None when refused or unreachable), the error ("" on a 2xx answer) and whether a retry may
+    help (not for a URL the SSRF guard refuses); records the outcome on the webhook."""
     body = json.dumps(payload, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "RankOps-Webhook/1",
         "X-RankOps-Event": str(payload.get("verb", "")),
         "X-RankOps-Delivery": str(payload.get("id", "")),
+        WEBHOOK_EVENT_ID_HEADER: str(event_id),
         WEBHOOK_SIGNATURE_HEADER: webhook_sign(webhook.secret, body),
     }
     status: int | None = None
     error = ""
+    retry = True
     try:
         target = webhook_url_validate(webhook.url)
         status = _post(target, body=body, headers=headers)
-        if status >= 400:
+        if not 200 <= status < 300:
             error = f"HTTP {status}"
     except ValidationError as exc:
         error = f"refused: {'; '.join(exc.message_dict.get('url', exc.messages))}"
+        retry = False
     except (OSError, http.client.HTTPException) as exc:
         error = f"{type(exc).__name__}: {exc}"[:1000]
     WebhookEndpoint.objects.filter(pk=webhook.pk, workspace=webhook.workspace_id).update(
         last_attempt_at=timezone.now(), last_status=status, last_error=error
     )
     if error:
-        logger.warning("webhook %s delivery failed: %s", webhook.pk, error)
-    return status
+        logger.warning("webhook %s delivery of event %s failed: %s", webhook.pk, event_id, error)
+    return status, error, retry
 
 
-def notifications_deliver(notification_ids: list[int]) -> dict[str, int]:
-    """Send the e-mails of these notifications and post them to their workspaces' webhooks.
+def _claim_attempt(attempt: WebhookDelivery, now: datetime) -> bool:
+    lease = timedelta(seconds=float(delivery_setting("DELIVERY_LEASE_SECONDS")))
+    return bool(
+        WebhookDelivery.objects.for_workspace(attempt.workspace_id)
+        .filter(pk=attempt.pk, attempted_at__isnull=True, next_attempt_at__lte=now)
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
+        .update(claimed_until=now + lease)
+    )
 
-    The notifications of one ``notify`` call are one announcement: each webhook gets one post for
-    it, listing the recipients, while each recipient with an address gets one e-mail.
-    """
-    notifications = _claim(list(notification_ids))
-    emails = _send_emails(notifications)
-    announcements: dict[tuple, list[Notification]] = {}
-    for n in notifications:
-        key = (n.workspace_id, n.verb, n.title, n.body, n.link, n.event_id)
-        announcements.setdefault(key, []).append(n)
-    posts = 0
-    for group in announcements.values():
-        workspace = group[0].workspace
-        payload = _webhook_payload(group)
-        for webhook in WebhookEndpoint.objects.for_workspace(workspace).filter(active=True):
-            webhook_deliver(webhook=webhook, payload=payload)
-            posts += 1
-    return {"notifications": len(notifications), "emails": emails, "webhook_posts": posts}
+
+def _webhook_attempt(attempt: WebhookDelivery, now: datetime) -> bool:
+    """Send one claimed attempt and log its outcome; a failure writes the next attempt."""
+    webhook = attempt.webhook
+    if not webhook.active:
+        status, error, retry = None, "webhook deactivated", False
+    else:
+        status, error, retry = webhook_post(
+            webhook=webhook, payload=attempt.payload, event_id=attempt.event_id
+        )
+    with transaction.atomic():
+        WebhookDelivery.objects.for_workspace(attempt.workspace_id).filter(pk=attempt.pk).update(
+            attempted_at=now,
+            status_code=status,
+            error=error,
+            delivered_at=None if error else now,
+            claimed_until=None,
+        )
+        if error and retry and attempt.attempt < int(delivery_setting("WEBHOOK_MAX_ATTEMPTS")):
+            WebhookDelivery.objects.bulk_create(
+                [
+                    WebhookDelivery(
+                        workspace_id=attempt.workspace_id,
+                        webhook_id=attempt.webhook_id,
+                        event_id=attempt.event_id,
+                        notification_id=attempt.notification_id,
+                        attempt=attempt.attempt + 1,
+                        payload=attempt.payload,
+                        next_attempt_at=now + delivery_backoff(attempt.attempt),
+                    )
+                ],
+                ignore_conflicts=True,
+            )
+    return not error
+
+
+def _email_attempt(notification: Notification, now: datetime, connection: Any) -> bool:
+    message = EmailMessage(
+        subject=f"[RankOps {notification.workspace.slug}] {notification.title}",
+        body=(
+            f"{notification.body}\n\n{notification.link}".strip()
+            if notification.link
+            else notification.body
+        ),
+        to=[notification.recipient.email],
+    )
+    error = ""
+    try:
+        sent = connection.send_messages([message]) or 0
+        if not sent:
+            error = "the mail backend sent nothing"
+    except Exception as exc:  # noqa: BLE001 - a mail outage is retried, never raised
+        error = f"{type(exc).__name__}: {exc}"[:1000]
+        logger.warning("e-mail of notification %s failed: %s", notification.pk, error)
+    rows = Notification.objects.for_workspace(notification.workspace_id).filter(pk=notification.pk)
+    attempts = notification.email_attempts + 1  # the claim counted this attempt
+    if not error:
+        rows.update(delivered_at=now, email_next_attempt_at=None, email_error="")
+    elif attempts < int(delivery_setting("WEBHOOK_MAX_ATTEMPTS")):
+        rows.update(email_next_attempt_at=now + delivery_backoff(attempts), email_error=error)
+    else:
+        rows.update(email_next_attempt_at=None, email_error=error)
+    return not error
+
+
+def deliveries_send(*, now: datetime | None = None) -> dict[str, int]:
+    """Send the e-mails and webhook attempts due at ``now`` (default: the clock), each claimed
+    first so that concurrent senders never send one twice at once, and none inside a
+    transaction. Returns how many of each were sent successfully and how many failed."""
+    now = now or timezone.now()
+    size = int(delivery_setting("DELIVERY_BATCH_SIZE"))
+    lease = timedelta(seconds=float(delivery_setting("DELIVERY_LEASE_SECONDS")))
+    counts = {"emails": 0, "email_failures": 0, "webhook_posts": 0, "webhook_failures": 0}
+    # Platform-wide maintenance across workspaces: unscoped on purpose.
+    due_mail = list(
+        Notification.objects.unscoped()
+        .filter(delivered_at__isnull=True, email_next_attempt_at__lte=now)
+        .select_related("workspace", "recipient")
+        .order_by("email_next_attempt_at", "pk")[:size]
+    )
+    connection = get_connection() if due_mail else None
+    for notification in due_mail:
+        claimed = (
+            Notification.objects.for_workspace(notification.workspace_id)
+            .filter(
+                pk=notification.pk,
+                delivered_at__isnull=True,
+                email_next_attempt_at=notification.email_next_attempt_at,
+            )
+            .update(email_next_attempt_at=now + lease, email_attempts=F("email_attempts") + 1)
+        )
+        if claimed:
+            ok = _email_attempt(notification, now, connection)
+            counts["emails" if ok else "email_failures"] += 1
+    due_posts = list(
+        WebhookDelivery.objects.unscoped()
+        .filter(attempted_at__isnull=True, next_attempt_at__lte=now)
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
+        .select_related("webhook")
+        .order_by("next_attempt_at", "pk")[:size]
+    )
+    for attempt in due_posts:
+        if _claim_attempt(attempt, now):
+            ok = _webhook_attempt(attempt, now)
+            counts["webhook_posts" if ok else "webhook_failures"] += 1
+    return counts
+
+
+def webhook_deliveries_of(*, webhook: WebhookEndpoint) -> QuerySet[WebhookDelivery]:
+    """A webhook's delivery log, newest attempt first."""
+    return WebhookDelivery.objects.for_workspace(webhook.workspace_id).filter(webhook=webhook)

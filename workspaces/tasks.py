@@ -18,9 +18,53 @@ def worker_heartbeat() -> str:
 
 
 @shared_task(name="workspaces.tasks.deliver_notifications", ignore_result=True)
-def deliver_notifications(notification_ids: list[int]) -> dict[str, int]:
-    """E-mail the recipients of these notifications and post them to the workspace's webhooks;
-    each notification is delivered at most once, so a redelivered task sends nothing again."""
-    from workspaces.notifications import notifications_deliver
+def deliver_notifications(notification_ids: list[int] | None = None) -> dict[str, int]:
+    """Kept for messages queued before delivery moved to the event log: it drains the outbox
+    (the notifications consumer finds these notifications through their events)."""
+    return outbox_drain()
 
-    return notifications_deliver(notification_ids)
+
+# At most one drain of the outbox consumers waits in the queue at a time, however many events
+# commit (the key expires in case the queued run is lost; beat's catch-up covers that too).
+DRAIN_QUEUED_KEY = "workspaces:outbox-drain:queued"
+DRAIN_QUEUED_SECONDS = 15
+# The pause before the follow-up of a run that found a cursor held by another worker.
+DRAIN_FOLLOW_UP_DELAY = 0.5
+
+
+@shared_task(name="workspaces.tasks.outbox_drain", ignore_result=True)
+def outbox_drain() -> dict[str, int]:
+    """Run every consumer of the event log over what committed after its cursor (queued after
+    each commit that wrote an event, and by beat), then send the deliveries that are due.
+
+    Each consumer works for ``OUTBOX_TASK_BUDGET_SECONDS`` at most; when one has more left, or
+    another worker held its cursor, one follow-up run is queued."""
+    from workspaces import notifications, outbox
+
+    cache.delete(DRAIN_QUEUED_KEY)  # started: events committed from now on need another run
+    runs = outbox.consume_all(
+        seconds=float(outbox.setting("OUTBOX_TASK_BUDGET_SECONDS")), wait=False
+    )
+    if any(run.more for run in runs.values()):
+        busy = any(run.busy for run in runs.values())
+        enqueue_drain_once(countdown=DRAIN_FOLLOW_UP_DELAY if busy else None)
+    sent = notifications.deliveries_send()
+    return {**{name: run.applied for name, run in runs.items()}, **sent}
+
+
+def enqueue_drain_once(*, countdown: float | None = None) -> None:
+    """Queue a drain, unless one is queued and has not started yet (it will see everything
+    committed before it starts)."""
+    if not cache.add(DRAIN_QUEUED_KEY, "1", timeout=DRAIN_QUEUED_SECONDS):
+        return
+    options = {"countdown": countdown} if countdown else {}
+    outbox_drain.apply_async(**options)
+
+
+@shared_task(name="workspaces.tasks.deliveries_send", ignore_result=True)
+def deliveries_send() -> dict[str, int]:
+    """Send the e-mails and webhook attempts that are due (beat runs it; retries wait for their
+    backoff). Safe to run in several workers at once: each attempt is claimed first."""
+    from workspaces import notifications
+
+    return notifications.deliveries_send()

@@ -568,9 +568,15 @@ def test_beat_schedules_health_and_materialisation():
         "task": "features.tasks.health_check_all",
         "schedule": 60.0,
     }
-    assert schedule["feature-materialize"]["schedule"] == 300.0
-    for entry in (schedule["feature-health"], schedule["feature-materialize"]):
+    # Materialisation is a consumer of the event log: the outbox drain runs it (and catches up).
+    assert "feature-materialize" not in schedule
+    assert schedule["outbox-drain"]["task"] == "workspaces.tasks.outbox_drain"
+    for entry in (schedule["feature-health"], schedule["outbox-drain"]):
         assert entry["task"] in celery_app.tasks
+    from features.materialization import CONSUMER
+    from workspaces.outbox import consumer_get
+
+    assert consumer_get(CONSUMER).verbs == ("feature_batch.ingested",)
 
 
 # --- the API -----------------------------------------------------------------------------------

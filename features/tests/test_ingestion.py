@@ -369,6 +369,42 @@ def test_a_stored_batch_answers_201_when_the_online_write_fails_and_materialises
     assert looked_up["rows"] == [[22]]
 
 
+def test_the_online_consumer_of_the_log_writes_a_batch_the_push_could_not(
+    client_for, group, producer, settings, tmp_path
+):
+    from features.materialization import CONSUMER
+    from workspaces.models import ConsumerCursor
+    from workspaces.outbox import consume
+
+    consume(CONSUMER)  # past the fixtures' events
+    working = (settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH)
+    if settings.REDIS_URL:
+        settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    else:
+        settings.ONLINE_STORE_SQLITE_PATH = tmp_path  # a folder: SQLite cannot open it
+    response = push(client_for(producer), group, [user_row(i) for i in range(3)])
+    assert response.status_code == 201, response.content
+    batch = Batch.objects.for_workspace(group.workspace).get(pk=response.json()["id"])
+    event = Event.objects.for_workspace(group.workspace).get(verb="feature_batch.ingested")
+    # The store is still down: the consumer fails on the event and keeps its cursor before it.
+    run = consume(CONSUMER)
+    assert run.failed
+    assert ConsumerCursor.objects.get(name=CONSUMER).last_event_id < event.pk
+    batch.refresh_from_db()
+    assert not batch.online_written
+
+    settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH = working
+    run = consume(CONSUMER)
+    assert not run.failed and run.applied >= 1
+    batch.refresh_from_db()
+    assert batch.online_written
+    looked_up = online_lookup(
+        workspace=group.workspace, entities=["u2"], features=["user_profile:age"]
+    )
+    assert looked_up["rows"] == [[22]]
+    assert consume(CONSUMER).applied == 0
+
+
 def test_logged_in_browser_pushes_json_with_its_csrf_token(group, producer):
     """Session auth on the batches route: the CSRF check reads the request's form data, which must
     not run the upload parser on a JSON body (it answered 400 "Missing filename")."""

@@ -15,11 +15,13 @@ from openlineage.client.transport.http import ApiKeyTokenProvider, HttpConfig, H
 from openlineage.client.uuid import generate_new_uuid
 
 from lineage.models import Node
+from lineage.openlineage import CONSUMER
 from lineage.projection import project
 from lineage.queries import traverse
 from lineage.tests.helpers import group, record
 from workspaces.events import Ref
-from workspaces.models import Event, Role
+from workspaces.models import ConsumerCursor, Event, Role
+from workspaces.outbox import consume
 from workspaces.testing.factories import make_member, make_workspace, token_for
 
 URL = "/api/v1/lineage"
@@ -93,12 +95,17 @@ def test_intake_checks_role_namespace_and_body(workspace, members, client_for):
 
 class _Collector(BaseHTTPRequestHandler):
     received: list = []
+    # Statuses to answer before the 201s (a lineage server that is failing for a while).
+    failures: list = []
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
-        type(self).received.append(
-            (self.path, self.headers.get("Authorization"), json.loads(self.rfile.read(length)))
-        )
+        body = json.loads(self.rfile.read(length))
+        if type(self).failures:
+            self.send_response(type(self).failures.pop(0))
+            self.end_headers()
+            return
+        type(self).received.append((self.path, self.headers.get("Authorization"), body))
         self.send_response(201)
         self.end_headers()
 
@@ -109,6 +116,7 @@ class _Collector(BaseHTTPRequestHandler):
 @pytest.fixture
 def collector():
     _Collector.received = []
+    _Collector.failures = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -137,8 +145,13 @@ def test_training_jobs_are_sent_as_run_events(
         ],
     )
     record(workspace, "training.job.succeeded", [job, data])
+    # The export is a consumer of the log: it waits for the projection (outputs come from it).
+    consume(CONSUMER)
+    assert received == []
     with django_capture_on_commit_callbacks(execute=True):
         project()
+    consume(CONSUMER)
+    assert consume(CONSUMER).applied == 0  # each state is sent once
     events = [body for _, _, body in received]
     assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
     assert {p for p, _, _ in received} == {"/api/v1/lineage"}
@@ -159,4 +172,23 @@ def test_nothing_is_sent_without_a_url(workspace, settings, django_capture_on_co
     record(workspace, "training.job.running", [Ref("training_job", 7, "job-7")])
     with django_capture_on_commit_callbacks(execute=True):
         project()
+    assert consume(CONSUMER).applied >= 1  # passed, nothing to send
     assert emit_run_events([("anything", [])]) == 0
+
+
+@pytest.mark.django_db
+def test_a_failing_lineage_server_gets_the_event_again_later(workspace, settings, collector):
+    url, received = collector
+    settings.OPENLINEAGE_URL = url
+    _Collector.failures = [503]
+    job = Ref("training_job", 8, "job-8")
+    running = record(workspace, "training.job.running", [job])
+    project()
+    run = consume(CONSUMER)
+    assert run.failed and received == []
+    cursor = ConsumerCursor.objects.get(name=CONSUMER)
+    assert cursor.last_event_id < running.pk and cursor.failures == 1
+    run = consume(CONSUMER)
+    assert not run.failed
+    assert [body["eventType"] for _, _, body in received] == ["START"]
+    assert ConsumerCursor.objects.get(name=CONSUMER).last_event_id >= running.pk

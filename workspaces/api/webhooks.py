@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from workspaces import notifications
 from workspaces.api.viewsets import WorkspaceScopedViewSet, request_token
-from workspaces.models import Notification, Role, WebhookEndpoint
+from workspaces.models import Notification, Role, WebhookDelivery, WebhookEndpoint
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -58,6 +58,25 @@ class WebhookCreateSerializer(serializers.Serializer):
         max_length=200,
         help_text="Optional; a random one is generated when omitted.",
     )
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    """One attempt of the delivery log (the body sent is not shown: it names recipients)."""
+
+    class Meta:
+        model = WebhookDelivery
+        fields = [
+            "id",
+            "event_id",
+            "notification_id",
+            "attempt",
+            "next_attempt_at",
+            "attempted_at",
+            "status_code",
+            "error",
+            "delivered_at",
+        ]
+        read_only_fields = fields
 
 
 class NotificationSerializer(serializers.ModelSerializer):
@@ -108,6 +127,15 @@ class WebhookViewSet(WorkspaceScopedViewSet):
         )
         webhook.secret = secret
         return Response(WebhookCreatedSerializer(webhook).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: WebhookDeliverySerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="deliveries")
+    def deliveries(self, request: Request, ws: str, pk: str) -> Response:
+        """The webhook's delivery log, newest attempt first (read-only): one row per attempt,
+        with the event id receivers dedup on, the answer and when the next attempt is due."""
+        log = notifications.webhook_deliveries_of(webhook=self.get_object()).order_by("-id")
+        page = self.paginate_queryset(log)
+        return self.get_paginated_response(WebhookDeliverySerializer(page, many=True).data)
 
     @extend_schema(responses={204: OpenApiResponse(description="Deleted.")})
     def destroy(self, request: Request, ws: str, pk: str) -> Response:

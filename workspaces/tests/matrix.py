@@ -116,6 +116,13 @@ ENDPOINTS += [
         setup=_webhook,
         has_object=True,
     ),
+    Endpoint(
+        "GET",
+        WS + "/webhooks/{pk}/deliveries/",
+        role=Role.ADMIN,
+        setup=_webhook,
+        has_object=True,
+    ),
     Endpoint("GET", "/api/v1/notifications/", role=None),
     Endpoint("POST", "/api/v1/notifications/{pk}/read/", role=None, setup=_own_notification),
     Endpoint("POST", "/api/v1/notifications/read-all/", role=None, setup=_own_notification),

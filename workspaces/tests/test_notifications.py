@@ -16,12 +16,15 @@ from django.db import transaction
 from config.celery import app as celery_app
 from workspaces.models import Event, Notification, Role, WebhookEndpoint
 from workspaces.notifications import (
+    WEBHOOK_EVENT_ID_HEADER,
     WEBHOOK_SIGNATURE_HEADER,
-    notifications_deliver,
+    deliveries_send,
     notify,
     webhook_create,
     webhook_url_validate,
 )
+from workspaces.outbox import consume
+from workspaces.tasks import DRAIN_QUEUED_KEY
 from workspaces.testing.factories import UserFactory, make_member
 
 PUBLIC_URL = "https://93.184.216.34/rankops-hook"
@@ -106,6 +109,9 @@ class Receiver:
 @pytest.fixture
 def eager_celery():
     """Tasks enqueued with .delay() run at once in this process (no broker, no worker)."""
+    from django.core.cache import cache
+
+    cache.delete(DRAIN_QUEUED_KEY)  # a drain queued by an earlier test would coalesce ours away
     before = (celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates)
     celery_app.conf.task_always_eager = celery_app.conf.task_eager_propagates = True
     yield
@@ -269,7 +275,8 @@ def test_notify_emails_recipients_and_posts_a_signed_webhook(
                     body="No batch for 2 hours (SLA 1 hour).",
                     link="/api/v1/workspaces/x/feature-groups/user_ctr/health/",
                 )
-        assert len(callbacks) == 1
+        # Nothing is sent from the transaction: one drain of the log's consumers after commit.
+        assert sum(getattr(c, "__name__", "") == "_enqueue_drain" for c in callbacks) == 1
     assert {n.recipient for n in sent} == {alice, bob, no_mail}
 
     assert sorted(m.to[0] for m in mailoutbox) == sorted([alice.email, bob.email])
@@ -283,7 +290,10 @@ def test_notify_emails_recipients_and_posts_a_signed_webhook(
     assert request["headers"][WEBHOOK_SIGNATURE_HEADER] == expected
     assert request["headers"]["Content-Type"] == "application/json"
     assert request["headers"]["X-RankOps-Event"] == "feature_group.broken"
+    announcement = Event.objects.for_workspace(workspace).get(verb="notification.created")
+    assert request["headers"][WEBHOOK_EVENT_ID_HEADER] == str(announcement.pk)
     payload = json.loads(request["body"])
+    assert payload["id"] == str(announcement.pk)
     assert payload["verb"] == "feature_group.broken"
     assert payload["workspace"] == workspace.slug
     assert payload["recipients"] == sorted(u.username for u in (alice, bob, no_mail))
@@ -293,11 +303,17 @@ def test_notify_emails_recipients_and_posts_a_signed_webhook(
     assert webhook.last_error == ""
     assert all(n.delivered_at is not None for n in Notification.objects.for_workspace(workspace))
 
-    # A redelivered task (acks_late after a lost worker) sends nothing twice.
-    again = notifications_deliver([n.pk for n in sent])
-    assert again == {"notifications": 0, "emails": 0, "webhook_posts": 0}
+    # The consumer and the sender run again (a redelivered task): nothing is sent twice.
+    assert consume("notifications").applied == 0
+    assert deliveries_send() == {
+        "emails": 0,
+        "email_failures": 0,
+        "webhook_posts": 0,
+        "webhook_failures": 0,
+    }
     assert len(mailoutbox) == 2
     assert len(receiver.requests) == 1
+    assert [(d.attempt, d.status_code) for d in webhook.deliveries.all()] == [(1, 200)]
 
 
 def test_a_rolled_back_change_notifies_nobody(
