@@ -364,10 +364,14 @@ STORAGES = {
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Producer batches may be larger; still refused well below 50 MB.
 FEATURE_BATCH_MAX_BYTES = env_int("FEATURE_BATCH_MAX_BYTES", 32 * 1024 * 1024)
+# One artifact file uploaded through the platform's MLflow server (/mlflow): streamed to the store.
+MLFLOW_ARTIFACT_MAX_BYTES = env_int("MLFLOW_ARTIFACT_MAX_BYTES", 2 * 1024 * 1024 * 1024)
 API_BODY_LIMITS = [
     (r"^/api/v1/workspaces/[^/]+/feature-groups/[^/]+/batches/$", "FEATURE_BATCH_MAX_BYTES"),
     # The same batches uploaded from a group's page.
     (r"^/w/[^/]+/features/groups/[^/]+/upload/$", "FEATURE_BATCH_MAX_BYTES"),
+    # Artifacts the stock MLflow client uploads through /mlflow (models included), streamed.
+    (r"^/mlflow/(?:w/[^/]+/)?(?:ajax-)?api/[0-9.]+/mlflow-artifacts/", "MLFLOW_ARTIFACT_MAX_BYTES"),
 ]
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES)
 # Uploaded files stay in memory up to this size (a batch is read whole anyway).
