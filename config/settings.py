@@ -234,12 +234,14 @@ if TESTING:
 # MLflow: tracking and model registry. Embedded default: a SQLite store under var/ (the file
 # store has no model registry); production: an MLflow server or a PostgreSQL URI.
 _MLFLOW_DIR = (TEST_STATE_DIR if TESTING else VAR_DIR) / "mlflow"
-MLFLOW_TRACKING_URI = os.environ.get(
-    "MLFLOW_TRACKING_URI", f"sqlite:///{_MLFLOW_DIR / 'mlflow.db'}"
+# The platform serves this store at /mlflow (training.mlflow_server) when it is a database URI.
+MLFLOW_TRACKING_URI = (
+    os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_MLFLOW_DIR / 'mlflow.db'}"
 )
-MLFLOW_ARTIFACT_ROOT = os.environ.get("MLFLOW_ARTIFACT_ROOT", str(_MLFLOW_DIR / "artifacts"))
+MLFLOW_ARTIFACT_ROOT = os.environ.get("MLFLOW_ARTIFACT_ROOT") or str(_MLFLOW_DIR / "artifacts")
 # The MLflow UI as a browser reaches it (job pages link their runs there). An http tracking URI
-# is the default; set it where the tracking URI is an internal name (compose: http://mlflow:5000).
+# is the default; set it where the tracking URI is an internal name. Left empty with a database
+# tracking URI, job pages link to the platform's own UI at /mlflow/w/<slug>/.
 MLFLOW_UI_URL = os.environ.get(
     "MLFLOW_UI_URL", MLFLOW_TRACKING_URI if MLFLOW_TRACKING_URI.startswith("http") else ""
 )

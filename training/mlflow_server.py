@@ -168,8 +168,8 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
 
 
 class MlflowRefusal(Exception):
-    """A request the mount answers itself, in MLflow's error shape (``error_code``, ``message``)
-    inside the platform's error body, so both the stock client and the platform's readers parse it."""
+    """A request the mount answers itself: MLflow's error fields (``error_code``, ``message``)
+    inside the platform's error body, so the stock client and the platform's readers parse it."""
 
     def __init__(self, status: int, error_code: str, message: str, attr: str | None = None):
         super().__init__(message)
@@ -216,6 +216,21 @@ def backend_store_uri() -> str:
             "URI (sqlite:/// or postgresql+psycopg://) to serve MLflow from the platform.",
         )
     return uri
+
+
+def serves_mlflow() -> bool:
+    """Whether ``/mlflow`` has a store to mount (the platform's tracking URI is a database)."""
+    try:
+        backend_store_uri()
+    except MlflowRefusal:
+        return False
+    return True
+
+
+def ui_path(workspace_slug: str) -> str:
+    """Where a browser opens a workspace's MLflow UI on the platform ("" when it has none), for
+    the pages that link runs."""
+    return f"/mlflow/w/{workspace_slug}" if serves_mlflow() else ""
 
 
 def artifact_root_uri() -> str:
@@ -449,7 +464,7 @@ def rewrite_request(route: str, args: dict[str, Any], namespace: Namespace) -> d
                     raise MlflowRefusal(
                         400,
                         "INVALID_PARAMETER_VALUE",
-                        f"{DEFAULT_EXPERIMENT} is the workspace's own experiment; pick another name",
+                        f"{DEFAULT_EXPERIMENT} is the workspace's own experiment; pick another",
                         attr=key,
                     )
                 args[key] = namespace.experiment_stored(args[key])
@@ -519,12 +534,12 @@ def rewrite_answer(value: Any, namespace: Namespace, key: str = "") -> Any:
         if visible is None:
             return DROP
         value = {**value, "name": visible}
-    elif key == "runs" and isinstance(value.get("info"), dict):
-        if not namespace.owns_experiment(value["info"].get("experiment_id", "")):
-            return DROP
-    elif key == "models" and isinstance(value.get("info"), dict):
-        if not namespace.owns_experiment(value["info"].get("experiment_id", "")):
-            return DROP
+    elif (
+        key in ("runs", "models")  # runs and logged models name their experiment
+        and isinstance(value.get("info"), dict)
+        and not namespace.owns_experiment(value["info"].get("experiment_id", ""))
+    ):
+        return DROP
     return {k: rewrite_answer(v, namespace, k) for k, v in value.items()}
 
 
@@ -689,9 +704,9 @@ def proxy(request: HttpRequest, slug: str | None, rest: str) -> HttpResponse:
         raise MlflowRefusal(
             403, "PERMISSION_DENIED", "This needs the developer role in the workspace."
         )
-    if token is None and request.method not in ("GET", "HEAD", "OPTIONS"):
-        if not same_origin(request):
-            raise MlflowRefusal(403, "PERMISSION_DENIED", "Cross-origin request refused.")
+    unsafe = request.method not in ("GET", "HEAD", "OPTIONS")
+    if token is None and unsafe and not same_origin(request):
+        raise MlflowRefusal(403, "PERMISSION_DENIED", "Cross-origin request refused.")
     namespace = Namespace(workspace=workspace)
     walk_ids(values, namespace)
     if "artifact_path" in values:

@@ -39,7 +39,7 @@ def log(folder: Path) -> dict:
         mlflow.log_metric("auc", 0.5)
     runs = client.search_runs([run.info.experiment_id])
     downloaded = Path(client.download_artifacts(run.info.run_id, "note.txt", str(folder)))
-    loaded = mlflow.pyfunc.load_model(f"models:/ranker/1")
+    loaded = mlflow.pyfunc.load_model("models:/ranker/1")
     return {
         "run_id": run.info.run_id,
         "experiment_id": run.info.experiment_id,

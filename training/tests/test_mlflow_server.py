@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,11 @@ def stock_client(base_url: str, token: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def unique(prefix: str) -> str:
+    """A slug of its own: the MLflow store may outlive the test database (a PostgreSQL one)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
 
@@ -56,7 +62,7 @@ def bearer(token: str) -> dict[str, str]:
 def test_stock_client_logs_a_run_and_a_model_and_another_workspace_sees_none_of_it(
     live_server, tmp_path
 ):
-    acme, rival = make_workspace(slug="acme-ml"), make_workspace(slug="rival-ml")
+    acme, rival = make_workspace(slug=unique("acme")), make_workspace(slug=unique("rival"))
     ours = token_for(make_member(acme, Role.DEVELOPER), workspaces=[acme])
     theirs = token_for(make_member(rival, Role.DEVELOPER), workspaces=[rival])
 
@@ -67,7 +73,7 @@ def test_stock_client_logs_a_run_and_a_model_and_another_workspace_sees_none_of_
     assert logged["metrics"] == [[1, 0.75]]
     assert "note.txt" in logged["artifacts"] and "model" not in logged["artifacts"]
     assert logged["downloaded"] == "logged through the platform"
-    assert logged["artifact_uri"] == f"mlflow-artifacts:/acme-ml/{run_id}/artifacts"
+    assert logged["artifact_uri"] == f"mlflow-artifacts:/{acme.slug}/{run_id}/artifacts"
     assert logged["registered"] == ["1"]
     assert logged["experiments"] == ["Default", "ctr-study"]
     assert logged["named_experiment"][0] == "ctr-study"
@@ -75,14 +81,14 @@ def test_stock_client_logs_a_run_and_a_model_and_another_workspace_sees_none_of_
     # Stored in the platform's own tracking store and artifact root, in the workspace's names.
     store = mlflow_server.tracking_store()
     run = store.get_run(run_id)
-    assert store.get_experiment(run.info.experiment_id).name == "rankops/acme-ml"
+    assert store.get_experiment(run.info.experiment_id).name == f"rankops/{acme.slug}"
     assert (
-        Path(settings.MLFLOW_ARTIFACT_ROOT) / "acme-ml" / run_id / "artifacts" / "note.txt"
+        Path(settings.MLFLOW_ARTIFACT_ROOT) / acme.slug / run_id / "artifacts" / "note.txt"
     ).is_file()
     named = store.get_experiment(logged["named_experiment"][1])
-    assert named.name == "rankops/acme-ml/ctr-study"
+    assert named.name == f"rankops/{acme.slug}/ctr-study"
     registry = mlflow_server.server_state["handlers"]._get_model_registry_store()
-    assert registry.get_registered_model("acme-ml.ranker").name == "acme-ml.ranker"
+    assert registry.get_registered_model(f"{acme.slug}.ranker").name == f"{acme.slug}.ranker"
 
     seen = stock_client(f"{live_server.url}/mlflow", theirs, "look", run_id)
     assert seen["get_run"] == ["RESOURCE_DOES_NOT_EXIST", 404]
@@ -97,27 +103,27 @@ def test_stock_client_logs_a_run_and_a_model_and_another_workspace_sees_none_of_
 @pytest.mark.django_db
 def test_a_training_jobs_run_is_the_workspaces_default_experiment(client):
     """The agent logs to ``rankops/<slug>`` in the same store: its runs show under Default."""
-    acme = make_workspace(slug="acme-jobs")
+    acme = make_workspace(slug=unique("jobs"))
     token = token_for(make_member(acme, Role.VIEWER), workspaces=[acme])
     store = mlflow_server.tracking_store()
     location = (Path(settings.MLFLOW_ARTIFACT_ROOT) / acme.slug).as_uri()
-    experiment_id = store.create_experiment("rankops/acme-jobs", artifact_location=location)
+    experiment_id = store.create_experiment(f"rankops/{acme.slug}", artifact_location=location)
     run = store.create_run(experiment_id, "agent", 0, [], "job-1")
 
     got = client.get(f"/mlflow{API}/runs/get", {"run_id": run.info.run_id}, **bearer(token))
     assert got.status_code == 200, got.content
     assert got.json()["run"]["info"]["artifact_uri"] == (
-        f"mlflow-artifacts:/acme-jobs/{run.info.run_id}/artifacts"
+        f"mlflow-artifacts:/{acme.slug}/{run.info.run_id}/artifacts"
     )
     default = client.get(f"/mlflow{API}/experiments/get", {"experiment_id": "0"}, **bearer(token))
     assert default.json()["experiment"]["name"] == "Default"
     assert default.json()["experiment"]["experiment_id"] == str(experiment_id)
-    assert default.json()["experiment"]["artifact_location"] == "mlflow-artifacts:/acme-jobs"
+    assert default.json()["experiment"]["artifact_location"] == f"mlflow-artifacts:/{acme.slug}"
 
 
 @pytest.mark.django_db
 def test_roles_tokens_and_workspace_choice(client):
-    acme, other = make_workspace(slug="acme-roles"), make_workspace(slug="other-roles")
+    acme, other = make_workspace(slug=unique("roles")), make_workspace(slug=unique("other"))
     viewer = token_for(make_member(acme, Role.VIEWER), workspaces=[acme])
     create = {"experiment_id": "0", "start_time": 1}
 
@@ -150,24 +156,26 @@ def test_roles_tokens_and_workspace_choice(client):
     ambiguous = client.get(f"/mlflow{API}/experiments/search", **bearer(broad))
     assert ambiguous.status_code == 400 and ambiguous.json()["attr"] == "workspace"
     named = client.post(
-        f"/mlflow/w/other-roles{API}/runs/create",
+        f"/mlflow/w/{other.slug}{API}/runs/create",
         create,
         content_type="application/json",
         **bearer(broad),
     )
     assert named.status_code == 200, named.content
     run_id = named.json()["run"]["info"]["run_id"]
-    # ... and the run is other-roles', not acme-roles'.
-    in_acme = client.get(f"/mlflow/w/acme-roles{API}/runs/get", {"run_id": run_id}, **bearer(broad))
+    # ... and the run is the other workspace's.
+    in_acme = client.get(
+        f"/mlflow/w/{acme.slug}{API}/runs/get", {"run_id": run_id}, **bearer(broad)
+    )
     assert in_acme.status_code == 404
     # A workspace outside the token's reach is missing, like one that does not exist.
-    outside = client.get(f"/mlflow/w/other-roles{API}/experiments/search", **bearer(viewer))
+    outside = client.get(f"/mlflow/w/{other.slug}{API}/experiments/search", **bearer(viewer))
     assert outside.status_code == 404
 
 
 @pytest.mark.django_db
 def test_refusals_name_the_field_and_unchecked_services_stay_closed(client):
-    acme = make_workspace(slug="acme-refuse")
+    acme = make_workspace(slug=unique("refuse"))
     token = token_for(make_member(acme, Role.DEVELOPER), workspaces=[acme])
 
     located = client.post(
@@ -197,7 +205,7 @@ def test_refusals_name_the_field_and_unchecked_services_stay_closed(client):
     assert elsewhere.status_code == 404
     climbing = client.get(
         "/mlflow/api/2.0/mlflow-artifacts/artifacts",
-        {"path": "acme-refuse/../other-ws"},
+        {"path": f"{acme.slug}/../other-ws"},
         **bearer(token),
     )
     assert climbing.status_code == 404
@@ -216,29 +224,29 @@ def test_refusals_name_the_field_and_unchecked_services_stay_closed(client):
 
 @pytest.mark.django_db
 def test_the_ui_opens_for_a_signed_in_member_and_refuses_cross_origin_writes(client):
-    acme = make_workspace(slug="acme-ui")
+    acme = make_workspace(slug=unique("ui"))
     user = make_member(acme, Role.DEVELOPER)
 
-    anonymous = client.get("/mlflow/w/acme-ui/")
+    anonymous = client.get(f"/mlflow/w/{acme.slug}/")
     assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]
     assert client.login(username=user.username, password=TEST_PASSWORD)
-    page = client.get("/mlflow/w/acme-ui/")
+    page = client.get(f"/mlflow/w/{acme.slug}/")
     assert page.status_code == 200
     assert b"static-files/static/js/main" in b"".join(page.streaming_content)
     listed = client.get(
-        "/mlflow/w/acme-ui/ajax-api/2.0/mlflow/experiments/search", {"max_results": 10}
+        f"/mlflow/w/{acme.slug}/ajax-api/2.0/mlflow/experiments/search", {"max_results": 10}
     )
     assert listed.status_code == 200, b"".join(listed.streaming_content)
     assert listed.json().get("experiments", []) == []
     forged = client.post(
-        "/mlflow/w/acme-ui/ajax-api/2.0/mlflow/experiments/create",
+        f"/mlflow/w/{acme.slug}/ajax-api/2.0/mlflow/experiments/create",
         {"name": "x"},
         content_type="application/json",
         HTTP_ORIGIN="https://evil.example",
     )
     assert forged.status_code == 403
     own = client.post(
-        "/mlflow/w/acme-ui/ajax-api/2.0/mlflow/experiments/create",
+        f"/mlflow/w/{acme.slug}/ajax-api/2.0/mlflow/experiments/create",
         {"name": "x"},
         content_type="application/json",
         HTTP_ORIGIN="http://testserver",
