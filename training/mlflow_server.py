@@ -176,6 +176,7 @@ class MlflowRefusal(Exception):
         self.status, self.error_code, self.message, self.attr = status, error_code, message, attr
 
     def response(self) -> JsonResponse:
+        """The refusal as an HTTP answer both kinds of reader understand."""
         codes = {400: "invalid", 401: "not_authenticated", 403: "permission_denied"}
         body = error_body(
             status_code=self.status,
@@ -233,6 +234,13 @@ def ui_path(workspace_slug: str) -> str:
     return f"/mlflow/w/{workspace_slug}" if serves_mlflow() else ""
 
 
+def run_ui_url(workspace_slug: str, run_id: str) -> str:
+    """A run's page in the MLflow UI a browser reaches: ``MLFLOW_UI_URL`` when set, else the
+    platform's own; "" without a run or a UI."""
+    ui = str(getattr(settings, "MLFLOW_UI_URL", "") or "").rstrip("/") or ui_path(workspace_slug)
+    return f"{ui}/#/runs/{run_id}" if ui and run_id else ""
+
+
 def artifact_root_uri() -> str:
     """``MLFLOW_ARTIFACT_ROOT`` as a URI (a local folder becomes ``file://``), without a slash."""
     root = str(settings.MLFLOW_ARTIFACT_ROOT)
@@ -280,10 +288,12 @@ class Namespace:
 
     @property
     def slug(self) -> str:
+        """The workspace's slug: the namespace's name in every rewritten name and path."""
         return self.workspace.slug
 
     @property
     def default_experiment_name(self) -> str:
+        """The stored name of the workspace's Default (the name training jobs log to)."""
         return f"{EXPERIMENT_PREFIX}/{self.slug}"
 
     def experiment_stored(self, name: str) -> str:
@@ -300,14 +310,17 @@ class Namespace:
         return stored[len(prefix) :] if stored.startswith(prefix) else None
 
     def model_stored(self, name: str) -> str:
+        """The stored name of a registered model (the registry mirror's ``<slug>.<name>``)."""
         return f"{self.slug}.{name}"
 
     def model_visible(self, stored: str) -> str | None:
+        """The model's name as the workspace sees it, or None for another workspace's."""
         prefix = f"{self.slug}."
         return stored[len(prefix) :] if stored.startswith(prefix) else None
 
     @property
     def artifact_location(self) -> str:
+        """Where every experiment of the workspace keeps its artifacts (training jobs' too)."""
         return f"{artifact_root_uri()}/{self.slug}"
 
     def default_experiment_id(self) -> str:
@@ -347,6 +360,7 @@ class Namespace:
         self.owned_experiments.add(str(experiment_id))
 
     def owns_experiment(self, experiment_id: Any) -> bool:
+        """check_experiment as a yes/no, for filtering answers."""
         try:
             self.check_experiment(str(experiment_id))
         except MlflowRefusal:
@@ -354,6 +368,7 @@ class Namespace:
         return True
 
     def check_run(self, run_id: str) -> None:
+        """404 unless the run lives in one of the workspace's experiments."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -364,6 +379,7 @@ class Namespace:
             raise not_found("run")
 
     def check_logged_model(self, model_id: str) -> None:
+        """404 unless the logged model (MLflow 3's ``m-...``) is in the workspace's experiments."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -591,6 +607,8 @@ def resolve_workspace(
 
 
 def needed_permission(route: str, method: str) -> str:
+    """The workspace permission a request needs: reading (GET and MLflow's POST searches) is
+    the viewer's, every other write the developer's."""
     if method in ("GET", "HEAD", "OPTIONS") or (method == "POST" and route in READ_POSTS):
         return "view_workspace"
     return "develop_in_workspace"
@@ -605,6 +623,8 @@ def same_origin(request: HttpRequest) -> bool:
 
 
 def json_args(request: HttpRequest, body: bytes) -> dict[str, Any]:
+    """The request's fields, from the query string (MLflow's GETs) or the JSON body; a
+    repeated query key becomes a list, as MLflow's handlers read it."""
     if request.method in ("GET", "HEAD", "DELETE") and not body:
         pairs = parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True)
         args: dict[str, Any] = {}
@@ -662,6 +682,7 @@ def wsgi_environ(
 
 
 def call_app(app, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], Any]:
+    """Call a WSGI app in this thread: its status code, headers and body iterable."""
     captured: dict[str, Any] = {}
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info=None):
@@ -681,9 +702,11 @@ class BytesInput:
         self.stream = io.BytesIO(data)
 
     def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes of the body (all of it by default)."""
         return self.stream.read(size)
 
     def readline(self, size: int = -1) -> bytes:
+        """One line of the body, as WSGI's input must offer."""
         return self.stream.readline(size)
 
 

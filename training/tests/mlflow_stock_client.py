@@ -2,8 +2,10 @@
 
 MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOKEN come from the environment, as a user sets them.
 ``log <folder>`` logs a run (param, metric, artifact, an sklearn model registered as ``ranker``)
-and reads it all back; ``look <run id>`` reports what this token sees of another's run. Each
-prints one JSON object on its last line.
+and reads it all back; ``look <run id>`` reports what this token sees of another's run;
+``bundle <spec.json> <state_dict.pth>`` logs a RankOps bundle to the experiment ``ctr-study`` and
+registers it as ``ranker`` twice: from the run's folder and as a logged model. Each prints
+one JSON object on its last line.
 """
 
 from __future__ import annotations
@@ -82,7 +84,42 @@ def look(run_id: str) -> dict:
     return seen
 
 
+def bundle(spec: Path, state: Path) -> dict:
+    mlflow.set_experiment("ctr-study")
+    with mlflow.start_run() as run:
+        mlflow.log_dict(json.loads(spec.read_text()), "model/spec.json")
+        mlflow.log_artifact(str(state), "model")
+        mlflow.log_metric("auc", 0.73)
+    # A plain folder of artifacts, not a logged model: registered by its runs:/ URI.
+    client = mlflow.MlflowClient()
+    client.create_registered_model("ranker")
+    version = client.create_model_version(
+        "ranker", source=f"runs:/{run.info.run_id}/model", run_id=run.info.run_id
+    )
+    # The same files as an MLflow 3 logged model, registered by its models:/m-... URI.
+    folder = spec.parent / "bundle"
+    folder.mkdir()
+    (folder / "spec.json").write_text(spec.read_text())
+    (folder / "state_dict.pth").write_bytes(state.read_bytes())
+    logged = mlflow.initialize_logged_model(name="ranker-bundle", source_run_id=run.info.run_id)
+    client.log_model_artifacts(logged.model_id, str(folder))
+    client.finalize_logged_model(logged.model_id, "READY")
+    second = client.create_model_version(
+        "ranker", source=f"models:/{logged.model_id}", model_id=logged.model_id
+    )
+    return {
+        "run_id": run.info.run_id,
+        "version": str(version.version),
+        "logged_model_version": str(second.version),
+    }
+
+
 if __name__ == "__main__":
-    mode, argument = sys.argv[1], sys.argv[2]
-    result = log(Path(argument)) if mode == "log" else look(argument)
+    mode, arguments = sys.argv[1], sys.argv[2:]
+    if mode == "log":
+        result = log(Path(arguments[0]))
+    elif mode == "look":
+        result = look(arguments[0])
+    else:
+        result = bundle(Path(arguments[0]), Path(arguments[1]))
     print(json.dumps(result))
