@@ -140,6 +140,15 @@ ARTIFACT_ROUTES = {
     "/mlflow-artifacts/mpu/create/<path:artifact_path>",
 }
 PLAIN_ROUTES = {"/mlflow/server-info", "/health", "/version", "/", "/static-files/<path:path>"}
+# The UI's run page reads through GraphQL: these top-level fields only, their inputs checked
+# like the REST ones (run, experiment ids); the rest of MLflow's schema is refused.
+GRAPHQL_FIELDS = {
+    "mlflowGetRun",
+    "mlflowGetExperiment",
+    "mlflowListArtifacts",
+    "mlflowGetMetricHistoryBulkInterval",
+    "mlflowSearchRuns",
+}
 ROUTES = (
     EXPERIMENT_ROUTES
     | RUN_ROUTES
@@ -147,12 +156,14 @@ ROUTES = (
     | REGISTRY_ROUTES
     | ARTIFACT_ROUTES
     | PLAIN_ROUTES
+    | {"/graphql"}
 )
 READ_POSTS = {
     "/mlflow/experiments/search",
     "/mlflow/runs/search",
     "/mlflow/logged-models/search",
     "/mlflow/registered-models/get-latest-versions",
+    "/graphql",
 }
 API_PREFIX = re.compile(r"^/(?:ajax-)?api/[0-9]+\.[0-9]+(?=/)")
 # Ids that name an experiment, a run or a logged model, wherever they appear in a request.
@@ -177,7 +188,12 @@ class MlflowRefusal(Exception):
 
     def response(self) -> JsonResponse:
         """The refusal as an HTTP answer both kinds of reader understand."""
-        codes = {400: "invalid", 401: "not_authenticated", 403: "permission_denied"}
+        codes = {
+            400: "invalid",
+            401: "not_authenticated",
+            403: "permission_denied",
+            409: "conflict",
+        }
         body = error_body(
             status_code=self.status,
             code=codes.get(self.status, "not_found" if self.status == 404 else "unavailable"),
@@ -469,11 +485,66 @@ def filter_in_namespace(filter_string: str, stored, workspace_clause: str) -> st
     return f"{workspace_clause} AND {moved}" if moved else workspace_clause
 
 
+def snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def check_graphql(args: dict[str, Any], namespace: Namespace) -> None:
+    """A GraphQL request may only ask the fields in ``GRAPHQL_FIELDS``, and every id in their
+    inputs (literal or variable) must be the workspace's; 404 otherwise."""
+    import graphql
+
+    variables = args.get("variables") or {}
+    if isinstance(variables, str):
+        try:
+            variables = json.loads(variables)
+        except ValueError as exc:
+            raise MlflowRefusal(
+                400, "MALFORMED_REQUEST", "variables is not JSON", attr="variables"
+            ) from exc
+    try:
+        document = graphql.parse(str(args.get("query") or ""))
+    except graphql.GraphQLError as exc:
+        raise MlflowRefusal(400, "MALFORMED_REQUEST", exc.message, attr="query") from exc
+    refused = MlflowRefusal(404, "ENDPOINT_NOT_FOUND", "This GraphQL query is not served here.")
+    for definition in document.definitions:
+        if not isinstance(definition, graphql.OperationDefinitionNode):
+            raise refused
+        for selection in definition.selection_set.selections:
+            if not isinstance(selection, graphql.FieldNode):
+                raise refused
+            if selection.name.value not in GRAPHQL_FIELDS:
+                raise refused
+            for argument in selection.arguments:
+                value = graphql.value_from_ast_untyped(argument.value, variables)
+                if isinstance(value, dict):
+                    walk_ids({snake_case(k): v for k, v in value.items()}, namespace)
+
+
 def rewrite_request(route: str, args: dict[str, Any], namespace: Namespace) -> dict[str, Any]:
     """The request's fields (JSON body or query values) with names put into the workspace's
     namespace and every id checked; raises MlflowRefusal for what the workspace may not do."""
+    if route == "/graphql":
+        check_graphql(args, namespace)
+        return args
     args = walk_ids(args, namespace)
+    if route in ("/mlflow/runs/create", "/mlflow/logged-models") and not args.get("experiment_id"):
+        # MLflow would file it under its global experiment 0, which no workspace owns.
+        args["experiment_id"] = namespace.default_experiment_id()
+    if route == "/mlflow/experiments/delete" and str(args.get("experiment_id")) == (
+        namespace.default_experiment_id()
+    ):
+        raise MlflowRefusal(
+            409,
+            "INVALID_STATE",
+            f"{DEFAULT_EXPERIMENT} holds the workspace's training-job runs; it cannot be deleted",
+            attr="experiment_id",
+        )
     if route in EXPERIMENT_ROUTES:
+        if route == "/mlflow/experiments/search" or args.get("experiment_name") == (
+            DEFAULT_EXPERIMENT
+        ):
+            namespace.default_experiment_id()  # every workspace has its Default
         for key in ("name", "new_name", "experiment_name"):
             if isinstance(args.get(key), str):
                 if key != "experiment_name" and args[key] == DEFAULT_EXPERIMENT:
@@ -533,29 +604,36 @@ def rewrite_answer(value: Any, namespace: Namespace, key: str = "") -> Any:
         return [item for item in items if item is not DROP]
     if not isinstance(value, dict):
         return value
-    if key in ("experiment", "experiments") and "experiment_id" in value:
-        visible = namespace.experiment_visible(str(value.get("name", "")))
-        if visible is None:
-            return DROP
-        value = {**value, "name": visible}
-        namespace.owned_experiments.add(str(value["experiment_id"]))
-    elif key in (
+    experiment_keys = ("experiment", "experiments")
+    model_keys = (
         "registered_model",
         "registered_models",
         "model_version",
         "model_versions",
         "latest_versions",
-    ):
-        visible = namespace.model_visible(str(value.get("name", "")))
+        "modelVersions",
+    )
+    # A GraphQL answer holds only the fields asked for: an object without its name is one the
+    # request's checked ids reached (a run's own experiment), kept as it is.
+    if key in experiment_keys and isinstance(value.get("name"), str):
+        visible = namespace.experiment_visible(value["name"])
         if visible is None:
             return DROP
         value = {**value, "name": visible}
-    elif (
-        key in ("runs", "models")  # runs and logged models name their experiment
-        and isinstance(value.get("info"), dict)
-        and not namespace.owns_experiment(value["info"].get("experiment_id", ""))
-    ):
-        return DROP
+        experiment_id = value.get("experiment_id", value.get("experimentId"))
+        if experiment_id is not None:
+            namespace.owned_experiments.add(str(experiment_id))
+    elif key in model_keys and isinstance(value.get("name"), str):
+        visible = namespace.model_visible(value["name"])
+        if visible is None:
+            return DROP
+        value = {**value, "name": visible}
+    elif key in ("runs", "models") and isinstance(value.get("info"), dict):
+        # Runs and logged models name their experiment (GraphQL answers only what was asked).
+        info = value["info"]
+        experiment_id = info.get("experiment_id", info.get("experimentId"))
+        if experiment_id is not None and not namespace.owns_experiment(experiment_id):
+            return DROP
     return {k: rewrite_answer(v, namespace, k) for k, v in value.items()}
 
 

@@ -192,10 +192,14 @@ def test_refusals_name_the_field_and_unchecked_services_stay_closed(client):
         **bearer(token),
     )
     assert default.status_code == 400 and default.json()["attr"] == "name"
-    graphql = client.post(
-        "/mlflow/graphql", {"query": "{}"}, content_type="application/json", **bearer(token)
+    promptlab = client.post(
+        f"/mlflow{API}/runs/create-promptlab-run",
+        {"experiment_id": "0"},
+        content_type="application/json",
+        **bearer(token),
     )
-    assert graphql.status_code == 404 and graphql.json()["error_code"] == "ENDPOINT_NOT_FOUND"
+    assert promptlab.status_code == 404
+    assert promptlab.json()["error_code"] == "ENDPOINT_NOT_FOUND"
     traces = client.get("/mlflow/api/3.0/mlflow/traces/search", **bearer(token))
     assert traces.status_code == 404
     elsewhere = client.get(
@@ -216,6 +220,24 @@ def test_refusals_name_the_field_and_unchecked_services_stay_closed(client):
         **bearer(token),
     )
     assert source.status_code == 400 and source.json()["attr"] == "source"
+    default_id = client.get(
+        f"/mlflow{API}/experiments/get-by-name", {"experiment_name": "Default"}, **bearer(token)
+    ).json()["experiment"]["experiment_id"]
+    kept = client.post(
+        f"/mlflow{API}/experiments/delete",
+        {"experiment_id": default_id},
+        content_type="application/json",
+        **bearer(token),
+    )
+    assert kept.status_code == 409 and kept.json()["attr"] == "experiment_id"
+    # A run without an experiment lands in the workspace's Default, not MLflow's global one.
+    homeless = client.post(
+        f"/mlflow{API}/runs/create",
+        {"start_time": 1},
+        content_type="application/json",
+        **bearer(token),
+    )
+    assert homeless.json()["run"]["info"]["experiment_id"] == default_id
     garbled = client.post(
         f"/mlflow{API}/runs/create", b"{not json", content_type="application/json", **bearer(token)
     )
@@ -237,7 +259,7 @@ def test_the_ui_opens_for_a_signed_in_member_and_refuses_cross_origin_writes(cli
         f"/mlflow/w/{acme.slug}/ajax-api/2.0/mlflow/experiments/search", {"max_results": 10}
     )
     assert listed.status_code == 200, b"".join(listed.streaming_content)
-    assert listed.json().get("experiments", []) == []
+    assert [e["name"] for e in listed.json()["experiments"]] == ["Default"]
     forged = client.post(
         f"/mlflow/w/{acme.slug}/ajax-api/2.0/mlflow/experiments/create",
         {"name": "x"},
@@ -252,3 +274,38 @@ def test_the_ui_opens_for_a_signed_in_member_and_refuses_cross_origin_writes(cli
         HTTP_ORIGIN="http://testserver",
     )
     assert own.status_code == 200, own.content
+
+
+@pytest.mark.django_db
+def test_graphql_reads_only_the_workspaces_runs(client):
+    """The UI's run page asks through GraphQL; the same ownership rules hold there."""
+    acme, rival = make_workspace(slug=unique("gql")), make_workspace(slug=unique("gql-rival"))
+    token = token_for(make_member(acme, Role.VIEWER), workspaces=[acme])
+    store = mlflow_server.tracking_store()
+    ours = store.create_run(
+        mlflow_server.Namespace(workspace=acme).default_experiment_id(), "u", 0, [], "ours"
+    )
+    theirs = store.create_run(
+        mlflow_server.Namespace(workspace=rival).default_experiment_id(), "u", 0, [], "theirs"
+    )
+    query = (
+        "query run($id: String) { mlflowGetRun(input: {runId: $id}) "
+        "{ run { info { runName artifactUri } experiment { name } } } }"
+    )
+
+    def ask(body):
+        return client.post(
+            "/mlflow/graphql", body, content_type="application/json", **bearer(token)
+        )
+
+    got = ask({"query": query, "variables": {"id": ours.info.run_id}})
+    assert got.status_code == 200, got.content
+    run = got.json()["data"]["mlflowGetRun"]["run"]
+    assert run["info"]["runName"] == "ours" and run["experiment"]["name"] == "Default"
+    assert run["info"]["artifactUri"].startswith(f"mlflow-artifacts:/{acme.slug}/")
+    assert ask({"query": query, "variables": {"id": theirs.info.run_id}}).status_code == 404
+    inline = query.replace("($id: String)", "").replace("$id", f'"{theirs.info.run_id}"')
+    assert ask({"query": inline}).status_code == 404
+    versions = '{ mlflowSearchModelVersions(input: {filter: ""}) { modelVersions { name } } }'
+    assert ask({"query": versions}).status_code == 404
+    assert ask({"query": "{ mlflowGetRun("}).status_code == 400
