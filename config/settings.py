@@ -234,12 +234,14 @@ if TESTING:
 # MLflow: tracking and model registry. Embedded default: a SQLite store under var/ (the file
 # store has no model registry); production: an MLflow server or a PostgreSQL URI.
 _MLFLOW_DIR = (TEST_STATE_DIR if TESTING else VAR_DIR) / "mlflow"
-MLFLOW_TRACKING_URI = os.environ.get(
-    "MLFLOW_TRACKING_URI", f"sqlite:///{_MLFLOW_DIR / 'mlflow.db'}"
+# The platform serves this store at /mlflow (training.mlflow_server) when it is a database URI.
+MLFLOW_TRACKING_URI = (
+    os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_MLFLOW_DIR / 'mlflow.db'}"
 )
-MLFLOW_ARTIFACT_ROOT = os.environ.get("MLFLOW_ARTIFACT_ROOT", str(_MLFLOW_DIR / "artifacts"))
+MLFLOW_ARTIFACT_ROOT = os.environ.get("MLFLOW_ARTIFACT_ROOT") or str(_MLFLOW_DIR / "artifacts")
 # The MLflow UI as a browser reaches it (job pages link their runs there). An http tracking URI
-# is the default; set it where the tracking URI is an internal name (compose: http://mlflow:5000).
+# is the default; set it where the tracking URI is an internal name. Left empty with a database
+# tracking URI, job pages link to the platform's own UI at /mlflow/w/<slug>/.
 MLFLOW_UI_URL = os.environ.get(
     "MLFLOW_UI_URL", MLFLOW_TRACKING_URI if MLFLOW_TRACKING_URI.startswith("http") else ""
 )
@@ -368,10 +370,14 @@ STORAGES = {
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Producer batches may be larger; still refused well below 50 MB.
 FEATURE_BATCH_MAX_BYTES = env_int("FEATURE_BATCH_MAX_BYTES", 32 * 1024 * 1024)
+# One artifact file uploaded through the platform's MLflow server (/mlflow): streamed to the store.
+MLFLOW_ARTIFACT_MAX_BYTES = env_int("MLFLOW_ARTIFACT_MAX_BYTES", 2 * 1024 * 1024 * 1024)
 API_BODY_LIMITS = [
     (r"^/api/v1/workspaces/[^/]+/feature-groups/[^/]+/batches/$", "FEATURE_BATCH_MAX_BYTES"),
     # The same batches uploaded from a group's page.
     (r"^/w/[^/]+/features/groups/[^/]+/upload/$", "FEATURE_BATCH_MAX_BYTES"),
+    # Artifacts the stock MLflow client uploads through /mlflow (models included), streamed.
+    (r"^/mlflow/(?:w/[^/]+/)?(?:ajax-)?api/[0-9.]+/mlflow-artifacts/", "MLFLOW_ARTIFACT_MAX_BYTES"),
 ]
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES)
 # Uploaded files stay in memory up to this size (a batch is read whole anyway).

@@ -1,10 +1,12 @@
-"""Top-level routes: the browser UI, the admin console, the REST API and its schema, probes."""
+"""Top-level routes: the browser UI, the admin console, the REST API and its schema, probes,
+and MLflow's tracking server under ``/mlflow``."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from training import mlflow_server
 from workspaces import health
 
 api_v1 = [
@@ -31,6 +33,13 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include((api_v1, "api"), namespace="v1")),
     path("v2/", include("serving.oip_urls")),
+    # MLflow's tracking server (its own Flask app) behind the platform's tokens and workspaces.
+    re_path(
+        r"^mlflow/w/(?P<slug>[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)(?P<rest>/.*)?$",
+        mlflow_server.mlflow_endpoint,
+        name="mlflow-workspace",
+    ),
+    re_path(r"^mlflow(?P<rest>/.*)?$", mlflow_server.mlflow_endpoint, name="mlflow"),
     path("", include("features.urls")),
     path("", include("training.urls")),
     path("", include("serving.urls")),

@@ -394,9 +394,11 @@ def model_alias_set(*, actor, workspace: Workspace, model: RegisteredModel, alia
 
 
 # A source is imported only when it is proven to belong to the caller's workspace: training jobs
-# log to the experiment ``rankops/<slug>`` (artifacts under ``MLFLOW_ARTIFACT_ROOT/<slug>``, tag
-# ``rankops.workspace``) and the registry names models ``<slug>.<name>``. Anything else, including
-# a run, model or path that does not exist, answers the same 404.
+# log to the experiment ``rankops/<slug>``, the stock client (through the platform's /mlflow,
+# training.mlflow_server) to it or to ``rankops/<slug>/<name>``; artifacts lie under
+# ``MLFLOW_ARTIFACT_ROOT/<slug>``, runs may carry the tag ``rankops.workspace``, and the registry
+# names models ``<slug>.<name>``. Anything else, including a run, model or path that does not
+# exist, answers the same 404.
 SOURCE_NOT_FOUND = "No such MLflow run, model or artifact directory in this workspace."
 _RUN_ID = re.compile(r"[A-Za-z0-9][\w-]{0,255}")
 _MODEL_URI = re.compile(r"(?P<name>[^/@]+)(?:/(?P<version>[0-9]+)|@(?P<alias>[A-Za-z0-9_-]+))/?")
@@ -418,6 +420,32 @@ def _owned_dir(path: Path, roots: list[Path]) -> Path:
     return resolved
 
 
+def _workspace_experiment(workspace: Workspace, name: str) -> bool:
+    """Its Default (``rankops/<slug>``) or a named experiment made through /mlflow."""
+    home = f"rankops/{workspace.slug}"
+    return name == home or name.startswith(home + "/")
+
+
+def _owned_logged_model_dir(workspace: Workspace, model_id: str) -> Path:
+    """The files of an MLflow 3 logged model (``models:/m-...``) in one of the workspace's
+    experiments, inside its MLflow artifact folder."""
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client()
+    try:
+        logged = client.get_logged_model(model_id)
+        experiment = client.get_experiment(logged.experiment_id)
+    except MlflowException as exc:
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source") from exc
+    location = urlsplit(logged.artifact_location or "")
+    if not _workspace_experiment(workspace, experiment.name) or location.scheme not in (
+        "file",
+        "",
+    ):
+        raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source")
+    return _owned_dir(Path(unquote(location.path)), [_workspace_mlflow_root(workspace)])
+
+
 def _owned_run(workspace: Workspace, run_id: str):
     """The MLflow run, when it lives in the workspace's experiment (and says so if it is tagged)."""
     from mlflow.exceptions import MlflowException
@@ -432,7 +460,7 @@ def _owned_run(workspace: Workspace, run_id: str):
         raise ReferenceNotFound(SOURCE_NOT_FOUND, attr="source") from exc
     tag = run.data.tags.get("rankops.workspace")
     if (
-        experiment.name != f"rankops/{workspace.slug}"
+        not _workspace_experiment(workspace, experiment.name)
         or (tag is not None and tag != workspace.slug)
         or run.info.lifecycle_stage != "active"
     ):
@@ -481,6 +509,10 @@ def _owned_model_version_dir(workspace: Workspace, rest: str) -> tuple[Path, Any
         run_id, _, path = f"{source.netloc}{source.path}".lstrip("/").partition("/")
         run = _owned_run(workspace, run_id)
         return _run_dir(workspace, run, path.strip("/")), run
+    logged_model = f"{source.netloc}{source.path}".strip("/")
+    if source.scheme == "models" and logged_model.startswith("m-"):
+        # MLflow 3's log_model(registered_model_name=...) registers the logged model.
+        return _owned_logged_model_dir(workspace, logged_model), run
     if source.scheme in ("file", "") and source.netloc in ("", "localhost") and source.path:
         # The platform registers its own versions from ARTIFACT_ROOT/<workspace id>/.
         roots = [

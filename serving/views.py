@@ -21,6 +21,7 @@ from serving.gates import version_gates_request
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
 from serving.routing import routing_table
+from training import mlflow_server
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
@@ -224,11 +225,7 @@ def version_detail(
                 ]
             ),
             other_versions=others,
-            mlflow_run_url=(
-                f"{str(settings.MLFLOW_UI_URL).rstrip('/')}/#/runs/{found.mlflow_run_id}"
-                if getattr(settings, "MLFLOW_UI_URL", "") and found.mlflow_run_id
-                else ""
-            ),
+            mlflow_run_url=mlflow_server.run_ui_url(workspace.slug, found.mlflow_run_id),
             metrics_rows=metrics_rows,
             importance=importance,
             gates=sorted((k, v) for k, v in (found.gates or {}).items() if k != "run"),

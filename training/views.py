@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from training import curves, services
+from training import curves, mlflow_server, services
 from training import pipelines as pipeline_services
 from training.forms import (
     JobCreateForm,
@@ -212,8 +212,10 @@ def _log_tail(job: TrainingJob) -> str:
 def _mlflow_run(job: TrainingJob) -> dict[str, str]:
     """Where a person can open the job's MLflow run: the MLflow UI's run page when a UI is
     configured (``MLFLOW_UI_URL``: the address a browser reaches, which an internal tracking
-    URI such as ``http://mlflow:5000`` is not); else the run id and the tracking URI to copy."""
+    URI such as ``http://mlflow:5000`` is not) or the platform serves MLflow itself
+    (``/mlflow/w/<slug>``, training.mlflow_server); else the run id and the tracking URI to copy."""
     ui = str(getattr(settings, "MLFLOW_UI_URL", "") or "").rstrip("/")
+    ui = ui or mlflow_server.ui_path(job.workspace.slug)
     run_id = job.mlflow_run_id or ""
     return {
         "run_id": run_id,

@@ -253,7 +253,10 @@ def test_version_page_links_its_mlflow_run_when_a_ui_is_configured(
     settings.MLFLOW_UI_URL = "http://localhost:5000"
     html = browser(members[Role.VIEWER]).get(url).content.decode()
     assert f'<a href="http://localhost:5000/#/runs/{"r" * 32}"' in html
-    settings.MLFLOW_UI_URL = ""
+    settings.MLFLOW_UI_URL = ""  # the platform serves MLflow from its own database store
+    html = browser(members[Role.VIEWER]).get(url).content.decode()
+    assert f'<a href="/mlflow/w/{workspace.slug}/#/runs/{"r" * 32}"' in html
+    settings.MLFLOW_TRACKING_URI = "http://mlflow.internal:5000"  # nothing a browser reaches
     html = browser(members[Role.VIEWER]).get(url).content.decode()
     assert 'data-testid="mlflow-link"' not in html and f"<code>{'r' * 32}</code>" in html
 

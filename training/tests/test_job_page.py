@@ -120,16 +120,26 @@ def test_mlflow_run_links_to_the_configured_ui(workspace, members, settings):
     assert link and link.group(1) == f"http://localhost:5000/#/runs/{RUN_ID}"
 
 
-def test_without_an_mlflow_ui_the_run_id_and_tracking_uri_are_there_to_copy(
+def test_without_a_configured_ui_the_run_links_to_the_platforms_own_mlflow(
     workspace, members, settings
 ):
     settings.MLFLOW_UI_URL = ""
     settings.MLFLOW_TRACKING_URI = "sqlite:////srv/mlflow/mlflow.db"
     html = _page(workspace, members, make_job(workspace))
+    link = re.search(r'<a href="([^"]+)"[^>]*data-testid="mlflow-link"', html)
+    assert link and link.group(1) == f"/mlflow/w/{workspace.slug}/#/runs/{RUN_ID}"
+
+
+def test_without_an_mlflow_ui_the_run_id_and_tracking_uri_are_there_to_copy(
+    workspace, members, settings
+):
+    settings.MLFLOW_UI_URL = ""
+    settings.MLFLOW_TRACKING_URI = "http://mlflow:5000"
+    html = _page(workspace, members, make_job(workspace))
     run = html.split('data-testid="mlflow-run"')[1].split("</p>")[0]
     assert 'data-testid="mlflow-link"' not in run
     assert f'<code id="mlflow-run-id">{RUN_ID}</code>' in run
-    assert '<code id="mlflow-tracking-uri">sqlite:////srv/mlflow/mlflow.db</code>' in run
+    assert '<code id="mlflow-tracking-uri">http://mlflow:5000</code>' in run
     assert 'data-copy="mlflow-run-id"' in run and "mlflow ui --backend-store-uri" in run
 
 
