@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from django.db import connection
 
 from lineage.models import Edge
@@ -64,3 +66,23 @@ def levels(node_id: int, depth: int, direction: str) -> dict[int, int]:
         for pk in frontier:
             found[pk] = level
     return found
+
+
+def reached_from_each(node_ids: list[int], depth: int, direction: str) -> dict[int, set[int]]:
+    """For each of ``node_ids``, every node within ``depth`` steps over live edges (itself
+    excluded), as ``levels`` finds them. All the walks step together, so a roll-up over many
+    nodes (the cost shares of every costed object) reads one query per level, not per node."""
+    found = {pk: {pk} for pk in node_ids}
+    frontiers = {pk: {pk} for pk in node_ids}
+    for _ in range(depth):
+        union = sorted(set().union(*frontiers.values()))
+        if not union:
+            break
+        step: dict[int, set[int]] = defaultdict(set)
+        for near, far, _type, _active in neighbours(union, direction):
+            step[near].add(far)
+        for pk, frontier in frontiers.items():
+            reached = {far for near in frontier for far in step.get(near, ())} - found[pk]
+            found[pk] |= reached
+            frontiers[pk] = reached
+    return {pk: reached - {pk} for pk, reached in found.items()}

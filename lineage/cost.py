@@ -22,6 +22,7 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncDay
 from django.utils import timezone
 
+from lineage.adjacency import reached_from_each
 from lineage.conf import RESOURCE_KEYS, setting
 from lineage.models import Node, Usage
 from lineage.queries import downstream_ids
@@ -92,8 +93,9 @@ def feature_costs(*, workspace: Workspace, kind: str = "feature") -> dict[int, d
         .values_list("id", "kind")
     )
     shares: dict[int, dict[str, Any]] = defaultdict(lambda: {"cost": 0.0, "objects": 0})
+    upstream_of = reached_from_each(list(costed), 6, "upstream")
     for pk, cost in costed.items():
-        upstream = [f for f in downstream_ids(pk, 6, "upstream") if kinds.get(f) == kind]
+        upstream = [f for f in upstream_of[pk] if kinds.get(f) == kind]
         for feature in upstream:
             shares[feature]["cost"] += cost / len(upstream)
             shares[feature]["objects"] += 1

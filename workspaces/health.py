@@ -48,7 +48,12 @@ def _check_cache() -> None:
 def _check_broker() -> None:
     from config.celery import app
 
-    with app.connection_for_write(connect_timeout=BROKER_CONNECT_TIMEOUT) as conn:
+    # The socket timeout bounds the first command too: a broker that accepts the connection and
+    # never answers (a hung Redis, a half-open proxy) would otherwise hold /readyz forever.
+    with app.connection_for_write(
+        connect_timeout=BROKER_CONNECT_TIMEOUT,
+        transport_options={"socket_timeout": BROKER_CONNECT_TIMEOUT},
+    ) as conn:
         # One attempt: a probe that retries only delays the answer the orchestrator acts on.
         conn.ensure_connection(max_retries=0, timeout=BROKER_CONNECT_TIMEOUT)
 

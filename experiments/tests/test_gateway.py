@@ -1,12 +1,19 @@
 """Acceptance with serving's real gateway under load: a planted guardrail breach moves all
-traffic to control within a second, and promoting the winner switches production, both without
-a failed predict request."""
+traffic to control, and promoting the winner switches production, both without a failed predict
+request.
+
+How fast the traffic moves is a benchmark figure (``bench``'s experiments area:
+``guardrail_rollback_s``), not a unit-test assertion. Here the order of events decides: every
+request is numbered when it is sent and when it returns, on one counter shared by the clients and
+the test; once a request sent after the change has returned the new route, every request sent
+later takes it too.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +28,7 @@ from serving.tests.factories import make_scene
 from serving.tests.helpers import passing_version, predict_body
 from workspaces.models import Role
 from workspaces.testing.factories import token_for
+from workspaces.testing.waiting import wait_until
 
 USERS = 120
 
@@ -60,31 +68,45 @@ class Load:
         self.gate = threading.Lock()
         self.url = f"/api/v1/workspaces/{workspace.slug}/predict/"
         self.scene, self.key = scene, key
-        self.results: list[tuple[float, float, int, str | None, int | None]] = []
+        # (sent, returned, status, arm, version), numbered on ``order``
+        self.results: list[tuple[int, int, int, str | None, int | None]] = []
         self.stop = threading.Event()
-        self.counter = iter(range(10**9))
-        self.lock = threading.Lock()
+        self.order = itertools.count()  # next() on it is atomic: one order for every thread
         self.threads = [threading.Thread(target=self._run) for _ in range(1 if SQLITE else 3)]
 
     def quiet(self):
         return self.gate if SQLITE else contextlib.nullcontext()
 
-    def wait_for_sent(self, *, after: float = 0.0, count: int = 5, timeout: float = 30.0):
-        """Wait until ``count`` answered requests were sent at or after ``after`` (monotonic
-        seconds), however slowly the machine serves them: the window is counted in requests."""
-        deadline = time.monotonic() + max(timeout, after - time.monotonic() + timeout)
-        while sum(1 for sent, *_ in list(self.results) if sent >= after) < count:
-            assert time.monotonic() < deadline, f"fewer than {count} requests answered"
-            time.sleep(0.05)
+    def now(self) -> int:
+        """A mark on the requests' order: later requests are sent after it."""
+        return next(self.order)
+
+    def wait_for_sent(self, *, after: int = -1, count: int = 5, timeout: float = 60.0):
+        """Wait until ``count`` answered requests were sent after the mark ``after``, however
+        slowly the machine serves them: the window is counted in requests."""
+        wait_until(
+            lambda: sum(1 for sent, *_ in list(self.results) if sent > after) >= count,
+            timeout=timeout,
+            what=f"{count} requests answered",
+        )
+
+    def switched(self, *, after: int, route) -> int:
+        """The mark at which the first request sent after ``after`` returned ``route`` (an
+        (arm, version) pair), waiting for it."""
+
+        def first() -> int | None:
+            results = list(self.results)
+            hits = [ret for sent, ret, _, *got in results if sent > after and tuple(got) == route]
+            return min(hits, default=None)
+
+        return wait_until(first, timeout=60, what=f"a request routed to {route}")
 
     def _run(self):
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Token {self.key}")
         try:
             while not self.stop.is_set():
-                with self.lock:
-                    n = next(self.counter)
-                sent = time.monotonic()
+                sent = n = next(self.order)
                 body = predict_body(self.scene, request_id=f"r-{n}", user=f"u{n % USERS}", n=5)
                 with self.quiet():
                     response = client.post(self.url, body, format="json")
@@ -92,7 +114,7 @@ class Load:
                 self.results.append(
                     (
                         sent,
-                        time.monotonic(),
+                        next(self.order),
                         response.status_code,
                         data.get("arm"),
                         data.get("version"),
@@ -139,23 +161,25 @@ def _feedback(workspace, ctr):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_planted_guardrail_breach_rolls_back_within_a_second_without_failures(workspace, members):
+def test_planted_guardrail_breach_moves_all_traffic_to_control_without_failures(workspace, members):
     actor = members[Role.MAINTAINER]
     scene, v1, _v2, _dep, exp = _setup(workspace, actor, members[Role.ADMIN])
+    control = (None, v1.version)
     with Load(workspace, scene, token_for(actor)) as load:
         load.wait_for_sent(count=60)  # traffic in the experiment before the breach
-        before_breach = time.monotonic()
+        before_breach = load.now()
         with load.quiet():
             assert _feedback(workspace, {"control": 0.3, "treatment": 0.05}) > 40
             assert services.experiment_check(experiment=exp) == "stopped"
-        rolled_at = time.monotonic()
-        load.wait_for_sent(after=rolled_at + 1.0)
+        stopped = load.now()
+        switch = load.switched(after=stopped, route=control)
+        load.wait_for_sent(after=switch, count=20)
     results = load.results
     assert results and all(status == 200 for _, _, status, _, _ in results)
-    before = [arm for sent, _, _, arm, _ in results if sent < before_breach]
-    after = [(arm, v) for sent, _, _, arm, v in results if sent >= rolled_at + 1.0]
-    assert before and None not in before  # 50% per arm: every unit was in the experiment
-    assert after and set(after) == {(None, v1.version)}
+    before = [arm for _, returned, _, arm, _ in results if returned < before_breach]
+    after = [(arm, v) for sent, _, _, arm, v in results if sent > switch]
+    assert len(before) >= 60 and None not in before  # 50% per arm: every unit in the experiment
+    assert len(after) >= 20 and set(after) == {control}
     exp.refresh_from_db()
     assert exp.state == "stopped" and "guardrail" in exp.stop_reason
 
@@ -172,11 +196,12 @@ def test_promoting_the_winner_switches_production_without_failures(workspace, me
             exp = services.experiment_conclude(
                 actor=actor, experiment=exp, action="promote", note="clear win"
             )
-        promoted_at = time.monotonic()
-        load.wait_for_sent(after=promoted_at + 1.0)
+        promoted = load.now()
+        switch = load.switched(after=promoted, route=(None, v2.version))
+        load.wait_for_sent(after=switch, count=20)
     results = load.results
     assert results and all(status == 200 for _, _, status, _, _ in results)
-    after = {(arm, v) for sent, _, _, arm, v in results if sent >= promoted_at + 1.0}
+    after = {(arm, v) for sent, _, _, arm, v in results if sent > switch}
     assert after == {(None, v2.version)}
     dep.refresh_from_db()
     assert dep.version_id == v2.pk and dep.model.aliases.get("production") == v2.version

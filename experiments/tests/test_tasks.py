@@ -3,7 +3,6 @@ stopped and its traffic cleared; the schedule names the task."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import numpy as np
@@ -17,6 +16,7 @@ from experiments.models import Experiment
 from experiments.tests.factories import log_predictions, make_deployment
 from serving.routing import route, routing_table
 from workspaces.models import Role
+from workspaces.testing.waiting import wait_until
 
 
 def test_beat_schedules_the_check():
@@ -68,12 +68,13 @@ def test_check_running_on_a_real_worker_stops_a_breaching_experiment(workspace, 
     queue = f"test-{uuid.uuid4().hex[:12]}"
     with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
         tasks.check_running.apply_async(queue=queue)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if Experiment.objects.for_workspace(workspace).get(pk=exp.pk).state == "stopped":
-                break
-            time.sleep(0.2)
+        wait_until(
+            lambda: Experiment.objects.for_workspace(workspace).get(pk=exp.pk).state == "stopped",
+            timeout=30,
+            what="the worker to stop the experiment",
+            interval=0.2,
+        )
     exp.refresh_from_db()
-    assert exp.state == "stopped", "the worker never stopped the experiment"
+    assert exp.state == "stopped"
     assert routing_table(workspace, dep.name)["layers"] == []
     assert exp.snapshots.count() == 1

@@ -13,7 +13,7 @@ from lineage.models import Node
 from lineage.projection import project
 from lineage.tests.helpers import build_scene, record
 from workspaces.events import Ref
-from workspaces.models import Role
+from workspaces.models import Event, Role
 
 pytestmark = pytest.mark.django_db
 API = "/api/v1/workspaces/{ws}/lineage/"
@@ -223,19 +223,31 @@ def test_cost_rolls_up_along_the_graph(viewer, workspace, scene, settings):
     assert summary["top"][0]["key"] == f"training_job:{scene['job']}"
     (run,) = summary["runs"]["jobs"]
     assert run["state"] == "succeeded" and run["samples"] == 3600
-    assert run["duration_s"] >= 0
+    # From the job's running event to its succeeded event, as the log has them.
+    times = dict(
+        Event.objects.for_workspace(workspace)
+        .filter(verb__in=["training.job.running", "training.job.succeeded"])
+        .values_list("verb", "created_at")
+    )
+    took = times["training.job.succeeded"] - times["training.job.running"]
+    assert run["duration_s"] == round(took.total_seconds(), 3)
 
 
 def test_pipeline_runs_have_duration_and_speed(workspace):
     t = timezone.now()
     run = Ref("pipelinerun", 1, "nightly")
     record(workspace, "training.pipeline.created", [Ref("pipeline", 1, "nightly")])
-    record(workspace, "training.pipeline_run.started", [run])
-    record(workspace, "training.pipeline_run.succeeded", [run], payload={"samples": 1000})
+    started = record(workspace, "training.pipeline_run.started", [run])
+    done = record(workspace, "training.pipeline_run.succeeded", [run], payload={"samples": 1000})
     runs = cost.pipeline_runs(workspace=workspace)["pipelines"]
     assert len(runs) == 1
     assert runs[0]["key"] == "pipelinerun:1" and runs[0]["state"] == "succeeded"
-    assert runs[0]["duration_s"] >= 0 and runs[0]["finished_at"] >= t
+    # From the started event to the succeeded one, as the log has them (the log is append-only,
+    # so the times are the ones recorded).
+    took = (done.created_at - started.created_at).total_seconds()
+    assert runs[0]["duration_s"] == round(took, 3)
+    assert runs[0]["started_at"] == started.created_at
+    assert runs[0]["finished_at"] == done.created_at >= t
 
 
 def test_template_helpers_link_and_show_cost(workspace, scene):

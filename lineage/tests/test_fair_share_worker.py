@@ -1,11 +1,11 @@
 """Fair use of worker slots with a real Celery worker (Redis/PostgreSQL when configured, else the
 filesystem broker and SQLite): one workspace's 50,000-input OpenLineage event is projected in
 bounded slices, and another workspace's training job is placed meanwhile, on the same single
-worker slot, within 10 seconds."""
+worker slot: while the large event is still half applied. (How long the placement waits is the
+benchmarks' business; here the order decides.)"""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -20,24 +20,18 @@ from training.models import JobState, TrainingJob
 from training.scheduler.tasks import tick
 from training.scheduler.tests.factories import make_job, make_node
 from workspaces.testing.factories import make_workspace
+from workspaces.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
 INPUTS = 50_000
-PLACEMENT_BOUND_S = 10.0
 
 
 def _poll(predicate, *, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except OperationalError:  # SQLite: the worker is writing right now
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    # SQLite: the worker is writing right now
+    return wait_until(
+        predicate, timeout=timeout, what=what, interval=0.1, retry_on=(OperationalError,)
+    )
 
 
 def _cursor() -> Cursor | None:
@@ -77,23 +71,20 @@ def test_a_huge_event_is_projected_in_slices_while_another_workspaces_job_is_pla
                 what="the projection of the large event to start",
             )
             # ... when the scheduler tick for the other workspace arrives behind it.
-            started = time.monotonic()
             # A connection of its own: the in-process worker's pooled ones are not shared.
             with app.connection_for_write() as connection:
                 tick.apply_async(queue=queue, connection=connection)
             _poll(
                 lambda: TrainingJob.objects.unscoped().get(pk=job.pk).state == JobState.PLACED,
-                timeout=PLACEMENT_BOUND_S,
+                timeout=60,
                 what="the quiet workspace's job to be placed",
             )
-            waited = time.monotonic() - started
             cursor = _poll(_cursor, timeout=5, what="the cursor")
             projected = _poll(
                 lambda: Node.objects.for_workspace(noisy).count(), timeout=5, what="nodes"
             )
     finally:
         _purge(queue)
-    assert waited < PLACEMENT_BOUND_S
     # The large event was still being applied, slice by slice, when the job was placed.
     assert cursor.partial_event_id == event.pk
     assert 0 < cursor.partial_refs_done < INPUTS + 1

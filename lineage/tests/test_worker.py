@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from lineage.tasks import audit_scan, project_events
 from lineage.tests.helpers import record
 from workspaces.events import Ref
 from workspaces.testing.factories import make_workspace
+from workspaces.testing.waiting import wait_until
 
 pytestmark = pytest.mark.celery_worker
 
@@ -35,15 +35,13 @@ def test_a_committed_event_is_projected_by_the_worker(settings):
                 Ref("deployment", 4, "d4", role="output"),
             ],
         )
-        deadline = time.monotonic() + 30
-        found = False
-        while not found and time.monotonic() < deadline:
-            try:
-                found = Node.objects.for_workspace(workspace).filter(kind="deployment").exists()
-            except OperationalError:  # SQLite's shared in-memory test database: table locked
-                found = False
-            time.sleep(0.2)
-    assert found, "the worker never projected the committed event"
+        wait_until(
+            lambda: Node.objects.for_workspace(workspace).filter(kind="deployment").exists(),
+            timeout=30,
+            what="the worker to project the committed event",
+            interval=0.2,
+            retry_on=(OperationalError,),  # SQLite's shared in-memory test database: locked
+        )
     deployment = Node.objects.for_workspace(workspace).get(kind="deployment")
     assert deployment.in_edges.get().src.key == "model_version:3"
 

@@ -2,7 +2,6 @@
 the prediction log, OIP v2, /metrics, the UI pages and bad inputs."""
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from serving.tests.helpers import deployed, predict_body
 from training import sandbox
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
+from workspaces.testing.waiting import wait_until
 
 
 def test_bucket_is_deterministic_and_uniform():
@@ -136,7 +136,8 @@ def test_predict_routes_experiments_logs_and_applies_table_changes(
             salt="s",
             allocations=[{"arm": "t", "version_id": v2.pk, "start": 5, "end": 2}],
         )
-    time.sleep(0.06)  # one poll interval (tests poll every 50 ms; production every 200 ms)
+    # No wait: the commit bumped the shared generation and forced this process's next poll
+    # (routing.publish), so the next request reads the new table.
     arms = {}
     for i in range(40):
         user = f"u{i % 12}"
@@ -164,7 +165,6 @@ def test_predict_routes_experiments_logs_and_applies_table_changes(
             experiment_key="exp-1",
             reason="done",
         )
-    time.sleep(0.06)
     r = client.post(url, predict_body(scene, request_id="r-after"), format="json")
     assert r.json()["experiment"] is None and r.json()["version"] == 1
     verbs = set(Event.objects.filter(workspace=workspace).values_list("verb", flat=True))
@@ -321,17 +321,15 @@ def test_local_backend_supervises_model_server_processes(workspace, members):
         procs = dep.status_detail["processes"]
         assert len(procs) == 1
         port = procs[0]["port"]
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/v2/health/ready", timeout=1
-                ) as r:
-                    assert json.loads(r.read()) == {"live": True, "ready": True}
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "model server never became ready"
-                time.sleep(0.2)
+
+        def ready() -> dict:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                return json.loads(r.read())
+
+        health = wait_until(
+            ready, timeout=30, what="the model server", interval=0.2, retry_on=(OSError,)
+        )
+        assert health == {"live": True, "ready": True}
         # The replica loads a user artifact without the platform's credentials, as its own uid.
         pid = procs[0]["pid"]
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

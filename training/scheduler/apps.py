@@ -13,10 +13,10 @@ class SchedulerConfig(AppConfig):
     verbose_name = "Scheduler"
 
     def ready(self) -> None:
-        from training.scheduler.selectors import workspace_usage_now
+        from training.scheduler.selectors import workspaces_usage_now
         from training.scheduler.views import dashboard_section
         from workspaces.dashboard import register_section
         from workspaces.quota import register_usage_provider
 
         register_section("quota", dashboard_section)
-        register_usage_provider(workspace_usage_now)
+        register_usage_provider(workspaces_usage_now)

@@ -1,7 +1,7 @@
 """Reads for the queue view, the API and the cluster view.
 
 ``quota_summary`` is ``workspaces.quota.quota_summary`` (the one quota with live usage, from
-``workspace_usage_now`` below), re-exported for the scheduler's views.
+``workspaces_usage_now`` below), re-exported for the scheduler's views.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.db.models import Sum
 
 from features.models import Batch
 from training.models import PRIORITY_RANK, JobState, Node, NodeKind, TrainingJob
-from training.scheduler.admission import job_usage, workspace_usage
+from training.scheduler.admission import job_usage, workspaces_usage
 from training.scheduler.inventory import build_cluster, holding_jobs, job_request
 from training.scheduler.models import JobScheduling
 from workspaces.quota import Usage, quota_summary
@@ -26,7 +26,13 @@ QUEUE_STATES = (
 )
 WAITING = (JobState.PENDING, JobState.ADMITTED, JobState.PREEMPTED)
 
-__all__ = ["cluster_overview", "queue_of", "quota_summary", "quotas_of", "workspace_usage_now"]
+__all__ = [
+    "cluster_overview",
+    "queue_of",
+    "quota_summary",
+    "quotas_of",
+    "workspaces_usage_now",
+]
 
 
 def _reason(job: TrainingJob, sched: JobScheduling | None) -> str:
@@ -94,15 +100,24 @@ def queue_of(*, workspace) -> list[dict[str, Any]]:
     return rows
 
 
-def workspace_usage_now(workspace, gpu_types: set[str]) -> Usage:
+def workspaces_usage_now(workspaces, gpu_types: dict[int, set[str]]) -> dict[int, Usage]:
     """The quota's usage provider (registered in ``SchedulerConfig.ready``): CPU, memory and GPU
-    held by the workspace's in-quota jobs, counted exactly as admission counts them
+    held by each workspace's in-quota jobs, counted exactly as admission counts them
     (``admission.workspace_usage``), and the bytes of its feature batches (``Batch.bytes``, the
     stored size of every accepted push). Dataset files are not counted: their size is not kept
-    on the row."""
-    stored = Batch.objects.for_workspace(workspace).aggregate(total=Sum("bytes"))["total"]
-    by_type = workspace_usage(workspace.pk, gpu_types=gpu_types)
-    return Usage(by_gpu_type=by_type, storage_bytes=int(stored or 0))
+    on the row. Two queries for any number of workspaces (the API lists many)."""
+    ids = [workspace.pk for workspace in workspaces]
+    stored = dict(
+        Batch.objects.for_workspaces(ids)
+        .values("workspace_id")
+        .annotate(total=Sum("bytes"))
+        .values_list("workspace_id", "total")
+        .order_by()
+    )
+    by_type = workspaces_usage({pk: gpu_types.get(pk, set()) for pk in ids})
+    return {
+        pk: Usage(by_gpu_type=by_type[pk], storage_bytes=int(stored.get(pk) or 0)) for pk in ids
+    }
 
 
 def quotas_of(*, workspace) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -15,16 +14,11 @@ from training.models import JobMetric, JobState, TrainingJob
 from training.services import job_create, job_request_stop, job_transition, job_work_dir
 from training.tests.factories import FAST, make_demo_dataset, make_node, place
 from workspaces.models import Event
+from workspaces.testing.waiting import wait_until
 
 
 def _wait(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout=timeout, what=what)
 
 
 def _job(workspace, dataset, **params):
@@ -113,7 +107,18 @@ def test_sigkilled_child_is_requeued_and_resumes_to_the_same_model(workspace, tm
     finished = (
         Event.objects.for_workspace(workspace).filter(verb="training.job.succeeded").latest("id")
     )
-    assert set(finished.resources) >= {"cpu_hours", "gpu_hours", "memory_gb_hours"}
+    # The job's usage is what its two attempts' events recorded (the killed one's requeue and
+    # the success), so the cost roll-ups priced from the events agree with it; a CPU node: no GPU.
+    spent = [
+        event.resources
+        for event in Event.objects.for_workspace(workspace).filter(verb__startswith="training.job.")
+        if event.resources
+    ]
+    assert len(spent) == 2, spent
+    for key in ("cpu_hours", "gpu_hours", "memory_gb_hours"):
+        assert job.usage[key] == pytest.approx(sum(r[key] for r in spent), abs=1e-5), key
+    assert finished.resources["gpu_hours"] == 0
+    assert 0 < finished.resources["cpu_hours"] < job.usage["cpu_hours"]
     assert job.metrics["importance"] and "roc" in job.metrics and "calibration" in job.metrics
 
 

@@ -96,6 +96,12 @@ def test_failing_write_rolls_back_its_event(workspace):
     assert Event.objects.for_workspace(workspace).count() == before
     assert not Membership.objects.for_workspace(workspace).filter(user=user).exists()
     assert not user.has_perm("workspaces.view_workspace", workspace)
+    # The same grant, committed, does leave all three: the checks above could fail.
+    with transaction.atomic():
+        services.membership_grant(actor=None, workspace=workspace, user=user, role=Role.VIEWER)
+    assert Event.objects.for_workspace(workspace).count() == before + 1
+    assert Membership.objects.for_workspace(workspace).filter(user=user).exists()
+    assert type(user).objects.get(pk=user.pk).has_perm("workspaces.view_workspace", workspace)
 
 
 def test_invalid_quota_change_writes_nothing(workspace):

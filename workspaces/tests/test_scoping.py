@@ -7,7 +7,7 @@ from django.db import models
 from django.test.utils import isolate_apps
 
 from workspaces.checks import unscoped_workspace_models
-from workspaces.models import Event, Membership, Workspace
+from workspaces.models import Event, Membership, Role, Workspace
 from workspaces.scoping import UnscopedQueryError, WorkspaceScopedQuerySet
 
 
@@ -35,7 +35,7 @@ def test_scoped_queryset_returns_only_that_workspace(workspace, other_workspace)
     assert list(workspace.events.all()) == rows
 
 
-def test_lookups_that_do_not_pin_a_workspace_do_not_count_as_narrowing(workspace):
+def test_lookups_that_do_not_pin_a_workspace_do_not_count_as_narrowing(workspace, members):
     for attempt in (
         lambda: list(Event.objects.filter(workspace__isnull=False)),
         lambda: Event.objects.filter(workspace_id__gt=0).count(),
@@ -46,8 +46,9 @@ def test_lookups_that_do_not_pin_a_workspace_do_not_count_as_narrowing(workspace
         with pytest.raises(UnscopedQueryError):
             attempt()
     # Equality on the workspace, its id, pk or slug, and __in, do.
-    assert Membership.objects.filter(workspace__slug=workspace.slug).count() >= 0
-    assert Event.objects.filter(workspace_id__in=[workspace.pk]).count() == 1
+    assert Membership.objects.filter(workspace__slug=workspace.slug).count() == len(Role.values)
+    # workspace.created and one membership.granted per member
+    assert Event.objects.filter(workspace_id__in=[workspace.pk]).count() == 1 + len(Role.values)
 
 
 def test_update_and_delete_need_a_workspace_too(workspace, members):
