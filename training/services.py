@@ -26,7 +26,7 @@ from training.models import (
     TrainingJob,
 )
 from training.params import job_params_check
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -54,7 +54,7 @@ def job_transition(
     *,
     job: TrainingJob,
     to: str,
-    actor=None,
+    actor: Actor = None,
     reason: str = "",
     expect: str | set[str] | None = None,
     resources: dict[str, Any] | None = None,
@@ -238,7 +238,7 @@ def _request_tick_on_commit() -> None:
 @transaction.atomic
 def job_create(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     dataset: Dataset | None,
@@ -329,7 +329,7 @@ def job_create(
     return job
 
 
-def _register_consumers(*, actor, job: TrainingJob) -> None:
+def _register_consumers(*, actor: Actor, job: TrainingJob) -> None:
     from features.lookup import FeatureRef
     from features.models import FeatureGroup
     from features.registry import consumer_register
@@ -360,7 +360,9 @@ JOB_CONSUMER_KIND = "training_job"
 
 
 @transaction.atomic
-def job_request_stop(*, job: TrainingJob, mode: str, reason: str, actor=None) -> TrainingJob:
+def job_request_stop(
+    *, job: TrainingJob, mode: str, reason: str, actor: Actor = None
+) -> TrainingJob:
     """Ask a job to stop: ``preempt`` (checkpoint, then ``preempted`` and requeued by the
     scheduler) or ``cancel`` (checkpoint, then ``cancelled``).
 
@@ -446,7 +448,7 @@ MAX_SCRIPT_BYTES = 1_000_000
 @transaction.atomic
 def entry_point_register(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     module: str = "",
