@@ -36,7 +36,7 @@ from experiments.models import (
     Unit,
     key_validator,
 )
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
 from workspaces.notifications import notify
@@ -326,7 +326,7 @@ def experiment_create(
     exp = Experiment.objects.create(
         workspace=workspace,
         key=key,
-        owner=actor if getattr(actor, "is_authenticated", False) else None,
+        owner=actor_user(actor),
         **fields,
     )
     event_record(

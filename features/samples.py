@@ -59,7 +59,7 @@ from features.models import (
 )
 from features.offline_store import quote
 from features.registry import consumer_register, consumer_release
-from workspaces.events import Ref, event_record
+from workspaces.events import Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 from workspaces.services import workspace_update
@@ -325,7 +325,7 @@ def dataset_create(
                     path=dataset_relative_path(
                         workspace_id=workspace.pk, name=name, version=version
                     ),
-                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                    created_by=actor_user(actor),
                 )
         except IntegrityError as exc:
             raise ConflictError(

@@ -49,7 +49,7 @@ from serving.quality import require_quality
 from serving.registry import model_alias_assign
 from serving.routing import publish
 from training import sandbox as user_code
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -320,7 +320,7 @@ def _change(dep, kind, *, actor: Actor, from_version, to_version, reason="", det
         to_version=to_version,
         reason=str(reason)[:500],
         detail=detail or {},
-        actor=actor if getattr(actor, "is_authenticated", False) else None,
+        actor=actor_user(actor),
     )
 
 
@@ -365,7 +365,7 @@ def deployment_create(
                     replicas=replicas,
                     scaling=scaling,
                     version=version,
-                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                    created_by=actor_user(actor),
                 )
         except IntegrityError as exc:
             raise ConflictError(f"deployment '{name}' already exists", attr="name") from exc

@@ -26,7 +26,7 @@ from django.db.models import Max
 
 from serving import artifacts
 from serving.models import ModelVersion, RegisteredModel, VersionSource, name_validator
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -82,7 +82,7 @@ def _model_get_or_create(*, actor: Actor, workspace: Workspace, name: str) -> Re
         workspace=workspace,
         name=name,
         mlflow_name=mlflow_name(workspace, name),
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     event_record(
         actor=actor,
@@ -308,7 +308,7 @@ def _record_version(
                 artifacts=files,
                 mlflow_run_id=mlflow_run_id or "",
                 description=description[:2000],
-                created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                created_by=actor_user(actor),
             )
     except IntegrityError as exc:
         raise ConflictError(f"model '{name}' v{number} was registered at the same moment") from exc

@@ -34,7 +34,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from training.models import JobState, Pipeline, PipelineRun, RunState, StageRun, TrainingJob
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def pipeline_create(
         pipeline.full_clean(exclude=["workspace", "created_by"])
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
-    pipeline.created_by = actor if getattr(actor, "is_authenticated", False) else None
+    pipeline.created_by = actor_user(actor)
     pipeline.save()
     event_record(
         actor=actor,
@@ -177,7 +177,7 @@ def pipeline_run_start(
         pipeline=pipeline,
         state=RunState.RUNNING,
         params=params or {},
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     StageRun.objects.bulk_create(
         [

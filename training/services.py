@@ -26,7 +26,7 @@ from training.models import (
     TrainingJob,
 )
 from training.params import job_params_check
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -295,7 +295,7 @@ def job_create(
         preemptible=preemptible,
         max_attempts=max_attempts,
         compare_deployment=compare_deployment,
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     try:
         job.full_clean(exclude=["workspace", "dataset", "base_job", "created_by", "node"])
@@ -479,7 +479,7 @@ def entry_point_register(
         kind=EntryPointKind.SCRIPT if script else EntryPointKind.MODULE,
         module=module,
         description=description,
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     try:
         entry.full_clean(exclude=["workspace", "created_by"])

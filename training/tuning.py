@@ -53,7 +53,7 @@ from training.models import (
     TuningState,
     TuningTrial,
 )
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -245,7 +245,7 @@ def tuning_job_create(
         model_name=(model_name or name),
         gpu_type=gpu_type,
         priority_class=priority_class,
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
         **resources,
     )
     try:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from training.models import TrainingJob
 from training.scheduler.models import JobScheduling
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.models import QuotaRequest, WorkspaceQuota
 from workspaces.services import quota_set  # the one quota's writer, re-exported
 
@@ -67,7 +67,7 @@ def quota_request_decide(
 def over_quota_review(*, actor: Actor, scheduling: JobScheduling) -> JobScheduling:
     """An admin has looked at an over-quota job (the audit item is closed)."""
     scheduling.reviewed_at = timezone.now()
-    scheduling.reviewed_by = actor
+    scheduling.reviewed_by = actor_user(actor)
     scheduling.save(update_fields=["reviewed_at", "reviewed_by", "updated_at"])
     event_record(
         actor=actor,
