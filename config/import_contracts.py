@@ -62,10 +62,12 @@ class PublicSurfaceContract(Contract):
         output.new_line()
         for link in check.metadata["illegal"]:
             lines = ", ".join(map(str, link["lines"]))
-            output.print_error(f"- {link['importer']} -> {link['imported']} (l.{lines})", bold=False)
+            text = f"- {link['importer']} -> {link['imported']} (l.{lines})"
+            output.print_error(text, bold=False)
         output.new_line()
         output.print(
-            "Import the app's services, selectors or models instead (move or expose the name there)."
+            "Import the app's services, selectors or models instead "
+            "(move the name there, or expose it there)."
         )
 
     @staticmethod
