@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from serving import artifacts
 from serving.models import GateStatus, ModelVersion
-from workspaces.events import Actor, Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 
 TOLERANCE = 1e-6
@@ -297,7 +297,8 @@ def version_gates_request(*, actor: Actor, workspace, version: ModelVersion) -> 
             refs=[Ref.to(locked)],
             payload={"version": locked.version},
         )
-        actor_id = actor.pk if getattr(actor, "is_authenticated", False) else None
+        user = actor_user(actor)
+        actor_id = user.pk if user is not None else None
         transaction.on_commit(lambda: run_gates.delay(locked.pk, actor_id))
     return locked
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404
 from guardian.core import ObjectPermissionChecker
@@ -30,6 +31,14 @@ from workspaces.models import (
 
 # Whoever a request runs as: a user, or the anonymous user before sign-in.
 Principal = User | AnonymousUser
+
+
+def signed_in(user: Principal) -> User:
+    """The signed-in user a request runs as. Views behind ``login_required`` or
+    ``IsAuthenticated`` never see the anonymous user; should one get here, it is refused."""
+    if isinstance(user, AnonymousUser):
+        raise PermissionDenied("Sign in first.")
+    return user
 
 
 def workspaces_visible_to(*, user: Principal, token: ApiToken | None = None) -> QuerySet[Workspace]:

@@ -34,6 +34,7 @@ from workspaces.models import ApiToken, Event, Membership, Role, ServiceAccount
 from workspaces.selectors import (
     events_of,
     members_of,
+    signed_in,
     tokens_of,
     workspace_access,
     workspace_get_visible,
@@ -109,7 +110,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.
             scope = list(request_token(request).workspaces.all())
         token, key = services.api_token_create(
             actor=request.user,
-            user=request.user,
+            user=signed_in(request.user),
             name=serializer.validated_data["name"],
             workspaces=scope,
             expires_at=serializer.validated_data.get("expires_at"),
