@@ -51,7 +51,7 @@ MAX_TREATMENTS = 4
 
 def policy_of(workspace: Workspace) -> dict[str, Any]:
     custom = (workspace.template or {}).get("experiments") or {}
-    policy = dict(DEFAULT_POLICY)
+    policy: dict[str, int | float] = dict(DEFAULT_POLICY)
     for key in policy:
         value = custom.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
@@ -122,7 +122,7 @@ def _clean_ramp(ramp_plan: Any, n_arms: int, workspace: Workspace) -> list[float
     policy = policy_of(workspace)
     if not isinstance(ramp_plan, list) or not 1 <= len(ramp_plan) <= 10:
         raise ValidationError({"ramp_plan": "give 1-10 per-arm percents, e.g. [1, 5, 20, 50]"})
-    plan = []
+    plan: list[float] = []
     for value in ramp_plan:
         if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 100:
             raise ValidationError({"ramp_plan": "percents must be numbers in (0, 100]"})
@@ -186,7 +186,13 @@ def layer_room(
     return room
 
 
-def _check_room(workspace: Workspace, layer: Layer, n_arms: int, plan: list[float], exp=None):
+def _check_room(
+    workspace: Workspace,
+    layer: Layer,
+    n_arms: int,
+    plan: list[float],
+    exp: Experiment | None = None,
+) -> None:
     """Refuse a ramp whose block (arms x top percent) does not fit the layer's free buckets."""
     room = layer_room(workspace, layer, n_arms=n_arms, top_percent=plan[-1], exclude=exp)
     if not room["fits"]:
@@ -827,7 +833,7 @@ def feedback_record(
                     workspace=workspace,
                     unit_id=log["unit_id"] if log else "",
                     experiment=exp,
-                    arm=(log["arm"] if exp else ""),
+                    arm=(log["arm"] if exp and log else ""),
                     **c,
                 )
             )
@@ -1107,8 +1113,9 @@ def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[s
     if method != SequentialMethod.GROUP_SEQUENTIAL or plan is None:
         readout = "sequential"  # always-valid (also before a group-sequential design has looks)
         method = SequentialMethod.ALWAYS_VALID
+    design: dict[str, Any] = plan or {}  # empty only on the always-valid readout
     label = (
-        f"look {plan['look']}'s group-sequential boundary"
+        f"look {design['look']}'s group-sequential boundary"
         if readout == "group_sequential"
         else "the always-valid interval"
     )
@@ -1136,7 +1143,7 @@ def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[s
         )
     if losers and not undecided:
         return verdict("stop", f"every treatment lowers {name}, beyond {label}", method=method)
-    if readout == "group_sequential" and plan["fractions"][-1] >= 1:
+    if readout == "group_sequential" and design["fractions"][-1] >= 1:
         return verdict(
             "stop",
             f"the planned duration is over and no treatment moved {name} beyond the final "

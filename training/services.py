@@ -302,6 +302,7 @@ def job_create(
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
     job.save()
+    assert dataset is not None  # check_job_input refused a job without one
     refs = [Ref.to(job), Ref.to(dataset, role="input")]
     if base_job is not None:
         refs.append(Ref.to(base_job, role="input"))
@@ -335,6 +336,8 @@ def _register_consumers(*, actor: Actor, job: TrainingJob) -> None:
     from features.registry import consumer_register
 
     dataset = job.dataset
+    if dataset is None:  # every submitted job has one; nothing to register without it
+        return
     label = f"training job {job.name} #{job.pk}"
     groups: dict[str, FeatureGroup | None] = {}
     for index, text in enumerate(dataset.feature_refs):
@@ -406,7 +409,7 @@ def job_record_progress(
     job_id: int,
     metrics: list[tuple[int, str, float]],
     attempt: int | None = None,
-    **fields,
+    **fields: Any,
 ) -> None:
     """The agent streams progress: job row fields (no state change) and metric rows.
 
@@ -431,7 +434,8 @@ def job_record_progress(
             )
             JobMetric.objects.bulk_create(
                 [
-                    JobMetric(workspace_id=workspace_id, job_id=job_id, step=s, name=n, value=v)
+                    # A job streams metrics only while its row exists, so workspace_id is set.
+                    JobMetric(workspace_id=workspace_id, job_id=job_id, step=s, name=n, value=v)  # type: ignore[misc]
                     for s, n, v in metrics
                     if v is not None and math.isfinite(v)
                 ]

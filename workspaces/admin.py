@@ -350,7 +350,7 @@ class ServiceAccountAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 class EventRefInline(admin.TabularInline):
     model = EventRef
     fields = ["role", "kind", "object_id", "label"]
-    readonly_fields = fields
+    readonly_fields = ["role", "kind", "object_id", "label"]
     extra = 0
     can_delete = False
 

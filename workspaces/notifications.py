@@ -139,7 +139,8 @@ def _post(target: WebhookTarget, *, body: bytes, headers: dict[str, str]) -> int
     def connect_pinned(_address, timeout, source_address=None):
         return socket.create_connection((address, target.port), timeout, source_address)
 
-    connection._create_connection = connect_pinned
+    # a private http.client hook, pinned to the checked address (SSRF guard).
+    connection._create_connection = connect_pinned  # type: ignore[attr-defined]
     try:
         connection.request("POST", target.path, body=body, headers=headers)
         response = connection.getresponse()

@@ -6,6 +6,7 @@ Each function is one use case, runs in one transaction and records its event in 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -50,7 +51,7 @@ def workspace_create(
     prediction_type: str,
     description: str = "",
     template: dict[str, Any] | None = None,
-    quota: dict[str, int | None] | None = None,
+    quota: Mapping[str, int | None] | None = None,
 ) -> Workspace:
     """Create a workspace for a business scene, with its template and, when ``quota`` names
     limits (``cpu_milli``, ``memory_mb``, ``gpu_milli``, ``storage_gb``), its all-types quota.

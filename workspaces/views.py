@@ -151,7 +151,7 @@ def member_grant(request: WorkspaceRequest, workspace) -> HttpResponse:
     else:
         for errors in form.errors.values():
             for error in errors:
-                messages.error(request, error)
+                messages.error(request, str(error))
     return redirect("workspace-members", ws=workspace.slug)
 
 
