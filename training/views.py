@@ -93,7 +93,8 @@ def _recommended_initial(workspace, form: JobCreateForm) -> dict[str, int]:
     template = form.template
     if not template:
         return {}
-    datasets = form.fields["dataset"].choices
+    # a ChoiceField; form.fields[...] is typed as the base Field.
+    datasets = form.fields["dataset"].choices  # type: ignore[attr-defined]
     dataset = (
         Dataset.objects.for_workspace(workspace).filter(pk=int(datasets[0][0])).first()
         if datasets

@@ -175,6 +175,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
         for row in formset.forms:
             if not row.has_changed():
                 continue
+            saved: WorkspaceQuota | Membership
             try:
                 if formset.model is WorkspaceQuota:
                     saved = services.quota_set(
