@@ -12,7 +12,7 @@ ONLY ?=
 help:
 	@echo "make run      start the platform on embedded defaults (SQLite, no servers) with a demo"
 	@echo "make test     run the whole test suite (PostgreSQL/Redis when DATABASE_URL/REDIS_URL are set)"
-	@echo "make lint     ruff check and format check"
+	@echo "make lint     ruff check and format check, import-linter contracts, mypy"
 	@echo "make bench    run benchmarks (ONLY=<area> for one area)"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -35,6 +35,8 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff check --fix .

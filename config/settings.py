@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -166,7 +167,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "db.sqlite3",
+            "NAME": str(VAR_DIR / "db.sqlite3"),
             # WAL and a busy timeout let the web server and the worker share the file.
             "OPTIONS": {
                 "timeout": 20,
@@ -415,7 +416,7 @@ REST_FRAMEWORK = {
     },
 }
 
-SPECTACULAR_SETTINGS = {
+SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "RankOps API",
     "DESCRIPTION": (
         "The REST API of the ranking-model platform: workspaces, features, training, serving, "

@@ -108,8 +108,10 @@ class ExperimentForm(forms.Form):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        self.fields["deployment"].choices = [("", "Choose a deployment"), *deployments]
-        self.fields["treatment_versions"].choices = versions
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["deployment"].choices = [("", "Choose a deployment"), *deployments]  # type: ignore[attr-defined]
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["treatment_versions"].choices = versions  # type: ignore[attr-defined]
         self.editing = editing
         self.fields["layer"].widget.attrs["list"] = "layer-names"
         if editing is not None:

@@ -32,6 +32,7 @@ from django.db import transaction
 
 from experiments import services
 from experiments.models import Experiment, ExperimentState, Metric
+from workspaces.events import Actor
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -201,7 +202,7 @@ CANDIDATE_EVENT_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 @transaction.atomic
-def group_from_candidate(*, actor, workspace: Workspace, evaluation: Any) -> str:
+def group_from_candidate(*, actor: Actor, workspace: Workspace, evaluation: Any) -> str:
     """The feature group that holds a finished candidate evaluation's values (registered and
     filled on first use: ``cand_<name>``, keyed like the evaluation, one feature ``value``)."""
     import pyarrow as pa
@@ -263,7 +264,7 @@ def group_from_candidate(*, actor, workspace: Workspace, evaluation: Any) -> str
 @transaction.atomic
 def loop_start(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     group: Any = None,
     features: Any = None,
@@ -312,7 +313,7 @@ def _recipe(dep) -> dict[str, Any]:
 
 
 @transaction.atomic
-def loop_retry(*, actor, run, quality_override: str = "", dispatch: bool = True):
+def loop_retry(*, actor: Actor, run, quality_override: str = "", dispatch: bool = True):
     """Retry a failed loop from its failed stage; ``quality_override`` (a maintainer's reason)
     lets a candidate past a failed quality gate, recorded and flagged for audit."""
     from training import pipelines

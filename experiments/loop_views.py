@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -16,7 +16,7 @@ from experiments import loop
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 STAGE_TITLES = {
     "add_feature": "Add to the sample stream",
@@ -59,7 +59,7 @@ def _errors(exc: Exception) -> dict[str, list[str]]:
 
 
 @workspace_page()
-def loop_list(request: HttpRequest, workspace) -> HttpResponse:
+def loop_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     runs = list(loop.loops_of(workspace).prefetch_related("stage_runs")[:50])
     return render(
         request,
@@ -75,7 +75,7 @@ def loop_list(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page(Role.DEVELOPER)
-def loop_new(request: HttpRequest, workspace) -> HttpResponse:
+def loop_new(request: WorkspaceRequest, workspace) -> HttpResponse:
     """GET: the form (group and deployment picked from the workspace's); POST: start the loop
     and go to its live page, or show the error next to the field."""
     data = request.POST or request.GET
@@ -135,7 +135,7 @@ def _page_context(request, run) -> dict:
 
 
 @workspace_page()
-def loop_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+def loop_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
     run = _run(workspace, pk)
     if request.headers.get("HX-Request"):
         return render(request, "experiments/_loop_stages.html", _page_context(request, run))
@@ -144,7 +144,7 @@ def loop_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def loop_retry(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+def loop_retry(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
     run = _run(workspace, pk)
     reason = request.POST.get("quality_override", "").strip()
     if reason and not role_at_least(request.workspace_role, Role.MAINTAINER):

@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 
 from serving import routing
 from serving.models import Deployment, GateStatus, ModelVersion, PredictionLog
+from workspaces.events import Actor
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -65,7 +66,7 @@ def require_quality(exp) -> None:
 
 
 def set_allocations(
-    *, actor, workspace, deployment, experiment_key, layer, salt, allocations
+    *, actor: Actor, workspace, deployment, experiment_key, layer, salt, allocations
 ) -> None:
     routing.routing_experiment_set(
         actor=actor,
@@ -78,7 +79,7 @@ def set_allocations(
     )
 
 
-def clear(*, actor, workspace, deployment, experiment_key, reason: str) -> bool:
+def clear(*, actor: Actor, workspace, deployment, experiment_key, reason: str) -> bool:
     return routing.routing_experiment_clear(
         actor=actor,
         workspace=workspace,
@@ -104,7 +105,7 @@ def warm(workspace, version_id: int) -> None:
     serving_deployments.version_warm(version_of(workspace, version_id))
 
 
-def promote(*, actor, workspace, deployment, version_id: int, reason: str) -> None:
+def promote(*, actor: Actor, workspace, deployment, version_id: int, reason: str) -> None:
     """Make ``version_id`` the deployment's production version (serving's release service:
     the gateway loads it before traffic moves, so no request is dropped)."""
     from serving import deployments as serving_deployments

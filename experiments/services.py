@@ -36,7 +36,7 @@ from experiments.models import (
     Unit,
     key_validator,
 )
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
 from workspaces.notifications import notify
@@ -51,7 +51,7 @@ MAX_TREATMENTS = 4
 
 def policy_of(workspace: Workspace) -> dict[str, Any]:
     custom = (workspace.template or {}).get("experiments") or {}
-    policy = dict(DEFAULT_POLICY)
+    policy: dict[str, int | float] = dict(DEFAULT_POLICY)
     for key in policy:
         value = custom.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
@@ -64,7 +64,7 @@ def policy_of(workspace: Workspace) -> dict[str, Any]:
 
 @transaction.atomic
 def layer_create(
-    *, actor, workspace: Workspace, name: str, description: str = "", salt: str = ""
+    *, actor: Actor, workspace: Workspace, name: str, description: str = "", salt: str = ""
 ) -> Layer:
     """A layer with a fresh salt (or a given one, to reproduce an assignment): its units are
     split independently of every other layer's."""
@@ -89,7 +89,7 @@ def layer_create(
     return layer
 
 
-def _layer(workspace: Workspace, layer: Layer | str | None, actor) -> Layer:
+def _layer(workspace: Workspace, layer: Layer | str | None, actor: Actor) -> Layer:
     if isinstance(layer, Layer):
         if layer.workspace_id != workspace.pk:
             raise ValidationError({"layer": "not a layer of this workspace"})
@@ -122,7 +122,7 @@ def _clean_ramp(ramp_plan: Any, n_arms: int, workspace: Workspace) -> list[float
     policy = policy_of(workspace)
     if not isinstance(ramp_plan, list) or not 1 <= len(ramp_plan) <= 10:
         raise ValidationError({"ramp_plan": "give 1-10 per-arm percents, e.g. [1, 5, 20, 50]"})
-    plan = []
+    plan: list[float] = []
     for value in ramp_plan:
         if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 100:
             raise ValidationError({"ramp_plan": "percents must be numbers in (0, 100]"})
@@ -186,7 +186,13 @@ def layer_room(
     return room
 
 
-def _check_room(workspace: Workspace, layer: Layer, n_arms: int, plan: list[float], exp=None):
+def _check_room(
+    workspace: Workspace,
+    layer: Layer,
+    n_arms: int,
+    plan: list[float],
+    exp: Experiment | None = None,
+) -> None:
     """Refuse a ramp whose block (arms x top percent) does not fit the layer's free buckets."""
     room = layer_room(workspace, layer, n_arms=n_arms, top_percent=plan[-1], exclude=exp)
     if not room["fits"]:
@@ -201,7 +207,7 @@ def _check_room(workspace: Workspace, layer: Layer, n_arms: int, plan: list[floa
 
 def _clean_spec(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     hypothesis: str,
     deployment: Any,
@@ -281,7 +287,7 @@ def _clean_spec(
 @transaction.atomic
 def experiment_create(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     key: str,
     hypothesis: str,
@@ -326,7 +332,7 @@ def experiment_create(
     exp = Experiment.objects.create(
         workspace=workspace,
         key=key,
-        owner=actor if getattr(actor, "is_authenticated", False) else None,
+        owner=actor_user(actor),
         **fields,
     )
     event_record(
@@ -345,7 +351,7 @@ def experiment_create(
 
 @transaction.atomic
 def experiment_update(
-    *, actor, experiment: Experiment, require_room: bool = False, **spec: Any
+    *, actor: Actor, experiment: Experiment, require_room: bool = False, **spec: Any
 ) -> Experiment:
     """Change a draft (same fields and checks as ``experiment_create``, the key stays); once
     submitted an experiment's design is fixed (409)."""
@@ -425,7 +431,9 @@ def policy_problems(exp: Experiment) -> list[str]:
 
 
 @transaction.atomic
-def experiment_submit(*, actor, experiment: Experiment, now: datetime | None = None) -> Experiment:
+def experiment_submit(
+    *, actor: Actor, experiment: Experiment, now: datetime | None = None
+) -> Experiment:
     """Ask to start: automatic approval (and start) within policy, else wait for a maintainer."""
     exp = _lock(experiment)
     if exp.state == ExperimentState.DRAFT:
@@ -458,7 +466,7 @@ def experiment_submit(*, actor, experiment: Experiment, now: datetime | None = N
 
 @transaction.atomic
 def experiment_approve(
-    *, actor, experiment: Experiment, note: str = "", now: datetime | None = None
+    *, actor: Actor, experiment: Experiment, note: str = "", now: datetime | None = None
 ) -> Experiment:
     """A maintainer approves a request outside policy; it starts at once. A flagged request
     needs a second pair of eyes: its submitter cannot approve it (403)."""
@@ -498,7 +506,7 @@ def experiment_approve(
     return exp
 
 
-def is_submitter(actor, exp: Experiment) -> bool:
+def is_submitter(actor: Actor, exp: Experiment) -> bool:
     """Whether ``actor`` submitted ``exp`` for review (a request without a user has none)."""
     submitted_by = exp.review.get("submitted_by_id")
     if submitted_by is not None:
@@ -507,7 +515,7 @@ def is_submitter(actor, exp: Experiment) -> bool:
     return bool(name) and name == getattr(actor, "username", None)
 
 
-def _start(actor, exp: Experiment, *, now: datetime | None) -> None:
+def _start(actor: Actor, exp: Experiment, *, now: datetime | None) -> None:
     """Reserve a bucket block in the layer, publish the first ramp step, record the start."""
     now = now or timezone.now()
     Layer.objects.for_workspace(exp.workspace_id).select_for_update().get(pk=exp.layer_id)
@@ -564,7 +572,7 @@ def current_allocations(exp: Experiment) -> list[dict[str, Any]]:
     )
 
 
-def _publish(actor, exp: Experiment) -> None:
+def _publish(actor: Actor, exp: Experiment) -> None:
     routing_bridge.set_allocations(
         actor=actor,
         workspace=exp.workspace,
@@ -578,7 +586,7 @@ def _publish(actor, exp: Experiment) -> None:
 
 @transaction.atomic
 def experiment_ramp(
-    *, actor, experiment: Experiment, now: datetime | None = None, reason: str = "manual"
+    *, actor: Actor, experiment: Experiment, now: datetime | None = None, reason: str = "manual"
 ) -> Experiment:
     """Advance to the next step of the ramp plan (ranges only grow)."""
     now = now or timezone.now()
@@ -609,7 +617,7 @@ def experiment_ramp(
 @transaction.atomic
 def experiment_stop(
     *,
-    actor,
+    actor: Actor,
     experiment: Experiment,
     reason: str,
     evidence: dict[str, Any] | None = None,
@@ -657,7 +665,7 @@ def _link(exp: Experiment) -> str:
 
 def experiment_conclude(
     *,
-    actor,
+    actor: Actor,
     experiment: Experiment,
     action: str,
     arm: str | None = None,
@@ -684,7 +692,7 @@ def experiment_conclude(
 
 
 def _conclude_locked(
-    *, actor, experiment: Experiment, action: str, arm: str | None, note: str
+    *, actor: Actor, experiment: Experiment, action: str, arm: str | None, note: str
 ) -> Experiment:
     exp = _lock(experiment)
     if action not in ("promote", "discard"):
@@ -790,7 +798,7 @@ def _clean_event(i: int, raw: Any, idempotency_key: str) -> dict[str, Any]:
 
 
 def feedback_record(
-    *, actor, workspace: Workspace, events: Any, idempotency_key: str = ""
+    *, actor: Actor, workspace: Workspace, events: Any, idempotency_key: str = ""
 ) -> dict[str, int]:
     """Store a batch of feedback, joined with the prediction log; replays are no-ops."""
     if not isinstance(events, list) or not 1 <= len(events) <= MAX_FEEDBACK_EVENTS:
@@ -825,7 +833,7 @@ def feedback_record(
                     workspace=workspace,
                     unit_id=log["unit_id"] if log else "",
                     experiment=exp,
-                    arm=(log["arm"] if exp else ""),
+                    arm=(log["arm"] if exp and log else ""),
                     **c,
                 )
             )
@@ -1105,8 +1113,9 @@ def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[s
     if method != SequentialMethod.GROUP_SEQUENTIAL or plan is None:
         readout = "sequential"  # always-valid (also before a group-sequential design has looks)
         method = SequentialMethod.ALWAYS_VALID
+    design: dict[str, Any] = plan or {}  # empty only on the always-valid readout
     label = (
-        f"look {plan['look']}'s group-sequential boundary"
+        f"look {design['look']}'s group-sequential boundary"
         if readout == "group_sequential"
         else "the always-valid interval"
     )
@@ -1134,7 +1143,7 @@ def experiment_verdict(exp: Experiment, result: dict[str, Any] | None) -> dict[s
         )
     if losers and not undecided:
         return verdict("stop", f"every treatment lowers {name}, beyond {label}", method=method)
-    if readout == "group_sequential" and plan["fractions"][-1] >= 1:
+    if readout == "group_sequential" and design["fractions"][-1] >= 1:
         return verdict(
             "stop",
             f"the planned duration is over and no treatment moved {name} beyond the final "

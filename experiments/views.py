@@ -24,7 +24,7 @@ from workspaces.dashboard import DashboardSection
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 CHART_POINTS = 200
 ARM_COLOURS = ["#6b7280", "#2563eb", "#d97706", "#059669", "#7c3aed"]
@@ -43,7 +43,7 @@ def _experiment(workspace, key: str) -> Experiment:
 
 
 @workspace_page()
-def experiment_list(request: HttpRequest, workspace) -> HttpResponse:
+def experiment_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     experiments = (
         Experiment.objects.for_workspace(workspace)
         .select_related("deployment", "layer", "owner")
@@ -144,7 +144,7 @@ def _save(request: HttpRequest, form: ExperimentForm, save) -> Experiment | None
 
 
 @workspace_page(Role.DEVELOPER)
-def experiment_new(request: HttpRequest, workspace) -> HttpResponse:
+def experiment_new(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The new-experiment form; it calls ``experiment_create`` like the API, and refuses a ramp
     that does not fit the layer's free buckets now."""
     form = _form(request, workspace)
@@ -168,7 +168,7 @@ def experiment_new(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page(Role.DEVELOPER)
-def experiment_edit(request: HttpRequest, workspace, key: str) -> HttpResponse:
+def experiment_edit(request: WorkspaceRequest, workspace, key: str) -> HttpResponse:
     """A draft's form, pre-filled; once submitted the service refuses (a page message)."""
     exp = _experiment(workspace, key)
     if exp.state != ExperimentState.DRAFT:
@@ -199,7 +199,7 @@ def experiment_edit(request: HttpRequest, workspace, key: str) -> HttpResponse:
 
 @require_GET
 @workspace_page()
-def layer_room(request: HttpRequest, workspace) -> HttpResponse:
+def layer_room(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The free-bucket hint of the experiment form, re-rendered by htmx as the layer, the
     treatments or the ramp plan change."""
     exclude = None
@@ -330,7 +330,7 @@ def _ramp_chart(exp: Experiment, steps: list[dict[str, Any]], now) -> dict[str, 
 
 
 @workspace_page()
-def experiment_page(request: HttpRequest, workspace, key: str) -> HttpResponse:
+def experiment_page(request: WorkspaceRequest, workspace, key: str) -> HttpResponse:
     exp = _experiment(workspace, key)
     snapshots = list(
         Snapshot.objects.for_workspace(workspace)
@@ -429,7 +429,7 @@ def _effect_rows(result: dict[str, Any], primary: str) -> list[dict[str, Any]]:
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def experiment_action(request: HttpRequest, workspace, key: str, action: str) -> HttpResponse:
+def experiment_action(request: WorkspaceRequest, workspace, key: str, action: str) -> HttpResponse:
     exp = _experiment(workspace, key)
     needs = {
         "submit": Role.DEVELOPER,
@@ -477,7 +477,7 @@ def experiment_action(request: HttpRequest, workspace, key: str, action: str) ->
 
 
 @workspace_page()
-def layer_list(request: HttpRequest, workspace) -> HttpResponse:
+def layer_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     layers = []
     for layer in Layer.objects.for_workspace(workspace).order_by("name"):
         traffic = services.layer_traffic(layer)

@@ -212,7 +212,8 @@ class DatasetCreateForm(forms.Form):
     def __init__(self, *args, groups: list[str], feature_refs: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["label_source"].widget.choices = [(name, name) for name in groups]
-        self.fields["features"].choices = [(ref, ref) for ref in feature_refs]
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["features"].choices = [(ref, ref) for ref in feature_refs]  # type: ignore[attr-defined]
 
     def _utc(self, name: str):
         moment = self.cleaned_data.get(name)

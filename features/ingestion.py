@@ -28,7 +28,6 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -37,7 +36,7 @@ from features import offline_store, online_store
 from features.models import Batch, BatchFormat, Dtype, FeatureGroup, FeatureGroupVersion, Lifecycle
 from features.registry import touch_ingested
 from workspaces.api.parsers import parse_strict_json
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.selectors import policy_check
 
@@ -582,7 +581,7 @@ def prepare_online(
 
 def batch_ingest(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     group: FeatureGroup,
     body: bytes,
     format: str,
@@ -662,7 +661,7 @@ def batch_ingest(
                         workspace_id=group.workspace_id, group_id=group.pk, version=version.version
                     )
                 ),
-                producer=actor,
+                producer=actor_user(actor),
             )
             files = offline_store.write_batch(
                 workspace_id=group.workspace_id,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -24,7 +24,7 @@ from features.models import (
     Lifecycle,
     name_validator,
 )
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -110,7 +110,7 @@ def _check_columns(entity_keys: Any, event_time_column: str, features: list[dict
 @transaction.atomic
 def feature_group_register(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     entity: str,
@@ -122,7 +122,7 @@ def feature_group_register(
     online: bool = True,
     offline: bool = True,
     freshness_sla_seconds: int = 24 * 3600,
-    producer: AbstractBaseUser | None = None,
+    producer: User | None = None,
     status: str = Lifecycle.ACTIVE,
 ) -> FeatureGroup:
     """Register a feature group with its first schema version."""
@@ -145,7 +145,7 @@ def feature_group_register(
         event_time_column=event_time_column,
         description=description,
         tags=list(tags or []),
-        owner=actor,
+        owner=actor_user(actor),
         producer=producer,
         online=online,
         offline=offline,
@@ -156,7 +156,7 @@ def feature_group_register(
     group.full_clean(exclude=["owner", "producer", "successor", "workspace"])
     group.save()
     FeatureGroupVersion.objects.create(
-        workspace=workspace, group=group, version=1, features=specs, created_by=actor
+        workspace=workspace, group=group, version=1, features=specs, created_by=actor_user(actor)
     )
     Feature.objects.bulk_create(
         [
@@ -192,7 +192,7 @@ def feature_group_register(
 
 @transaction.atomic
 def feature_group_new_version(
-    *, actor: AbstractBaseUser, group: FeatureGroup, features: list[dict[str, Any]]
+    *, actor: Actor, group: FeatureGroup, features: list[dict[str, Any]]
 ) -> FeatureGroupVersion:
     """Change a group's schema: a new version that goes live at once. Old data stays readable
     under its version; consumers are told through the event log."""
@@ -213,7 +213,7 @@ def feature_group_new_version(
         group=group,
         version=group.current_version + 1,
         features=specs,
-        created_by=actor,
+        created_by=actor_user(actor),
     )
     previous = current.feature_map()
     for spec in specs:
@@ -278,9 +278,7 @@ def _refuse_if_consumed(group: FeatureGroup, feature_name: str | None, action: s
 
 
 @transaction.atomic
-def feature_group_set_status(
-    *, actor: AbstractBaseUser, group: FeatureGroup, status: str
-) -> FeatureGroup:
+def feature_group_set_status(*, actor: Actor, group: FeatureGroup, status: str) -> FeatureGroup:
     """Move a group through draft -> active -> deprecated -> retired (retired is final)."""
     group = (
         FeatureGroup.objects.select_for_update()
@@ -311,7 +309,7 @@ def feature_group_set_status(
 
 
 @transaction.atomic
-def feature_set_status(*, actor: AbstractBaseUser, feature: Feature, status: str) -> Feature:
+def feature_set_status(*, actor: Actor, feature: Feature, status: str) -> Feature:
     """Deprecate, reactivate or retire one feature; retiring a consumed feature is refused."""
     feature = (
         Feature.objects.select_for_update().filter(pk=feature.pk, workspace=feature.workspace).get()
@@ -340,7 +338,7 @@ def feature_set_status(*, actor: AbstractBaseUser, feature: Feature, status: str
 
 
 @transaction.atomic
-def feature_group_delete(*, actor: AbstractBaseUser, group: FeatureGroup) -> None:
+def feature_group_delete(*, actor: Actor, group: FeatureGroup) -> None:
     """Delete a group that nobody uses and that holds no data beyond drafts."""
     group = (
         FeatureGroup.objects.select_for_update()
@@ -364,7 +362,7 @@ def feature_group_delete(*, actor: AbstractBaseUser, group: FeatureGroup) -> Non
 
 @transaction.atomic
 def feature_group_link_successor(
-    *, actor: AbstractBaseUser, group: FeatureGroup, successor: FeatureGroup
+    *, actor: Actor, group: FeatureGroup, successor: FeatureGroup
 ) -> FeatureGroup:
     """Link a group to the group that upgrades it; its consumers are told (event + notices)."""
     if successor.workspace_id != group.workspace_id:
@@ -399,13 +397,13 @@ def feature_group_link_successor(
 @transaction.atomic
 def consumer_register(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Actor,
     group: FeatureGroup,
     kind: str,
     object_id: str | int,
     label: str,
     feature_name: str = "",
-    owner: AbstractBaseUser | None = None,
+    owner: User | None = None,
 ) -> Consumer:
     """Record that an object (dataset, model, deployment, experiment) uses a group or feature.
 
@@ -464,9 +462,7 @@ def consumer_register(
 
 
 @transaction.atomic
-def consumer_release(
-    *, actor: AbstractBaseUser | None, workspace: Workspace, kind: str, object_id: str | int
-) -> int:
+def consumer_release(*, actor: Actor, workspace: Workspace, kind: str, object_id: str | int) -> int:
     """Mark every use by an object as no longer live (e.g. a deployment was removed)."""
     released = Consumer.objects.for_workspace(workspace).filter(
         kind=kind, object_id=str(object_id), live=True
@@ -502,12 +498,12 @@ def touch_ingested(*, group: FeatureGroup, max_event_time) -> None:
 @transaction.atomic
 def feature_group_update(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     group: FeatureGroup,
     description: str | None = None,
     tags: list[str] | None = None,
     freshness_sla_seconds: int | None = None,
-    producer: AbstractBaseUser | object | None = ...,
+    producer: User | object | None = ...,
 ) -> FeatureGroup:
     """Change a group's description, tags, freshness SLA or producer (not its schema)."""
     group = (

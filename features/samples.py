@@ -38,7 +38,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
@@ -59,7 +58,7 @@ from features.models import (
 )
 from features.offline_store import quote
 from features.registry import consumer_register, consumer_release
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 from workspaces.services import workspace_update
@@ -282,7 +281,7 @@ def _check_name(name: Any) -> str:
 
 def dataset_create(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     label_group: FeatureGroup,
@@ -325,7 +324,7 @@ def dataset_create(
                     path=dataset_relative_path(
                         workspace_id=workspace.pk, name=name, version=version
                     ),
-                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                    created_by=actor_user(actor),
                 )
         except IntegrityError as exc:
             raise ConflictError(
@@ -833,7 +832,7 @@ def _relabel(exc: ValidationError, attr: str) -> ValidationError:
 
 @transaction.atomic
 def sample_stream_add_feature(
-    *, actor: AbstractBaseUser, workspace: Workspace, feature_ref: str
+    *, actor: Actor, workspace: Workspace, feature_ref: str
 ) -> dict[str, Any]:
     """Add one feature to the workspace's default sample stream (its template) and record the
     stream as a consumer of it; returns the new template. Adding it again changes nothing, and a

@@ -15,7 +15,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -59,7 +59,7 @@ from workspaces.exceptions import ConflictError
 from workspaces.middleware import body_limit_for
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 GROUPS_PER_PAGE = 50
 DATASETS_PER_PAGE = 50
@@ -89,7 +89,7 @@ def _filtered_groups(
 
 
 @workspace_page()
-def feature_group_list(request: HttpRequest, workspace) -> HttpResponse:
+def feature_group_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:100]
     status = request.GET.get("status", "")
     status = status if status in Lifecycle.values else ""
@@ -121,7 +121,7 @@ def feature_group_list(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page()
-def feature_group_page(request: HttpRequest, workspace, name: str) -> HttpResponse:
+def feature_group_page(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     group = feature_group_detail(workspace=workspace, name=name)
     versions = list(
         FeatureGroupVersion.objects.for_workspace(workspace)
@@ -203,7 +203,7 @@ def _dtype_choices() -> list[tuple[str, str]]:
 
 
 @workspace_page(Role.DEVELOPER)
-def feature_group_create(request: HttpRequest, workspace) -> HttpResponse:
+def feature_group_create(request: WorkspaceRequest, workspace) -> HttpResponse:
     if request.method == "POST":
         form = FeatureGroupCreateForm(request.POST)
         schema = SchemaRows(request.POST)
@@ -241,7 +241,7 @@ def feature_group_create(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page(Role.DEVELOPER)
-def feature_group_schema(request: HttpRequest, workspace, name: str) -> HttpResponse:
+def feature_group_schema(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     group = feature_group_get(workspace=workspace, name=name)
     if request.method == "POST":
         schema = SchemaRows(request.POST)
@@ -274,7 +274,7 @@ def feature_group_schema(request: HttpRequest, workspace, name: str) -> HttpResp
 
 
 @workspace_page(Role.DEVELOPER)
-def feature_group_lifecycle(request: HttpRequest, workspace, name: str) -> HttpResponse:
+def feature_group_lifecycle(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     if request.method != "POST":
         return redirect("features-group", ws=workspace.slug, name=name)
     group = feature_group_get(workspace=workspace, name=name)
@@ -298,7 +298,9 @@ def feature_group_lifecycle(request: HttpRequest, workspace, name: str) -> HttpR
 
 
 @workspace_page(Role.DEVELOPER)
-def feature_lifecycle(request: HttpRequest, workspace, name: str, feature: str) -> HttpResponse:
+def feature_lifecycle(
+    request: WorkspaceRequest, workspace, name: str, feature: str
+) -> HttpResponse:
     if request.method != "POST":
         return redirect("features-group", ws=workspace.slug, name=name)
     group = feature_group_get(workspace=workspace, name=name)
@@ -324,7 +326,7 @@ def feature_lifecycle(request: HttpRequest, workspace, name: str, feature: str) 
 
 
 @workspace_page(Role.DEVELOPER)
-def feature_group_upload(request: HttpRequest, workspace, name: str) -> HttpResponse:
+def feature_group_upload(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     """Store one uploaded file as a batch. The page's script posts it with XMLHttpRequest (for the
     progress bar) and shows the returned fragment; without the script the result is a full page."""
     if request.method != "POST":
@@ -448,7 +450,7 @@ def push_examples(
 
 
 @workspace_page()
-def dataset_list(request: HttpRequest, workspace) -> HttpResponse:
+def dataset_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     page = Paginator(datasets_of(workspace=workspace), DATASETS_PER_PAGE).get_page(
         request.GET.get("page")
     )
@@ -495,7 +497,7 @@ def _label_group(workspace, form, groups: list[str]) -> FeatureGroup:
 
 
 @workspace_page(Role.DEVELOPER)
-def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
+def dataset_create(request: WorkspaceRequest, workspace) -> HttpResponse:
     """Create a training sample from the registry. The build is queued (a Celery task); the
     dataset page shows its progress until it is ready or failed."""
     groups, refs = _dataset_choices(workspace)
@@ -536,7 +538,7 @@ def dataset_create(request: HttpRequest, workspace) -> HttpResponse:
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def dataset_preview(request: HttpRequest, workspace) -> HttpResponse:
+def dataset_preview(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The form's Preview: how many label rows and what coverage per feature the dataset would
     have, rendered as a fragment; nothing is created. Bad input answers 400 with the fields."""
     groups, refs = _dataset_choices(workspace)
@@ -570,7 +572,7 @@ def _dataset_of(workspace, name: str, version: int) -> Dataset:
 
 
 @workspace_page()
-def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+def dataset_page(request: WorkspaceRequest, workspace, name: str, version: int) -> HttpResponse:
     dataset = _dataset_of(workspace, name, version)
     coverage = dataset.coverage if isinstance(dataset.coverage, dict) else {}
     rows = []
@@ -589,7 +591,7 @@ def dataset_page(request: HttpRequest, workspace, name: str, version: int) -> Ht
 
 @require_GET
 @workspace_page()
-def dataset_progress(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+def dataset_progress(request: WorkspaceRequest, workspace, name: str, version: int) -> HttpResponse:
     """The progress bar of a building dataset, polled by htmx every 2 s; once the build is over
     it tells htmx to reload the page (which then shows the rows and coverage, or the error)."""
     dataset = _dataset_of(workspace, name, version)

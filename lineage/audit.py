@@ -16,14 +16,14 @@ from django.utils import timezone
 from lineage.conf import setting
 from lineage.models import AuditCategory, AuditItem, AuditStatus, Node
 from lineage.projection import project
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, event_record
 from workspaces.exceptions import ConflictError
 
 DECISIONS = (AuditStatus.APPROVED, AuditStatus.REVOKED, AuditStatus.REVIEWED)
 
 
 @transaction.atomic
-def audit_item_decide(*, actor, item: AuditItem, decision: str, note: str = "") -> AuditItem:
+def audit_item_decide(*, actor: Actor, item: AuditItem, decision: str, note: str = "") -> AuditItem:
     """Record a decision on a flagged item as an event and apply it to the item."""
     if decision not in DECISIONS:
         raise ConflictError(f"unknown audit decision {decision!r}", attr="decision")

@@ -32,7 +32,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from lineage.conf import setting
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, event_record
 from workspaces.models import Event, Workspace
 
 logger = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ def openlineage_scope_check(*, workspace: Workspace, parsed: dict[str, Any]) -> 
 
 @transaction.atomic
 def openlineage_event_record(
-    *, actor, workspace: Workspace, parsed: dict[str, Any], token_prefix: str = ""
+    *, actor: Actor, workspace: Workspace, parsed: dict[str, Any], token_prefix: str = ""
 ) -> Event:
     """Record an accepted external OpenLineage event in the workspace's event log."""
     from lineage.projection import external_dataset_id, external_job_id

@@ -7,7 +7,7 @@ from datetime import timedelta
 from urllib.parse import urlencode
 
 from django.db.models import Count, Subquery, Sum
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -16,7 +16,7 @@ from lineage import cost, queries, search
 from lineage.models import Node, Usage
 from lineage.projection import catch_up
 from workspaces.dashboard import DashboardSection
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 # With nothing asked for, the page centres on the newest of these: a model version sits in the
 # middle of the chain, so three steps both ways show features to experiments.
@@ -85,7 +85,7 @@ def _default_node(workspace, *, kind: str | None = None) -> Node | None:
 
 
 @workspace_page()
-def graph_page(request: HttpRequest, workspace) -> HttpResponse:
+def graph_page(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The lineage graph around one object, found by name (``?q=ctr-model``, optionally
     ``&kind=model``); ``?node=<kind>:<id>`` still works. A name nothing has answers 404 with
     suggestions."""
@@ -178,7 +178,7 @@ def _names(nodes: list[Node]) -> list[dict]:
 
 
 @workspace_page()
-def suggest(request: HttpRequest, workspace) -> JsonResponse:
+def suggest(request: WorkspaceRequest, workspace) -> JsonResponse:
     """Names for the search box: ``?q=ctr`` answers the workspace's objects whose name contains
     it (or is close to it), each with its kind and graph link."""
     catch_up()

@@ -49,7 +49,7 @@ from serving.quality import require_quality
 from serving.registry import model_alias_assign
 from serving.routing import publish
 from training import sandbox as user_code
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -311,7 +311,7 @@ def _version(workspace: Workspace, version: Any) -> ModelVersion:
     return found
 
 
-def _change(dep, kind, *, actor, from_version, to_version, reason="", detail=None):
+def _change(dep, kind, *, actor: Actor, from_version, to_version, reason="", detail=None):
     return DeploymentChange.objects.create(
         workspace=dep.workspace,
         deployment=dep,
@@ -320,13 +320,13 @@ def _change(dep, kind, *, actor, from_version, to_version, reason="", detail=Non
         to_version=to_version,
         reason=str(reason)[:500],
         detail=detail or {},
-        actor=actor if getattr(actor, "is_authenticated", False) else None,
+        actor=actor_user(actor),
     )
 
 
 def deployment_create(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     version: Any,
@@ -365,7 +365,7 @@ def deployment_create(
                     replicas=replicas,
                     scaling=scaling,
                     version=version,
-                    created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                    created_by=actor_user(actor),
                 )
         except IntegrityError as exc:
             raise ConflictError(f"deployment '{name}' already exists", attr="name") from exc
@@ -395,7 +395,7 @@ def deployment_create(
     return dep
 
 
-def _switch(dep: Deployment, *, to, kind: str, actor, reason: str):
+def _switch(dep: Deployment, *, to, kind: str, actor: Actor, reason: str):
     """Inside the caller's transaction, on the locked row: production moves to ``to``, the
     current version stays loaded as the rollback target, the routing table is republished and
     the production alias follows. Returns the version that served before."""
@@ -410,7 +410,7 @@ def _switch(dep: Deployment, *, to, kind: str, actor, reason: str):
 
 
 def deployment_release(
-    *, actor, workspace: Workspace, deployment: Deployment, version: Any, reason: str = ""
+    *, actor: Actor, workspace: Workspace, deployment: Deployment, version: Any, reason: str = ""
 ) -> Deployment:
     """Move production traffic to ``version``; the current one becomes the rollback target."""
     version = _version(workspace, version)
@@ -449,7 +449,7 @@ def deployment_release(
 
 
 def deployment_rollback(
-    *, actor, workspace: Workspace, deployment: Deployment, reason: str
+    *, actor: Actor, workspace: Workspace, deployment: Deployment, reason: str
 ) -> Deployment:
     """All traffic back to the previous (still loaded) version; who and why are recorded."""
     if not isinstance(reason, str) or not reason.strip():
@@ -485,7 +485,7 @@ def deployment_rollback(
 @transaction.atomic
 def deployment_scale(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     deployment: Deployment,
     replicas: Any = None,
@@ -525,7 +525,7 @@ def deployment_scale(
 
 @transaction.atomic
 def deployment_stop(
-    *, actor, workspace: Workspace, deployment: Deployment, reason: str = ""
+    *, actor: Actor, workspace: Workspace, deployment: Deployment, reason: str = ""
 ) -> Deployment:
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)
     dep.state = DeploymentState.STOPPED

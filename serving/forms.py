@@ -31,7 +31,8 @@ class VersionRegisterForm(forms.Form):
             .order_by("-id")[:100]
         )
         choices = [(str(j.pk), f"{j.name} #{j.pk}") for j in jobs]
-        self.fields["job"].choices = choices
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["job"].choices = choices  # type: ignore[attr-defined]
         self.fields["job"].error_messages.update(_choice_messages(choices))
 
 

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from serving import artifacts
 from serving.models import GateStatus, ModelVersion
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 
 TOLERANCE = 1e-6
@@ -214,7 +214,7 @@ def performance_check(version: ModelVersion, *, seconds: float | None = None) ->
     }
 
 
-def version_gates_run(*, actor, workspace, version: ModelVersion) -> ModelVersion:
+def version_gates_run(*, actor: Actor, workspace, version: ModelVersion) -> ModelVersion:
     """Run both gates, store the results on the version and record an event."""
     results: dict[str, Any] = {}
     for gate, check in (("consistency", consistency_check), ("performance", performance_check)):
@@ -258,7 +258,7 @@ RUN_KEY = "run"
 GATES_RUN_STALE_S = 600
 
 
-def version_gates_request(*, actor, workspace, version: ModelVersion) -> ModelVersion:
+def version_gates_request(*, actor: Actor, workspace, version: ModelVersion) -> ModelVersion:
     """Ask for the release gates of ``version`` to run again, on a worker: the sandbox run
     takes many seconds and does not belong inside a request. ``gates["run"]`` says where the
     request stands (queued, running); its results replace the gates when it is done. A second
@@ -297,7 +297,8 @@ def version_gates_request(*, actor, workspace, version: ModelVersion) -> ModelVe
             refs=[Ref.to(locked)],
             payload={"version": locked.version},
         )
-        actor_id = actor.pk if getattr(actor, "is_authenticated", False) else None
+        user = actor_user(actor)
+        actor_id = user.pk if user is not None else None
         transaction.on_commit(lambda: run_gates.delay(locked.pk, actor_id))
     return locked
 

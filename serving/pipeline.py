@@ -9,13 +9,13 @@ import logging
 from typing import Any
 
 from serving.models import Deployment, GateStatus, ModelVersion
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, event_record
 
 log = logging.getLogger(__name__)
 
 
 def gates_and_deploy(
-    *, actor, workspace, version: ModelVersion, deployment: str = ""
+    *, actor: Actor, workspace, version: ModelVersion, deployment: str = ""
 ) -> ModelVersion:
     """Run the release gates; when they pass and ``deployment`` is named, release to it (created
     on first use)."""
@@ -72,7 +72,7 @@ def register_stage(run, stage, context: dict) -> dict:
     return {"model_version_id": version.pk, "model": name, "version": version.version}
 
 
-def register_tuning_best(*, actor, workspace, name: str, job, description: str = "") -> dict:
+def register_tuning_best(*, actor: Actor, workspace, name: str, job, description: str = "") -> dict:
     """A tuning job's best trial becomes the next version of model ``name`` (training's
     ``training.tuning.register_model_registrar`` hook)."""
     from serving.registry import model_version_register

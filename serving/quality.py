@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from serving.models import Deployment, ModelVersion
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, event_record
 from workspaces.exceptions import ConflictError
 
 logger = logging.getLogger(__name__)
@@ -248,7 +248,9 @@ def require_quality(version: ModelVersion, dep: Deployment) -> dict[str, Any]:
 
 
 @transaction.atomic
-def quality_override(*, actor, workspace, version: ModelVersion, reason: str) -> ModelVersion:
+def quality_override(
+    *, actor: Actor, workspace, version: ModelVersion, reason: str
+) -> ModelVersion:
     """A maintainer lets a version past a failed quality gate; recorded and flagged for audit."""
     from django.core.exceptions import ValidationError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest
+from django.http import Http404
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
@@ -13,12 +13,12 @@ from serving import quality
 from serving.models import ModelVersion
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
-from workspaces.views import workspace_page
+from workspaces.views import WorkspaceRequest, workspace_page
 
 
 @require_POST
 @workspace_page(Role.MAINTAINER)
-def version_quality_override(request: HttpRequest, workspace, name: str, version: int):
+def version_quality_override(request: WorkspaceRequest, workspace, name: str, version: int):
     found = (
         ModelVersion.objects.for_workspace(workspace)
         .select_related("model")

@@ -26,7 +26,7 @@ from django.db.models import Max
 
 from serving import artifacts
 from serving.models import ModelVersion, RegisteredModel, VersionSource, name_validator
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -70,7 +70,7 @@ def load_version(version: ModelVersion):
         ) from exc
 
 
-def _model_get_or_create(*, actor, workspace: Workspace, name: str) -> RegisteredModel:
+def _model_get_or_create(*, actor: Actor, workspace: Workspace, name: str) -> RegisteredModel:
     try:
         name_validator(name)
     except ValidationError as exc:
@@ -82,7 +82,7 @@ def _model_get_or_create(*, actor, workspace: Workspace, name: str) -> Registere
         workspace=workspace,
         name=name,
         mlflow_name=mlflow_name(workspace, name),
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     event_record(
         actor=actor,
@@ -94,7 +94,7 @@ def _model_get_or_create(*, actor, workspace: Workspace, name: str) -> Registere
     return model
 
 
-def _register_consumers(*, actor, version: ModelVersion) -> None:
+def _register_consumers(*, actor: Actor, version: ModelVersion) -> None:
     from features.models import ConsumerKind, FeatureGroup
     from features.registry import consumer_register
 
@@ -162,7 +162,7 @@ def _sync_mlflow_alias(model: RegisteredModel, alias: str, version: ModelVersion
 
 def model_version_register(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     job=None,
@@ -244,7 +244,7 @@ def model_version_register(
 
 def _register_locked(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     staging: Path,
@@ -287,7 +287,7 @@ def _register_locked(
 
 
 def _record_version(
-    *, actor, workspace, model, name, number, relative, files, source, job, dataset, spec,
+    *, actor: Actor, workspace, model, name, number, relative, files, source, job, dataset, spec,
     metrics, evaluation, importance, mlflow_run_id, description,
 ) -> ModelVersion:  # fmt: skip
     try:
@@ -308,7 +308,7 @@ def _record_version(
                 artifacts=files,
                 mlflow_run_id=mlflow_run_id or "",
                 description=description[:2000],
-                created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                created_by=actor_user(actor),
             )
     except IntegrityError as exc:
         raise ConflictError(f"model '{name}' v{number} was registered at the same moment") from exc
@@ -340,7 +340,7 @@ def _record_version(
 
 
 def model_alias_assign(
-    *, actor, model: RegisteredModel, alias: str, version, sync: bool = True
+    *, actor: Actor, model: RegisteredModel, alias: str, version, sync: bool = True
 ) -> None:
     """Point ``alias`` at ``version`` (``None`` drops it) and record the event, without the
     checks of ``model_alias_set``: for callers that chose the model and version themselves
@@ -379,7 +379,9 @@ def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> Non
 
 
 @transaction.atomic
-def model_alias_set(*, actor, workspace: Workspace, model: RegisteredModel, alias: str, version):
+def model_alias_set(
+    *, actor: Actor, workspace: Workspace, model: RegisteredModel, alias: str, version
+):
     """Point one of ``ALIASES`` at a version of ``model`` (``None`` drops it): 400 naming
     ``alias`` or ``version`` for one outside the list or a version of another model."""
     if alias not in ALIASES:
@@ -547,7 +549,7 @@ def _find(root: Path, names: tuple[str, ...]) -> Path | None:
 
 
 def model_version_import_mlflow(
-    *, actor, workspace: Workspace, name: str, source: str, description: str = ""
+    *, actor: Actor, workspace: Workspace, name: str, source: str, description: str = ""
 ) -> ModelVersion:
     """Import a model logged with the stock MLflow client.
 

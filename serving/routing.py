@@ -35,7 +35,7 @@ from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -280,7 +280,7 @@ def _bump_routing_version(dep) -> None:
 @transaction.atomic
 def routing_experiment_set(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     deployment: Any,
     experiment_key: str,
@@ -343,7 +343,7 @@ def routing_experiment_set(
 
 @transaction.atomic
 def routing_experiment_clear(
-    *, actor, workspace: Workspace, deployment: Any, experiment_key: str, reason: str = ""
+    *, actor: Actor, workspace: Workspace, deployment: Any, experiment_key: str, reason: str = ""
 ) -> bool:
     """Remove an experiment from the table: its traffic goes back to production (control)."""
     from serving.models import Deployment, ExperimentRoute

@@ -25,7 +25,7 @@ from training import mlflow_server
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -51,7 +51,7 @@ def _put_errors(form, exc: Exception, fields: dict[str, str]) -> None:
 
 
 @workspace_page()
-def model_list(request: HttpRequest, workspace, register_form=None) -> HttpResponse:
+def model_list(request: WorkspaceRequest, workspace, register_form=None) -> HttpResponse:
     models = RegisteredModel.objects.for_workspace(workspace).annotate(
         latest=Max("versions__version")
     )
@@ -87,7 +87,7 @@ def model_list(request: HttpRequest, workspace, register_form=None) -> HttpRespo
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def version_register(request: HttpRequest, workspace) -> HttpResponse:
+def version_register(request: WorkspaceRequest, workspace) -> HttpResponse:
     """Register the next version of a model from a succeeded job (``model_version_register``)."""
     from training.models import TrainingJob
 
@@ -129,7 +129,7 @@ def _version_or_404(workspace, name: str, version: int) -> ModelVersion:
 
 @require_POST
 @workspace_page(Role.MAINTAINER)
-def version_deploy(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+def version_deploy(request: WorkspaceRequest, workspace, name: str, version: int) -> HttpResponse:
     """Release the version to an existing deployment of its model, or create a deployment
     serving it (``deployment_release`` / ``deployment_create``, as the API)."""
     found = _version_or_404(workspace, name, version)
@@ -167,7 +167,7 @@ def version_deploy(request: HttpRequest, workspace, name: str, version: int) -> 
 
 @require_POST
 @workspace_page(Role.MAINTAINER)
-def version_gates(request: HttpRequest, workspace, name: str, version: int) -> HttpResponse:
+def version_gates(request: WorkspaceRequest, workspace, name: str, version: int) -> HttpResponse:
     """Ask for the release gates to run again on a worker (``version_gates_request``)."""
     found = _version_or_404(workspace, name, version)
     try:
@@ -181,7 +181,7 @@ def version_gates(request: HttpRequest, workspace, name: str, version: int) -> H
 
 @workspace_page()
 def version_detail(
-    request: HttpRequest, workspace, name: str, version: int, deploy_form=None
+    request: WorkspaceRequest, workspace, name: str, version: int, deploy_form=None
 ) -> HttpResponse:
     found = _version_or_404(workspace, name, version)
     evaluation = presentation.version_evaluation(found)
@@ -238,7 +238,7 @@ def version_detail(
 
 
 @workspace_page()
-def deployment_list(request: HttpRequest, workspace) -> HttpResponse:
+def deployment_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     deployments = Deployment.objects.for_workspace(workspace).select_related(
         "model", "version", "previous_version"
     )
@@ -250,7 +250,7 @@ def deployment_list(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page()
-def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpResponse:
+def deployment_detail(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     dep = (
         Deployment.objects.for_workspace(workspace)
         .select_related("model", "version", "previous_version")
@@ -319,7 +319,7 @@ def _compare_pick(workspace, model, raw: str, side: str, numbers: list[int]) -> 
 
 
 @workspace_page()
-def version_compare(request: HttpRequest, workspace, name: str) -> HttpResponse:
+def version_compare(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     """Two versions of one model side by side (``?a=<v>&b=<v>``): held-out metrics on the same
     rows, ROC and calibration curves overlaid, and the training parameters' diff."""
     model = RegisteredModel.objects.for_workspace(workspace).filter(name=name).first()

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from features.models import Dataset, DatasetStatus
 from training.models import CandidateEvaluation, RunState
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ReferenceNotFound
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _read_values(content: bytes, filename: str):
 @transaction.atomic
 def candidate_evaluation_create(
     *,
-    actor,
+    actor: Actor,
     workspace,
     name: str,
     dataset: Dataset,
@@ -100,7 +100,7 @@ def candidate_evaluation_create(
         key_column=key_column,
         dtype=dtype,
         result={"params": params or {}},
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     try:
         evaluation.full_clean(exclude=["workspace", "dataset", "created_by"])

@@ -152,14 +152,16 @@ class JobCreateForm(forms.Form):
         self.workspace = workspace
         datasets = Dataset.objects.for_workspace(workspace).filter(status=DatasetStatus.READY)
         dataset_choices = [(str(d.pk), f"{d.name} v{d.version}") for d in datasets]
-        self.fields["dataset"].choices = dataset_choices
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["dataset"].choices = dataset_choices  # type: ignore[attr-defined]
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
         templates = [(f"template:{name}", name) for name in template_names()]
         entries = [
             (f"entry_point:{e.name}", e.name)
             for e in EntryPoint.objects.for_workspace(workspace).order_by("name")
         ]
-        self.fields["code"].choices = [("Built-in templates", templates)] + (
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["code"].choices = [("Built-in templates", templates)] + (  # type: ignore[attr-defined]
             [("Entry points of this workspace", entries)] if entries else []
         )
         self.fields["code"].error_messages.update(_choice_messages(templates + entries))
@@ -289,7 +291,8 @@ class PipelineRunForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.workspace = workspace
         pipelines = [(p.name, p.name) for p in Pipeline.objects.for_workspace(workspace)]
-        self.fields["pipeline"].choices = pipelines
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["pipeline"].choices = pipelines  # type: ignore[attr-defined]
         self.fields["pipeline"].error_messages.update(_choice_messages(pipelines))
         names = sorted(
             set(
@@ -299,7 +302,8 @@ class PipelineRunForm(forms.Form):
             )
         )
         dataset_choices = [(n, n) for n in names]
-        self.fields["dataset"].choices = [("", "— none (give it in params) —"), *dataset_choices]
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["dataset"].choices = [("", "— none (give it in params) —"), *dataset_choices]  # type: ignore[attr-defined]
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
 
     def clean_params(self) -> dict[str, Any]:
@@ -366,10 +370,12 @@ class TuningCreateForm(forms.Form):
         self.base_job = base_job
         datasets = Dataset.objects.for_workspace(workspace).filter(status=DatasetStatus.READY)
         dataset_choices = [(str(d.pk), f"{d.name} v{d.version}") for d in datasets]
-        self.fields["dataset"].choices = dataset_choices
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["dataset"].choices = dataset_choices  # type: ignore[attr-defined]
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
         templates = [(name, name) for name in template_names()]
-        self.fields["template"].choices = templates
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["template"].choices = templates  # type: ignore[attr-defined]
         self.fields["template"].error_messages.update(_choice_messages(templates))
         self.default_spaces = {name: default_space_json(name) for name in template_names()}
         if not self.is_bound:

@@ -34,7 +34,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from training.models import JobState, Pipeline, PipelineRun, RunState, StageRun, TrainingJob
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,9 @@ def ordered_stages(stages: Any) -> list[dict[str, Any]]:
 
 
 @transaction.atomic
-def pipeline_create(*, actor, workspace, name: str, description: str = "", stages=None) -> Pipeline:
+def pipeline_create(
+    *, actor: Actor, workspace, name: str, description: str = "", stages=None
+) -> Pipeline:
     stages = ordered_stages(stages if stages is not None else DEFAULT_STAGES)
     if Pipeline.objects.for_workspace(workspace).filter(name=name).exists():
         raise ConflictError(f"pipeline '{name}' exists", attr="name")
@@ -140,7 +142,7 @@ def pipeline_create(*, actor, workspace, name: str, description: str = "", stage
         pipeline.full_clean(exclude=["workspace", "created_by"])
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
-    pipeline.created_by = actor if getattr(actor, "is_authenticated", False) else None
+    pipeline.created_by = actor_user(actor)
     pipeline.save()
     event_record(
         actor=actor,
@@ -166,7 +168,7 @@ def _dispatch(run_id: int, countdown: float = 0.0, lease: str | None = None) -> 
 
 @transaction.atomic
 def pipeline_run_start(
-    *, actor, pipeline: Pipeline, params: dict | None = None, dispatch: bool = True
+    *, actor: Actor, pipeline: Pipeline, params: dict | None = None, dispatch: bool = True
 ) -> PipelineRun:
     if params is not None and not isinstance(params, dict):
         raise ValidationError({"params": "an object"})
@@ -175,7 +177,7 @@ def pipeline_run_start(
         pipeline=pipeline,
         state=RunState.RUNNING,
         params=params or {},
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     StageRun.objects.bulk_create(
         [
@@ -198,7 +200,7 @@ def pipeline_run_start(
 
 
 @transaction.atomic
-def pipeline_run_retry(*, actor, run: PipelineRun, dispatch: bool = True) -> PipelineRun:
+def pipeline_run_retry(*, actor: Actor, run: PipelineRun, dispatch: bool = True) -> PipelineRun:
     """Rerun a failed run from its failed stage (the stages before it keep their outputs)."""
     locked = PipelineRun.objects.for_workspace(run.workspace_id).select_for_update().get(pk=run.pk)
     if locked.state != RunState.FAILED:

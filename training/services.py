@@ -26,7 +26,7 @@ from training.models import (
     TrainingJob,
 )
 from training.params import job_params_check
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -54,7 +54,7 @@ def job_transition(
     *,
     job: TrainingJob,
     to: str,
-    actor=None,
+    actor: Actor = None,
     reason: str = "",
     expect: str | set[str] | None = None,
     resources: dict[str, Any] | None = None,
@@ -261,7 +261,7 @@ def _request_tick_on_commit() -> None:
 @transaction.atomic
 def job_create(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     dataset: Dataset | None,
@@ -318,13 +318,14 @@ def job_create(
         preemptible=preemptible,
         max_attempts=max_attempts,
         compare_deployment=compare_deployment,
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     try:
         job.full_clean(exclude=["workspace", "dataset", "base_job", "created_by", "node"])
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
     job.save()
+    assert dataset is not None  # check_job_input refused a job without one
     refs = [Ref.to(job), Ref.to(dataset, role="input")]
     if base_job is not None:
         refs.append(Ref.to(base_job, role="input"))
@@ -352,12 +353,14 @@ def job_create(
     return job
 
 
-def _register_consumers(*, actor, job: TrainingJob) -> None:
+def _register_consumers(*, actor: Actor, job: TrainingJob) -> None:
     from features.lookup import FeatureRef
     from features.models import FeatureGroup
     from features.registry import consumer_register
 
     dataset = job.dataset
+    if dataset is None:  # every submitted job has one; nothing to register without it
+        return
     label = f"training job {job.name} #{job.pk}"
     groups: dict[str, FeatureGroup | None] = {}
     for index, text in enumerate(dataset.feature_refs):
@@ -383,7 +386,9 @@ JOB_CONSUMER_KIND = "training_job"
 
 
 @transaction.atomic
-def job_request_stop(*, job: TrainingJob, mode: str, reason: str, actor=None) -> TrainingJob:
+def job_request_stop(
+    *, job: TrainingJob, mode: str, reason: str, actor: Actor = None
+) -> TrainingJob:
     """Ask a job to stop: ``preempt`` (checkpoint, then ``preempted`` and requeued by the
     scheduler) or ``cancel`` (checkpoint, then ``cancelled``).
 
@@ -427,7 +432,7 @@ def job_record_progress(
     job_id: int,
     metrics: list[tuple[int, str, float]],
     attempt: int | None = None,
-    **fields,
+    **fields: Any,
 ) -> None:
     """The agent streams progress: job row fields (no state change) and metric rows.
 
@@ -452,7 +457,8 @@ def job_record_progress(
             )
             JobMetric.objects.bulk_create(
                 [
-                    JobMetric(workspace_id=workspace_id, job_id=job_id, step=s, name=n, value=v)
+                    # A job streams metrics only while its row exists, so workspace_id is set.
+                    JobMetric(workspace_id=workspace_id, job_id=job_id, step=s, name=n, value=v)  # type: ignore[misc]
                     for s, n, v in metrics
                     if v is not None and math.isfinite(v)
                 ]
@@ -469,7 +475,7 @@ MAX_SCRIPT_BYTES = 1_000_000
 @transaction.atomic
 def entry_point_register(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     module: str = "",
@@ -500,7 +506,7 @@ def entry_point_register(
         kind=EntryPointKind.SCRIPT if script else EntryPointKind.MODULE,
         module=module,
         description=description,
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
     )
     try:
         entry.full_clean(exclude=["workspace", "created_by"])

@@ -53,7 +53,7 @@ from training.models import (
     TuningState,
     TuningTrial,
 )
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
@@ -117,7 +117,7 @@ def _int_in(errors: dict[str, str], name: str, value: Any, low: int, high: int) 
 @transaction.atomic
 def tuning_job_create(
     *,
-    actor,
+    actor: Actor,
     workspace: Workspace,
     name: str,
     dataset: Dataset | None = None,
@@ -245,7 +245,7 @@ def tuning_job_create(
         model_name=(model_name or name),
         gpu_type=gpu_type,
         priority_class=priority_class,
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        created_by=actor_user(actor),
         **resources,
     )
     try:
@@ -276,7 +276,7 @@ def tuning_job_create(
 
 
 @transaction.atomic
-def tuning_job_cancel(*, actor, tuning_job: TuningJob) -> TuningJob:
+def tuning_job_cancel(*, actor: Actor, tuning_job: TuningJob) -> TuningJob:
     """Stop a tuning job: its unfinished trial jobs are cancelled and nothing is registered."""
     locked = TuningJob.objects.for_workspace(tuning_job.workspace_id).select_for_update()
     locked = locked.get(pk=tuning_job.pk)
@@ -367,7 +367,9 @@ def _pruner(tuning: TuningJob) -> tuner.PrunerConfig:
     )
 
 
-def _set_state(tuning: TuningJob, state: str, *, actor=None, reason: str = "", **payload) -> None:
+def _set_state(
+    tuning: TuningJob, state: str, *, actor: Actor = None, reason: str = "", **payload
+) -> None:
     now = timezone.now()
     tuning.state = state
     tuning.state_reason = reason[:500]
@@ -389,7 +391,7 @@ def _set_state(tuning: TuningJob, state: str, *, actor=None, reason: str = "", *
 
 
 def _trial_state(
-    tuning: TuningJob, trial: TuningTrial, state: str, *, actor=None, reason: str = ""
+    tuning: TuningJob, trial: TuningTrial, state: str, *, actor: Actor = None, reason: str = ""
 ) -> None:
     trial.state = state
     if state != TrialState.RUNNING:
@@ -491,7 +493,9 @@ def _deadline_passed(tuning: TuningJob, now) -> bool:
     return now >= tuning.started_at + timedelta(minutes=tuning.max_minutes)
 
 
-def _stop_open_trials(tuning: TuningJob, trials: list[TuningTrial], *, reason: str, actor=None):
+def _stop_open_trials(
+    tuning: TuningJob, trials: list[TuningTrial], *, reason: str, actor: Actor = None
+):
     """Cancel every unfinished trial job (a pruned one is already on its way out)."""
     from training.services import job_request_stop
 

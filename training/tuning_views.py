@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -20,7 +20,7 @@ from training.params import param_text
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.selectors import role_at_least
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 SHOWN = 100
 METRIC_LABELS = {"logloss": "Validation logloss", "auc": "Validation AUC"}
@@ -46,7 +46,7 @@ def _progress(tj: TuningJob) -> dict[str, Any]:
 
 
 @workspace_page()
-def tuning_list(request: HttpRequest, workspace) -> HttpResponse:
+def tuning_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     jobs = list(_tuning_jobs(workspace)[:SHOWN])
     return render(
         request,
@@ -61,7 +61,7 @@ def tuning_list(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page(Role.DEVELOPER)
-def tuning_new(request: HttpRequest, workspace) -> HttpResponse:
+def tuning_new(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The Tune form; ``?base_job=<id>`` copies a job's template, dataset, params, resources."""
     base_job = None
     base_id = request.GET.get("base_job", "")
@@ -142,7 +142,7 @@ def _curve_chart(tj: TuningJob, trials: list[TuningTrial]) -> dict[str, Any]:
 
 
 @workspace_page()
-def tuning_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+def tuning_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
     tj = _get(workspace, pk)
     trials = list(
         TuningTrial.objects.for_workspace(workspace)
@@ -183,7 +183,7 @@ def tuning_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def tuning_cancel(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+def tuning_cancel(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
     tj = _get(workspace, pk)
     try:
         tuning.tuning_job_cancel(actor=request.user, tuning_job=tj)

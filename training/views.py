@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -35,7 +35,7 @@ from training.params import job_hyperparameters, param_text
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.selectors import role_at_least
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 JOBS_SHOWN = 100
 LOG_TAIL_BYTES = 8000
@@ -68,7 +68,7 @@ def _jobs(workspace):
 
 
 @workspace_page()
-def job_list(request: HttpRequest, workspace) -> HttpResponse:
+def job_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     jobs = list(_jobs(workspace)[:JOBS_SHOWN])
     return render(
         request,
@@ -93,7 +93,8 @@ def _recommended_initial(workspace, form: JobCreateForm) -> dict[str, int]:
     template = form.template
     if not template:
         return {}
-    datasets = form.fields["dataset"].choices
+    # a ChoiceField; form.fields[...] is typed as the base Field.
+    datasets = form.fields["dataset"].choices  # type: ignore[attr-defined]
     dataset = (
         Dataset.objects.for_workspace(workspace).filter(pk=int(datasets[0][0])).first()
         if datasets
@@ -114,7 +115,7 @@ def _job_params_url(workspace) -> str:
 
 
 @workspace_page(Role.DEVELOPER)
-def job_new(request: HttpRequest, workspace) -> HttpResponse:
+def job_new(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The new-job form; a valid one is handed to ``job_create`` (the API's service). The
     param fields are the picked template's schema (``?code=template:<name>`` picks one)."""
     url = _job_params_url(workspace)
@@ -146,7 +147,7 @@ def job_new(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page(Role.DEVELOPER)
-def job_new_params(request: HttpRequest, workspace) -> HttpResponse:
+def job_new_params(request: WorkspaceRequest, workspace) -> HttpResponse:
     """The new-job form's params fragment for ``?code=``: one field per param of a template's
     schema, prefilled with its defaults, or the free JSON params of an entry point (the form
     swaps it in when the template select changes)."""
@@ -159,7 +160,7 @@ def job_new_params(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page()
-def job_list_json(request: HttpRequest, workspace) -> JsonResponse:
+def job_list_json(request: WorkspaceRequest, workspace) -> JsonResponse:
     return JsonResponse({"jobs": [_job_row(j) for j in _jobs(workspace)[:JOBS_SHOWN]]})
 
 
@@ -189,7 +190,7 @@ def _get_job(workspace, pk: int) -> TrainingJob:
 
 
 @workspace_page()
-def job_live_json(request: HttpRequest, workspace, pk: int) -> JsonResponse:
+def job_live_json(request: WorkspaceRequest, workspace, pk: int) -> JsonResponse:
     job = _get_job(workspace, pk)
     return JsonResponse({"job": _job_row(job), "series": _series(workspace, job)})
 
@@ -242,7 +243,7 @@ def _live_charts(series: dict[str, list[list[float]]]) -> dict[str, dict]:
 
 
 @workspace_page()
-def job_page(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+def job_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
     job = _get_job(workspace, pk)
     metrics = job.metrics or {}
     history = (
@@ -346,7 +347,9 @@ def _dag_layout(pipeline: Pipeline, states: dict[str, str] | None = None) -> dic
 
 
 @workspace_page()
-def pipeline_list(request: HttpRequest, workspace, run_form=None, create_form=None) -> HttpResponse:
+def pipeline_list(
+    request: WorkspaceRequest, workspace, run_form=None, create_form=None
+) -> HttpResponse:
     pipelines = list(Pipeline.objects.for_workspace(workspace))
     runs = (
         PipelineRun.objects.for_workspace(workspace)
@@ -378,7 +381,7 @@ def pipeline_list(request: HttpRequest, workspace, run_form=None, create_form=No
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def pipeline_new(request: HttpRequest, workspace) -> HttpResponse:
+def pipeline_new(request: WorkspaceRequest, workspace) -> HttpResponse:
     """Create a pipeline from the default stages (``pipeline_create``, as the API)."""
     form = PipelineCreateForm(request.POST)
     if form.is_valid():
@@ -401,7 +404,7 @@ def pipeline_new(request: HttpRequest, workspace) -> HttpResponse:
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def pipeline_run_new(request: HttpRequest, workspace) -> HttpResponse:
+def pipeline_run_new(request: WorkspaceRequest, workspace) -> HttpResponse:
     """Start a run of one of the workspace's pipelines (``pipeline_run_start``, as the API)."""
     from training.api.views import check_dataset_params
 
@@ -423,7 +426,7 @@ def pipeline_run_new(request: HttpRequest, workspace) -> HttpResponse:
 
 @require_POST
 @workspace_page(Role.DEVELOPER)
-def pipeline_run_retry(request: HttpRequest, workspace, pk: int) -> HttpResponse:
+def pipeline_run_retry(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
     """Rerun a failed run from its first failed stage (``pipeline_run_retry``, as the API)."""
     run = PipelineRun.objects.for_workspace(workspace).filter(pk=pk).first()
     if run is None:
@@ -438,7 +441,7 @@ def pipeline_run_retry(request: HttpRequest, workspace, pk: int) -> HttpResponse
 
 
 @workspace_page()
-def pipeline_runs_json(request: HttpRequest, workspace) -> JsonResponse:
+def pipeline_runs_json(request: WorkspaceRequest, workspace) -> JsonResponse:
     runs = (
         PipelineRun.objects.for_workspace(workspace)
         .select_related("pipeline")

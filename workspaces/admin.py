@@ -177,6 +177,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
         for row in formset.forms:
             if not row.has_changed():
                 continue
+            saved: WorkspaceQuota | Membership
             try:
                 if formset.model is WorkspaceQuota:
                     saved = services.quota_set(
@@ -352,7 +353,7 @@ class ServiceAccountAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 class EventRefInline(admin.TabularInline):
     model = EventRef
     fields = ["role", "kind", "object_id", "label"]
-    readonly_fields = fields
+    readonly_fields = ["role", "kind", "object_id", "label"]
     extra = 0
     can_delete = False
 

@@ -14,7 +14,8 @@ class UnscopedAdminMixin:
     """The admin console sees every workspace's rows, deliberately."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        queryset = super().get_queryset(request)
+        # a mixin for ModelAdmin subclasses, which define get_queryset.
+        queryset = super().get_queryset(request)  # type: ignore[misc]
         return queryset.unscoped() if hasattr(queryset, "unscoped") else queryset
 
 
@@ -28,9 +29,10 @@ class ServiceManagedAdminMixin:
     that calls it."""
 
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        opts = self.model._meta
+        # a mixin for ModelAdmin subclasses, which have .model.
+        opts = self.model._meta  # type: ignore[attr-defined]
         names = [f.name for f in (*opts.concrete_fields, *opts.many_to_many)]
-        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]
+        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]  # type: ignore[misc]
 
     def has_add_permission(self, request: HttpRequest, *args) -> bool:
         return False

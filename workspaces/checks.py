@@ -16,7 +16,7 @@ def workspace_models_are_scoped(app_configs=None, **kwargs) -> list[checks.Check
 
 
 def unscoped_workspace_models(models) -> list[checks.CheckMessage]:
-    problems = []
+    problems: list[checks.CheckMessage] = []
     for model in models:
         try:
             field = model._meta.get_field("workspace")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 
 from workspaces.models import Workspace
 
@@ -45,7 +45,7 @@ def registered_keys() -> list[str]:
 
 
 def sections_for(
-    *, workspace: Workspace, user: AbstractBaseUser | AnonymousUser
+    *, workspace: Workspace, user: User | AnonymousUser
 ) -> dict[str, DashboardSection]:
     """The filled cards of one workspace's dashboard, by key.
 

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 
 from workspaces.models import Event, EventRef, Workspace
+
+# Who a change is attributed to: the signed-in user, an anonymous request's user, or None for the
+# platform itself (tasks, controllers). Every service takes its ``actor`` as this type.
+Actor: TypeAlias = User | AnonymousUser | None
+
+
+def actor_user(actor: Actor) -> User | None:
+    """The user a change is recorded against: anonymous callers and the platform count as none."""
+    if actor is None or isinstance(actor, AnonymousUser) or not actor.is_authenticated:
+        return None
+    return actor
 
 
 class EventOutsideTransactionError(RuntimeError):
@@ -33,7 +44,7 @@ class Ref:
     @classmethod
     def to(cls, obj: models.Model, *, role: str = EventRef.RefRole.SUBJECT) -> Ref:
         """A reference to a model instance, its kind being the model's snake-case name."""
-        kind = getattr(obj, "event_kind", None) or obj._meta.model_name
+        kind = getattr(obj, "event_kind", None) or obj._meta.model_name or ""
         label = getattr(obj, "slug", None) or getattr(obj, "name", None) or str(obj)
         return cls(kind=kind, object_id=obj.pk, label=str(label)[:200], role=role)
 
@@ -48,7 +59,7 @@ def _jsonable(value: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def event_record(
     *,
-    actor: AbstractBaseUser | AnonymousUser | None,
+    actor: Actor,
     workspace: Workspace | None,
     verb: str,
     refs: Iterable[Ref] = (),
@@ -61,7 +72,7 @@ def event_record(
         raise EventOutsideTransactionError(
             f"event {verb!r} recorded outside a transaction; wrap the change in transaction.atomic"
         )
-    user = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    user = actor_user(actor)
     event = Event(
         actor=user,
         actor_name=user.get_username() if user is not None else "system",

@@ -36,4 +36,5 @@ class TokenCreateForm(forms.Form):
 
     def __init__(self, *args, workspace_choices: list[tuple[str, str]], **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["workspaces"].choices = workspace_choices
+        # the field is a MultipleChoiceField; fields[...] is typed as any Field.
+        self.fields["workspaces"].choices = workspace_choices  # type: ignore[attr-defined]

@@ -86,14 +86,16 @@ class RequestIdMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         request_id = begin_request_id(request.META)
-        request.request_id = request_id
+        # the request id rides on the request for the views and the log records.
+        request.request_id = request_id  # type: ignore[attr-defined]
         response = self.get_response(request)
         if hasattr(request, _UNCAUGHT) and request.path.startswith(API_PREFIX):
             from workspaces.api.errors import uncaught_exception_response
 
             response = uncaught_exception_response(request, getattr(request, _UNCAUGHT))
             # Django logged the exception with its traceback already; not again for this body.
-            response._has_been_logged = True
+            # Django's own flag (django.utils.log.log_response) that it logged this response.
+            response._has_been_logged = True  # type: ignore[attr-defined]
         elif (
             response.status_code in (404, 405)
             and request.path.startswith(API_PREFIX)

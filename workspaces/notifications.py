@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
 from django.core.serializers.json import DjangoJSONEncoder
@@ -47,7 +47,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from workspaces import outbound
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.models import (
     ApiToken,
     Event,
@@ -196,8 +196,8 @@ def _post(target: WebhookTarget, *, body: bytes, headers: dict[str, str]) -> int
 # --- writes --------------------------------------------------------------------------------------
 
 
-def _recipients(users: Iterable[AbstractBaseUser | AnonymousUser | None]) -> list[AbstractBaseUser]:
-    unique: dict[Any, AbstractBaseUser] = {}
+def _recipients(users: Iterable[User | AnonymousUser | None]) -> list[User]:
+    unique: dict[Any, User] = {}
     for user in users:
         if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
             continue
@@ -208,7 +208,7 @@ def _recipients(users: Iterable[AbstractBaseUser | AnonymousUser | None]) -> lis
 def notify(
     *,
     workspace: Workspace,
-    recipients: Iterable[AbstractBaseUser | None],
+    recipients: Iterable[User | None],
     verb: str,
     title: str,
     body: str,
@@ -253,7 +253,7 @@ def notify(
 @transaction.atomic
 def webhook_create(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     workspace: Workspace,
     url: str,
     secret: str | None = None,
@@ -267,7 +267,7 @@ def webhook_create(
         raise ValidationError({"url": f"at most {MAX_WEBHOOKS_PER_WORKSPACE} webhooks"})
     secret = secret or secrets.token_urlsafe(32)
     webhook = WebhookEndpoint.objects.create(
-        workspace=workspace, url=url, secret=secret, created_by=actor
+        workspace=workspace, url=url, secret=secret, created_by=actor_user(actor)
     )
     event_record(
         actor=actor,
@@ -281,7 +281,7 @@ def webhook_create(
 
 
 @transaction.atomic
-def webhook_delete(*, actor: AbstractBaseUser, webhook: WebhookEndpoint) -> None:
+def webhook_delete(*, actor: Actor, webhook: WebhookEndpoint) -> None:
     """Remove a webhook; nothing more is sent to it."""
     host = urlsplit(webhook.url).hostname or ""
     event_record(
@@ -294,7 +294,7 @@ def webhook_delete(*, actor: AbstractBaseUser, webhook: WebhookEndpoint) -> None
     webhook.delete()
 
 
-def notification_mark_read(*, user: AbstractBaseUser, notification: Notification) -> Notification:
+def notification_mark_read(*, user: User, notification: Notification) -> Notification:
     """Mark one of the user's notifications read; marking twice keeps the first time."""
     if notification.recipient_id != user.pk:
         raise Http404("No such notification.")
@@ -306,14 +306,14 @@ def notification_mark_read(*, user: AbstractBaseUser, notification: Notification
     return notification
 
 
-def notifications_mark_all_read(*, user: AbstractBaseUser, token: ApiToken | None = None) -> int:
+def notifications_mark_all_read(*, user: User, token: ApiToken | None = None) -> int:
     """Mark the user's unread notifications read (those of every workspace, or of the token's
     workspaces when it is narrowed to some); returns how many."""
     inbox = notifications_of(user=user, token=token).order_by()
     return inbox.filter(read_at__isnull=True).update(read_at=timezone.now())
 
 
-def notifications_unread_count(*, user: AbstractBaseUser) -> int:
+def notifications_unread_count(*, user: User) -> int:
     """How many of the user's notifications are unread: the number on the shell's bell."""
     return Notification.objects.unscoped().filter(recipient=user, read_at__isnull=True).count()
 
@@ -321,9 +321,7 @@ def notifications_unread_count(*, user: AbstractBaseUser) -> int:
 # --- reads ---------------------------------------------------------------------------------------
 
 
-def notifications_of(
-    *, user: AbstractBaseUser, token: ApiToken | None = None
-) -> QuerySet[Notification]:
+def notifications_of(*, user: User, token: ApiToken | None = None) -> QuerySet[Notification]:
     """A user's own notifications, newest first; a token narrowed to workspaces sees only theirs."""
     # The recipient filter is the scope here: a user's inbox spans their workspaces.
     inbox = Notification.objects.unscoped().filter(recipient=user)

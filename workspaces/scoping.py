@@ -30,7 +30,8 @@ class WorkspaceScopedQuerySet(models.QuerySet):
         self._workspace_scoped = False
 
     def _clone(self) -> Self:
-        clone = super()._clone()
+        # QuerySet._clone is Django's private clone hook; django-stubs leave it out.
+        clone = super()._clone()  # type: ignore[misc]
         clone._workspace_scoped = self._workspace_scoped
         return clone
 
@@ -56,7 +57,8 @@ class WorkspaceScopedQuerySet(models.QuerySet):
         return frozenset({*keys, *(f"{k}__exact" for k in keys), f"{field}__in", f"{field}_id__in"})
 
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> Self:
-        clone = super()._filter_or_exclude(negate, args, kwargs)
+        # _filter_or_exclude is Django's private hook under filter() and exclude().
+        clone = super()._filter_or_exclude(negate, args, kwargs)  # type: ignore[misc]
         # filter(workspace=...) narrows as well (Django's own unique checks filter this way).
         narrowing = self._narrowing_keys()
         if not negate and any(
@@ -93,7 +95,8 @@ class WorkspaceScopedQuerySet(models.QuerySet):
             return True
         # A related manager reached through a workspace (workspace.events.all()) or through an
         # object that belongs to one (group.versions.all()) is scoped by that parent.
-        instance = self._hints.get("instance")
+        # Django's QuerySet keeps the related-manager hints here (not in the stubs).
+        instance = self._hints.get("instance")  # type: ignore[attr-defined]
         if instance is None:
             return False
         return instance._meta.label == "workspaces.Workspace" or hasattr(instance, "workspace_id")

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404
 from guardian.core import ObjectPermissionChecker
@@ -28,12 +29,21 @@ from workspaces.models import (
     WorkspacePolicy,
 )
 
-Principal = AbstractBaseUser | AnonymousUser
+# Whoever a request runs as: a user, or the anonymous user before sign-in.
+Principal = User | AnonymousUser
+
+
+def signed_in(user: Principal) -> User:
+    """The signed-in user a request runs as. Views behind ``login_required`` or
+    ``IsAuthenticated`` never see the anonymous user; should one get here, it is refused."""
+    if isinstance(user, AnonymousUser):
+        raise PermissionDenied("Sign in first.")
+    return user
 
 
 def workspaces_visible_to(*, user: Principal, token: ApiToken | None = None) -> QuerySet[Workspace]:
     """The workspaces a user (and, when given, the token they act by) may see."""
-    if not user.is_authenticated or not user.is_active:
+    if isinstance(user, AnonymousUser) or not user.is_authenticated or not user.is_active:
         return Workspace.objects.none()
     visible = get_objects_for_user(
         user, "workspaces.view_workspace", klass=Workspace, accept_global_perms=False
@@ -56,7 +66,7 @@ def workspace_access(
     Every workspace-scoped request starts here, so the answer is cached per process and
     invalidated by any change to users, tokens, memberships or permissions (access_cache).
     """
-    if not user.is_authenticated or not user.is_active:
+    if isinstance(user, AnonymousUser) or not user.is_authenticated or not user.is_active:
         raise Http404("No such workspace.")
     if token is not None:
         scope = getattr(token, "scope_ids", None)
@@ -74,7 +84,7 @@ def workspace_access(
 
 
 def _load_access(
-    user: Principal, slug: str, scope: frozenset[int]
+    user: User, slug: str, scope: frozenset[int]
 ) -> tuple[Workspace, frozenset[str]] | None:
     workspace = Workspace.objects.filter(slug=slug).first()
     if workspace is None or (scope and workspace.pk not in scope):
@@ -124,6 +134,8 @@ def events_of(*, workspace: Workspace) -> QuerySet[Event]:
 
 
 def tokens_of(*, user: Principal) -> QuerySet[ApiToken]:
+    if isinstance(user, AnonymousUser):
+        return ApiToken.objects.none()
     return ApiToken.objects.filter(user=user).prefetch_related("workspaces")
 
 

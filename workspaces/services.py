@@ -6,17 +6,18 @@ Each function is one use case, runs in one transaction and records its event in 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User as AuthUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import (
     ROLE_PERMISSIONS,
@@ -43,14 +44,14 @@ def _validate(instance: Any, *, exclude: list[str] | None = None) -> None:
 @transaction.atomic
 def workspace_create(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Actor,
     slug: str,
     name: str,
     scene: str,
     prediction_type: str,
     description: str = "",
     template: dict[str, Any] | None = None,
-    quota: dict[str, int | None] | None = None,
+    quota: Mapping[str, int | None] | None = None,
 ) -> Workspace:
     """Create a workspace for a business scene, with its template and, when ``quota`` names
     limits (``cpu_milli``, ``memory_mb``, ``gpu_milli``, ``storage_gb``), its all-types quota.
@@ -68,7 +69,7 @@ def workspace_create(
         prediction_type=prediction_type,
         description=description,
         template=template if template is not None else default_workspace_template(),
-        created_by=actor if actor is not None and actor.is_authenticated else None,
+        created_by=actor_user(actor),
     )
     _validate(workspace, exclude=["created_by"])
     workspace.save()
@@ -89,14 +90,15 @@ def workspace_create(
         },
     )
     if limits:
-        quota_set(actor=actor, workspace=workspace, **limits)  # its own quota.changed
+        # ``limits`` holds only WorkspaceQuota.LIMITS names (checked above), all int keywords.
+        quota_set(actor=actor, workspace=workspace, **limits)  # type: ignore[arg-type]
     return workspace
 
 
 @transaction.atomic
 def workspace_update(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     workspace: Workspace,
     name: str | None = None,
     description: str | None = None,
@@ -127,7 +129,7 @@ def workspace_update(
     return workspace
 
 
-def _assign_role_permissions(*, user: AbstractBaseUser, workspace: Workspace, role: str) -> None:
+def _assign_role_permissions(*, user: AuthUser, workspace: Workspace, role: str) -> None:
     granted = set(ROLE_PERMISSIONS[role])
     for codename in WORKSPACE_PERMISSIONS:
         if codename in granted:
@@ -136,7 +138,7 @@ def _assign_role_permissions(*, user: AbstractBaseUser, workspace: Workspace, ro
             remove_perm(f"workspaces.{codename}", user, workspace)
 
 
-def _refuse_removing_last_admin(*, workspace: Workspace, user: AbstractBaseUser) -> None:
+def _refuse_removing_last_admin(*, workspace: Workspace, user: AuthUser) -> None:
     admins = (
         Membership.objects.for_workspace(workspace)
         .select_for_update()
@@ -151,7 +153,7 @@ def _refuse_removing_last_admin(*, workspace: Workspace, user: AbstractBaseUser)
 
 @transaction.atomic
 def membership_grant(
-    *, actor: AbstractBaseUser | None, workspace: Workspace, user: AbstractBaseUser, role: str
+    *, actor: Actor, workspace: Workspace, user: AuthUser, role: str
 ) -> Membership:
     """Give a user a role in a workspace (or change it), with guardian permissions to match."""
     if role not in Role.values:
@@ -165,10 +167,12 @@ def membership_grant(
     if previous_role == Role.ADMIN and role != Role.ADMIN:
         _refuse_removing_last_admin(workspace=workspace, user=user)
     if membership is None:
-        membership = Membership(workspace=workspace, user=user, role=role, granted_by=actor)
+        membership = Membership(
+            workspace=workspace, user=user, role=role, granted_by=actor_user(actor)
+        )
     else:
         membership.role = role
-        membership.granted_by = actor
+        membership.granted_by = actor_user(actor)
         membership.granted_at = timezone.now()
     try:
         with transaction.atomic():
@@ -189,9 +193,7 @@ def membership_grant(
 
 
 @transaction.atomic
-def membership_revoke(
-    *, actor: AbstractBaseUser | None, workspace: Workspace, user: AbstractBaseUser
-) -> None:
+def membership_revoke(*, actor: Actor, workspace: Workspace, user: AuthUser) -> None:
     """Remove a user from a workspace; the last admin of a workspace cannot be removed."""
     membership = (
         Membership.objects.select_for_update().filter(workspace=workspace, user=user).first()
@@ -215,7 +217,7 @@ def membership_revoke(
 @transaction.atomic
 def quota_set(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Actor,
     workspace: Workspace,
     gpu_type: str = "",
     cpu_milli: int | None = None,
@@ -232,16 +234,15 @@ def quota_set(
         raise PermissionDenied("Quotas are changed by platform admins only.")
     if gpu_type and storage_gb is not None:
         raise ValidationError({"storage_gb": "storage is limited on the all-types quota only"})
-    quota = (
+    existing: WorkspaceQuota | None = (
         WorkspaceQuota.objects.for_workspace(workspace)
         .select_for_update()
         .filter(gpu_type=gpu_type)
         .first()
     )
-    created = quota is None
-    if created:
-        quota = WorkspaceQuota(workspace=workspace, gpu_type=gpu_type)
-    before = None if created else quota.limits()
+    created = existing is None
+    quota = existing or WorkspaceQuota(workspace=workspace, gpu_type=gpu_type)
+    before = None if existing is None else existing.limits()
     quota.cpu_milli, quota.memory_mb = cpu_milli, memory_mb
     quota.gpu_milli, quota.storage_gb = gpu_milli, storage_gb
     _validate(quota, exclude=["workspace"] if created else None)
@@ -267,8 +268,8 @@ def _new_token_key() -> str:
 @transaction.atomic
 def api_token_create(
     *,
-    actor: AbstractBaseUser | None,
-    user: AbstractBaseUser,
+    actor: Actor,
+    user: AuthUser,
     name: str,
     workspaces: list[Workspace] | None = None,
     expires_at: datetime | None = None,
@@ -289,7 +290,8 @@ def api_token_create(
     scope = list(workspaces or [])
     if scope:
         token.workspaces.set(scope)
-    for workspace in scope or [None]:
+    targets: list[Workspace | None] = [*scope] or [None]
+    for workspace in targets:
         event_record(
             actor=actor,
             workspace=workspace,
@@ -301,14 +303,14 @@ def api_token_create(
 
 
 @transaction.atomic
-def api_token_revoke(*, actor: AbstractBaseUser | None, token: ApiToken) -> ApiToken:
+def api_token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
     """Revoke a token at once; revoking twice is harmless."""
     token = ApiToken.objects.select_for_update().get(pk=token.pk)
     if token.revoked_at is not None:
         return token
     token.revoked_at = timezone.now()
     token.save(update_fields=["revoked_at"])
-    scope = list(token.workspaces.all())
+    scope: list[Workspace | None] = list(token.workspaces.all())
     for workspace in scope or [None]:
         event_record(
             actor=actor,
@@ -323,7 +325,7 @@ def api_token_revoke(*, actor: AbstractBaseUser | None, token: ApiToken) -> ApiT
 @transaction.atomic
 def service_account_create(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Actor,
     workspace: Workspace,
     username: str,
     role: str = Role.DEVELOPER,
@@ -343,7 +345,7 @@ def service_account_create(
     _validate(user, exclude=["password"])
     user.save()
     account = ServiceAccount.objects.create(
-        user=user, workspace=workspace, description=description, created_by=actor
+        user=user, workspace=workspace, description=description, created_by=actor_user(actor)
     )
     event_record(
         actor=actor,
@@ -371,7 +373,7 @@ POLICY_FIELDS = (
 
 @transaction.atomic
 def workspace_policy_set(
-    *, actor: AbstractBaseUser | None, workspace: Workspace, **limits: int | None
+    *, actor: Actor, workspace: Workspace, **limits: int | None
 ) -> WorkspacePolicy:
     """Change a workspace's fair-use limits (None: the platform default). Only platform admins
     call this (the admin console); every change is recorded."""
@@ -398,7 +400,7 @@ def workspace_policy_set(
 @transaction.atomic
 def quota_request_create(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     workspace: Workspace,
     gpu_type: str = "",
     cpu_milli: int | None = None,
@@ -415,7 +417,7 @@ def quota_request_create(
         memory_mb=memory_mb,
         gpu_milli=gpu_milli,
         reason=reason,
-        requested_by=actor,
+        requested_by=actor_user(actor),
     )
     _validate(request, exclude=["workspace", "requested_by", "decided_by"])
     request.save()

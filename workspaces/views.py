@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from functools import wraps
+from typing import cast
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -18,12 +19,13 @@ from workspaces import notifications, services
 from workspaces.dashboard import sections_for
 from workspaces.exceptions import ConflictError
 from workspaces.forms import MemberGrantForm, MemberRoleForm, TokenCreateForm
-from workspaces.models import Role
+from workspaces.models import Role, Workspace
 from workspaces.selectors import (
     events_of,
     members_of,
     role_at_least,
     role_from_perms,
+    signed_in,
     tokens_of,
     workspace_access,
     workspaces_visible_to,
@@ -39,6 +41,14 @@ DASHBOARD_SECTIONS = [
 ]
 
 
+class WorkspaceRequest(HttpRequest):
+    """The request a ``workspace_page`` view receives: the workspace it resolved to and the
+    caller's role there ride on it (the page shell reads both)."""
+
+    workspace: Workspace
+    workspace_role: str | None
+
+
 def workspace_page(required_role: str = Role.VIEWER):
     """Resolve ``ws`` to a workspace the user can see (404 otherwise) holding ``required_role``."""
 
@@ -50,16 +60,17 @@ def workspace_page(required_role: str = Role.VIEWER):
             role = role_from_perms(perms)
             if not role_at_least(role, required_role):
                 raise PermissionDenied(f"This needs the {required_role} role.")
-            request.workspace = workspace
-            request.workspace_role = role
-            return view(request, workspace, *args, **kwargs)
+            scoped = cast(WorkspaceRequest, request)
+            scoped.workspace = workspace
+            scoped.workspace_role = role
+            return view(scoped, workspace, *args, **kwargs)
 
         return wrapper
 
     return decorator
 
 
-def page_context(request: HttpRequest, **extra) -> dict:
+def page_context(request: WorkspaceRequest, **extra) -> dict:
     """The template context every workspace page starts from (the shell reads these keys); the
     apps' pages call it from views wrapped in ``workspace_page``."""
     return {
@@ -79,7 +90,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 @workspace_page()
-def dashboard(request: HttpRequest, workspace) -> HttpResponse:
+def dashboard(request: WorkspaceRequest, workspace) -> HttpResponse:
     recent = list(events_of(workspace=workspace)[:10])
     filled = sections_for(workspace=workspace, user=request.user)
     return render(
@@ -98,7 +109,7 @@ def dashboard(request: HttpRequest, workspace) -> HttpResponse:
 
 
 @workspace_page()
-def members(request: HttpRequest, workspace) -> HttpResponse:
+def members(request: WorkspaceRequest, workspace) -> HttpResponse:
     return render(
         request,
         "workspaces/members.html",
@@ -122,7 +133,7 @@ def _report(request: HttpRequest, exc: Exception) -> None:
 
 @require_POST
 @workspace_page(Role.ADMIN)
-def member_grant(request: HttpRequest, workspace) -> HttpResponse:
+def member_grant(request: WorkspaceRequest, workspace) -> HttpResponse:
     form = MemberGrantForm(request.POST)
     if form.is_valid():
         try:
@@ -140,13 +151,13 @@ def member_grant(request: HttpRequest, workspace) -> HttpResponse:
     else:
         for errors in form.errors.values():
             for error in errors:
-                messages.error(request, error)
+                messages.error(request, str(error))
     return redirect("workspace-members", ws=workspace.slug)
 
 
 @require_POST
 @workspace_page(Role.ADMIN)
-def member_change(request: HttpRequest, workspace, username: str) -> HttpResponse:
+def member_change(request: WorkspaceRequest, workspace, username: str) -> HttpResponse:
     membership = get_object_or_404(members_of(workspace=workspace), user__username=username)
     form = MemberRoleForm(request.POST)
     if form.is_valid():
@@ -165,7 +176,7 @@ def member_change(request: HttpRequest, workspace, username: str) -> HttpRespons
 
 @require_POST
 @workspace_page(Role.ADMIN)
-def member_remove(request: HttpRequest, workspace, username: str) -> HttpResponse:
+def member_remove(request: WorkspaceRequest, workspace, username: str) -> HttpResponse:
     membership = get_object_or_404(members_of(workspace=workspace), user__username=username)
     try:
         services.membership_revoke(actor=request.user, workspace=workspace, user=membership.user)
@@ -176,7 +187,7 @@ def member_remove(request: HttpRequest, workspace, username: str) -> HttpRespons
 
 
 @workspace_page()
-def activity(request: HttpRequest, workspace) -> HttpResponse:
+def activity(request: WorkspaceRequest, workspace) -> HttpResponse:
     events = events_of(workspace=workspace)
     verb = request.GET.get("verb", "").strip()
     if verb:
@@ -200,7 +211,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
             scope = [w for w in visible if w.slug in form.cleaned_data["workspaces"]]
             _token, new_key = services.api_token_create(
                 actor=request.user,
-                user=request.user,
+                user=signed_in(request.user),
                 name=form.cleaned_data["name"],
                 workspaces=scope,
             )
@@ -237,9 +248,9 @@ def _internal_link(link: str) -> str:
 @login_required
 def inbox(request: HttpRequest) -> HttpResponse:
     """The user's notifications from all their workspaces, newest first."""
-    page = Paginator(notifications.notifications_of(user=request.user), INBOX_PAGE_SIZE).get_page(
-        request.GET.get("page")
-    )
+    page = Paginator(
+        notifications.notifications_of(user=signed_in(request.user)), INBOX_PAGE_SIZE
+    ).get_page(request.GET.get("page"))
     items = [(n, _internal_link(n.link)) for n in page.object_list]
     return render(
         request,
@@ -256,15 +267,15 @@ def inbox(request: HttpRequest) -> HttpResponse:
 @login_required
 def inbox_mark_read(request: HttpRequest, notification_id: int) -> HttpResponse:
     notification = get_object_or_404(
-        notifications.notifications_of(user=request.user), pk=notification_id
+        notifications.notifications_of(user=signed_in(request.user)), pk=notification_id
     )
-    notifications.notification_mark_read(user=request.user, notification=notification)
+    notifications.notification_mark_read(user=signed_in(request.user), notification=notification)
     return redirect("inbox")
 
 
 @require_POST
 @login_required
 def inbox_mark_all_read(request: HttpRequest) -> HttpResponse:
-    count = notifications.notifications_mark_all_read(user=request.user)
+    count = notifications.notifications_mark_all_read(user=signed_in(request.user))
     messages.success(request, f"{count} notification{'s' if count != 1 else ''} marked read.")
     return redirect("inbox")

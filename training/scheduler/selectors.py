@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import Sum
@@ -15,6 +16,8 @@ from training.models import PRIORITY_RANK, JobState, Node, NodeKind, TrainingJob
 from training.scheduler.admission import job_usage, workspaces_usage
 from training.scheduler.inventory import build_cluster, holding_jobs, job_request
 from training.scheduler.models import JobScheduling
+from training.scheduler.placement import Cluster
+from workspaces.models import Workspace
 from workspaces.quota import Usage, quota_summary
 
 QUEUE_STATES = (
@@ -52,7 +55,7 @@ def _reason(job: TrainingJob, sched: JobScheduling | None) -> str:
     return (sched.reason if sched else "") or job.state_reason or job.state
 
 
-def queue_of(*, workspace) -> list[dict[str, Any]]:
+def queue_of(*, workspace: Workspace) -> list[dict[str, Any]]:
     """The workspace's active jobs in scheduling order, with positions for the waiting ones."""
     jobs = list(
         TrainingJob.objects.for_workspace(workspace)
@@ -100,7 +103,9 @@ def queue_of(*, workspace) -> list[dict[str, Any]]:
     return rows
 
 
-def workspaces_usage_now(workspaces, gpu_types: dict[int, set[str]]) -> dict[int, Usage]:
+def workspaces_usage_now(
+    workspaces: Iterable[Workspace], gpu_types: dict[int, set[str]]
+) -> dict[int, Usage]:
     """The quota's usage provider (registered in ``SchedulerConfig.ready``): CPU, memory and GPU
     held by each workspace's in-quota jobs, counted exactly as admission counts them
     (``admission.workspace_usage``), and the bytes of its feature batches (``Batch.bytes``, the
@@ -120,7 +125,7 @@ def workspaces_usage_now(workspaces, gpu_types: dict[int, set[str]]) -> dict[int
     }
 
 
-def quotas_of(*, workspace) -> list[dict[str, Any]]:
+def quotas_of(*, workspace: Workspace) -> list[dict[str, Any]]:
     """One row per quota of the workspace (per GPU type) with what it uses of it."""
     return quota_summary(workspace=workspace)["rows"]
 
@@ -174,7 +179,7 @@ def cluster_overview() -> dict[str, Any]:
     }
 
 
-def slice_costs(cluster) -> list[dict[str, Any]]:
+def slice_costs(cluster: Cluster) -> list[dict[str, Any]]:
     """What each GPU slice size of the recent workload costs under an optimal packing.
 
     ``cost_gpu`` is the size's price (the share of a GPU it takes, leftovers nothing fits

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from training.models import TrainingJob
 from training.scheduler.models import JobScheduling
-from workspaces.events import Ref, event_record
+from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.models import QuotaRequest, WorkspaceQuota
 from workspaces.services import quota_set  # the one quota's writer, re-exported
 
@@ -30,7 +30,9 @@ def _current_storage(quota_request: QuotaRequest) -> int | None:
 
 
 @transaction.atomic
-def quota_request_decide(*, actor, quota_request: QuotaRequest, approve: bool) -> QuotaRequest:
+def quota_request_decide(
+    *, actor: Actor, quota_request: QuotaRequest, approve: bool
+) -> QuotaRequest:
     """A platform admin approves (the quota is set as asked) or rejects a pending quota
     request; both are recorded. A request that was already decided is left as it is."""
     if not (actor is not None and actor.is_superuser):
@@ -62,10 +64,10 @@ def quota_request_decide(*, actor, quota_request: QuotaRequest, approve: bool) -
 
 
 @transaction.atomic
-def over_quota_review(*, actor, scheduling: JobScheduling) -> JobScheduling:
+def over_quota_review(*, actor: Actor, scheduling: JobScheduling) -> JobScheduling:
     """An admin has looked at an over-quota job (the audit item is closed)."""
     scheduling.reviewed_at = timezone.now()
-    scheduling.reviewed_by = actor
+    scheduling.reviewed_by = actor_user(actor)
     scheduling.save(update_fields=["reviewed_at", "reviewed_by", "updated_at"])
     event_record(
         actor=actor,

@@ -11,11 +11,11 @@ from training.scheduler import selectors
 from training.scheduler.lending import utilisation
 from training.scheduler.recommend import recommend, savings_report
 from workspaces.dashboard import DashboardSection
-from workspaces.views import page_context, workspace_page
+from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 
 @workspace_page()
-def queue_page(request: HttpRequest, workspace) -> HttpResponse:
+def queue_page(request: WorkspaceRequest, workspace) -> HttpResponse:
     rows = selectors.queue_of(workspace=workspace)
     groups = {
         "waiting": [r for r in rows if r["state"] in ("pending", "admitted", "preempted")],
@@ -54,7 +54,7 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
 
 
 @workspace_page()
-def recommendation_partial(request: HttpRequest, workspace) -> HttpResponse:
+def recommendation_partial(request: WorkspaceRequest, workspace) -> HttpResponse:
     """An HTML fragment for the job submit form (``hx-get`` with ``template`` and ``dataset``)."""
     from features.models import Dataset
 

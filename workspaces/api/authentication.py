@@ -18,7 +18,8 @@ def _load_token(key_hash: str) -> ApiToken | None:
     token = ApiToken.objects.select_related("user").filter(key_hash=key_hash).first()
     if token is not None:
         # The scope travels with the cached token: no query per request to narrow it.
-        token.scope_ids = frozenset(token.workspaces.values_list("pk", flat=True))
+        # the scope rides on the cached token; workspace_access reads it with getattr.
+        token.scope_ids = frozenset(token.workspaces.values_list("pk", flat=True))  # type: ignore[attr-defined]
     return token
 
 

@@ -216,7 +216,7 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         )
         return response
     detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-    code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
+    code = str(getattr(detail, "code", None) or getattr(exc, "default_code", "error"))
     # An exception that knows its field (a policy limit: 413 on ``rows``) names it.
     attr = getattr(exc, "attr", None)
     response.data = error_body(

@@ -50,7 +50,8 @@ class ErrorEnvelopeSerializer(serializers.Serializer):
     code = serializers.CharField()
     detail = serializers.CharField()
     attr = serializers.CharField(allow_null=True)
-    errors = FieldErrorSerializer(many=True, required=False, help_text="Every error (400).")
+    # the envelope's field is called errors by contract; it shadows Serializer.errors here only.
+    errors = FieldErrorSerializer(many=True, required=False, help_text="Every error (400).")  # type: ignore[assignment]
 
 
 ERROR_DESCRIPTIONS = {

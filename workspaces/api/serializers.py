@@ -155,7 +155,8 @@ class TokenIssuedSerializer(serializers.Serializer):
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
-    workspaces = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    # many=True makes it a ManyRelatedField at run time; the stubs cannot infer its type.
+    workspaces = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)  # type: ignore[var-annotated]
     is_active = serializers.BooleanField(read_only=True)
 
     class Meta:

@@ -27,7 +27,8 @@ class WorkspaceWriteThrottle(SimpleRateThrottle):
     def get_rate(self) -> str | None:
         # Read at request time (not at import, as DRF's class attribute is), so a changed
         # setting applies at once.
-        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        # the stubs type the rates as numbers; DRF's are strings such as '100/min'.
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # type: ignore[return-value]
 
     def allow_request(self, request: Request, view: Any) -> bool:
         if request.method in SAFE_METHODS or getattr(view, "basename", "") in DATA_PLANE_BASENAMES:

@@ -34,6 +34,7 @@ from workspaces.models import ApiToken, Event, Membership, Role, ServiceAccount
 from workspaces.selectors import (
     events_of,
     members_of,
+    signed_in,
     tokens_of,
     workspace_access,
     workspace_get_visible,
@@ -104,12 +105,13 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.
         missing = sorted(set(slugs) - {w.slug for w in scope})
         if missing:
             raise ReferenceNotFound(f"no such workspace: {missing[0]}", attr="workspaces")
-        if not scope and request_token(request) is not None:
+        caller_token = request_token(request)
+        if not scope and caller_token is not None:
             # A narrowed token may only mint tokens as narrow as itself.
-            scope = list(request_token(request).workspaces.all())
+            scope = list(caller_token.workspaces.all())
         token, key = services.api_token_create(
             actor=request.user,
-            user=request.user,
+            user=signed_in(request.user),
             name=serializer.validated_data["name"],
             workspaces=scope,
             expires_at=serializer.validated_data.get("expires_at"),

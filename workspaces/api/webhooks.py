@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from workspaces import notifications
 from workspaces.api.viewsets import WorkspaceScopedViewSet, request_token
 from workspaces.models import Notification, Role, WebhookDelivery, WebhookEndpoint
+from workspaces.selectors import signed_in
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -165,7 +166,7 @@ class NotificationViewSet(viewsets.GenericViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Notification.objects.none()
         return notifications.notifications_of(
-            user=self.request.user, token=request_token(self.request)
+            user=signed_in(self.request.user), token=request_token(self.request)
         )
 
     @extend_schema(
@@ -191,7 +192,7 @@ class NotificationViewSet(viewsets.GenericViewSet):
     @action(detail=False, methods=["post"], url_path="read-all")
     def read_all(self, request: Request) -> Response:
         count = notifications.notifications_mark_all_read(
-            user=request.user, token=request_token(request)
+            user=signed_in(request.user), token=request_token(request)
         )
         return Response({"marked_read": count})
 
@@ -199,6 +200,6 @@ class NotificationViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"], url_path="read")
     def read(self, request: Request, pk: str) -> Response:
         notification = notifications.notification_mark_read(
-            user=request.user, notification=self.get_object()
+            user=signed_in(request.user), notification=self.get_object()
         )
         return Response(self.get_serializer(notification).data)

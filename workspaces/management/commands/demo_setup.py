@@ -6,6 +6,8 @@ Running it again changes nothing that is already there.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -19,7 +21,7 @@ User = get_user_model()
 
 DEMO_ADMIN = ("admin", "admin")
 DEMO_USERS = [("alice", "alice-demo"), ("bob", "bob-demo")]
-DEMO_WORKSPACES = [
+DEMO_WORKSPACES: list[dict[str, Any]] = [
     {
         "slug": "feed-pctr",
         "name": "Feed pCTR",
