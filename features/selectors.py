@@ -96,3 +96,18 @@ def consumers_of(*, group: FeatureGroup, live_only: bool = True) -> QuerySet[Con
     if live_only:
         consumers = consumers.filter(live=True)
     return consumers.select_related("owner").order_by("kind", "label")
+
+
+def dataset_columns(dataset: Dataset) -> list[str] | None:
+    """The column names of the dataset's Parquet file, read from its footer (no rows); None when
+    the file cannot be read from here (a remote store, a file not yet written)."""
+    import pyarrow.parquet as pq
+
+    from features.samples import dataset_file
+
+    if not dataset.path:
+        return None
+    try:
+        return list(pq.read_schema(dataset_file(dataset)).names)
+    except (OSError, ValueError):
+        return None

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from features import selectors as features_selectors
 from features.models import Dataset, DatasetStatus
 from training.models import (
     JOB_MOVES,
@@ -212,7 +213,7 @@ def check_job_input(
         errors.update(param_errors)
         split_column = params.get("split_column") if isinstance(params, dict) else ""
         if split_column and dataset is not None and "dataset" not in errors:
-            columns = dataset_columns(dataset)
+            columns = features_selectors.dataset_columns(dataset)
             if columns is not None and split_column not in columns:
                 errors["params.split_column"] = (
                     f"the dataset has no column {split_column!r}; its columns: "
@@ -233,21 +234,6 @@ def check_job_input(
     if errors:
         raise ValidationError(errors)
     return params
-
-
-def dataset_columns(dataset: Dataset) -> list[str] | None:
-    """The column names of the dataset's Parquet file, read from its footer (no rows); None when
-    the file cannot be read from here (a remote store, a file not yet written)."""
-    import pyarrow.parquet as pq
-
-    from features.samples import dataset_file
-
-    if not dataset.path:
-        return None
-    try:
-        return list(pq.read_schema(dataset_file(dataset)).names)
-    except (OSError, ValueError):
-        return None
 
 
 def _request_tick_on_commit() -> None:
