@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving import presentation, registry
+from serving.controllers import deployment_status
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
 from serving.forms import DeployForm, VersionRegisterForm
 from serving.gates import version_gates_request
@@ -242,9 +243,13 @@ def version_detail(
 
 @workspace_page()
 def deployment_list(request: HttpRequest, workspace) -> HttpResponse:
-    deployments = Deployment.objects.for_workspace(workspace).select_related(
-        "model", "version", "previous_version"
+    deployments = list(
+        Deployment.objects.for_workspace(workspace).select_related(
+            "model", "version", "previous_version", "observed"
+        )
     )
+    for dep in deployments:
+        dep.status_view = deployment_status(dep)
     return render(
         request,
         "serving/deployment_list.html",
@@ -256,7 +261,7 @@ def deployment_list(request: HttpRequest, workspace) -> HttpResponse:
 def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpResponse:
     dep = (
         Deployment.objects.for_workspace(workspace)
-        .select_related("model", "version", "previous_version")
+        .select_related("model", "version", "previous_version", "observed")
         .filter(name=name)
         .first()
     )
@@ -283,6 +288,7 @@ def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpRespons
         .select_related("actor", "from_version", "to_version")[:30]
     )
     stats = deployment_stats(dep)
+    observed = getattr(dep, "observed", None)
     return render(
         request,
         "serving/deployment_detail.html",
@@ -293,7 +299,8 @@ def deployment_detail(request: HttpRequest, workspace, name: str) -> HttpRespons
             stats=stats,
             charts=presentation.deployment_charts(stats, timezone.now()),
             scaling=presentation.scaling_text(dep.scaling, dep.replicas),
-            status_rows=presentation.detail_rows(dep.status_detail or {}),
+            status=deployment_status(dep),
+            status_rows=presentation.detail_rows(observed.detail if observed else {}),
             routes=presentation.routing_rows(routing_table(workspace, dep)),
             changes=[(c, presentation.change_detail(c)) for c in changes],
             can_release=can_release,
