@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import F
 from django.utils import timezone
@@ -466,7 +467,8 @@ def deployment_reconcile(*, deployment_id: int) -> str:
         seen = controller.apply(dep)
     except Exception as exc:
         log.warning("reconciling deployment %s failed", dep.pk, exc_info=True)
-        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        text = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         _record(
             dep,
             generation,

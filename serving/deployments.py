@@ -225,7 +225,7 @@ def deployment_create(
                 )
         except IntegrityError as exc:
             raise ConflictError(f"deployment '{name}' already exists", attr="name") from exc
-        DeploymentStatus.objects.create(workspace=workspace, deployment=dep)
+        DeploymentStatus.objects.create(workspace=workspace, deployment_id=dep.pk)
         _change(
             dep, DeploymentChange.Kind.CREATE, actor=actor, from_version=None, to_version=version
         )

@@ -11,7 +11,7 @@ from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving import presentation, registry
@@ -254,6 +254,26 @@ def deployment_list(request: HttpRequest, workspace) -> HttpResponse:
         request,
         "serving/deployment_list.html",
         page_context(request, section="serving", deployments=deployments),
+    )
+
+
+@require_GET
+@workspace_page()
+def deployment_status_fragment(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    """The controller's status of a deployment, polled by the deployment page (htmx) while
+    the backend is Pending or Progressing."""
+    dep = (
+        Deployment.objects.for_workspace(workspace)
+        .select_related("observed")
+        .filter(name=name)
+        .first()
+    )
+    if dep is None:
+        raise Http404("No such deployment.")
+    return render(
+        request,
+        "serving/_deployment_status.html",
+        {"dep": dep, "status": deployment_status(dep), "workspace": workspace},
     )
 
 

@@ -311,7 +311,7 @@ def test_scaling_policies_and_kubernetes_manifest(workspace, members):
 def test_local_backend_supervises_model_server_processes(workspace, members):
     from serving.controllers import SUPERVISOR, deployment_reconcile
     from serving.deployments import deployment_create
-    from serving.models import DeploymentStatus
+    from serving.models import Deployment, DeploymentStatus
 
     actor = members[Role.MAINTAINER]
     _, (v1,), _ = deployed(workspace, actor, versions=1)
@@ -333,7 +333,8 @@ def test_local_backend_supervises_model_server_processes(workspace, members):
         procs = status.detail["processes"]
         assert len(procs) == 1 and status.ready_replicas == 1
         # The replica answers its readiness probe: that is what Ready means here.
-        assert deployment_status(dep)["phase"] == "Ready"
+        fresh = Deployment.objects.for_workspace(workspace).get(pk=dep.pk)
+        assert deployment_status(fresh)["phase"] == "Ready"
         # The replica loads a user artifact without the platform's credentials, as its own uid.
         pid = procs[0]["pid"]
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -356,7 +357,8 @@ def test_local_backend_supervises_model_server_processes(workspace, members):
         assert len(again) == 1 and again[0]["pid"] != pid
         # Scaling is a desired-state change the controller follows.
         dep = deployment_scale(actor=actor, workspace=workspace, deployment=dep, replicas=2)
-        assert deployment_status(dep)["phase"] == "Pending"
+        fresh = Deployment.objects.for_workspace(workspace).get(pk=dep.pk)
+        assert deployment_status(fresh)["phase"] == "Pending"
         assert len(reconciled_until_ready(dep).detail["processes"]) == 2
     finally:
         SUPERVISOR.stop_all()
