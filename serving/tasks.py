@@ -6,7 +6,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import shared_task
+from celery.signals import worker_shutdown
 from django.utils import timezone
+
+
+@worker_shutdown.connect
+def stop_local_replicas(**_: object) -> None:
+    """Local model-server replicas are children of the worker that started them: stop them with
+    it rather than leave orphans (the next worker's resync starts them again)."""
+    from serving.controllers import SUPERVISOR
+
+    SUPERVISOR.stop_all()
 
 
 @shared_task(name="serving.predlog_flush", ignore_result=True)
