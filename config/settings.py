@@ -290,6 +290,13 @@ CELERY_RESULT_EXPIRES = 3600
 READYZ_WORKER_MAX_AGE_S = env_int("READYZ_WORKER_MAX_AGE_S", 60)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TASK_ROUTES: dict = {}
+# The queue of the deployment controllers' tasks (serving.controllers). Local model-server
+# replicas are children of the worker that runs them: give this queue one worker per node
+# (`-Q serving-controllers -c 1`) where that matters; the default shares the main queue.
+SERVING_CONTROLLER_QUEUE = os.environ.get("SERVING_CONTROLLER_QUEUE", "celery")
+# The serving cluster of the Kubernetes backend (a kubeconfig path; '' = none configured).
+SERVING_KUBECONFIG = os.environ.get("SERVING_KUBECONFIG", "")
+SERVING_K8S_NAMESPACE = os.environ.get("SERVING_K8S_NAMESPACE", "rankops")
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
     "feature-health": {"task": "features.tasks.health_check_all", "schedule": 60.0},

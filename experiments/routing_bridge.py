@@ -97,17 +97,10 @@ def route(table_: dict[str, Any], unit_id: str):
     return routing.route(table_, unit_id)
 
 
-def warm(workspace, version_id: int) -> None:
-    """Load and warm a version in this process (serving's model cache) before any lock is
-    taken for its release; the release then finds it warm."""
-    from serving import deployments as serving_deployments
-
-    serving_deployments.version_warm(version_of(workspace, version_id))
-
-
 def promote(*, actor: Actor, workspace, deployment, version_id: int, reason: str) -> None:
     """Make ``version_id`` the deployment's production version (serving's release service:
-    the gateway loads it before traffic moves, so no request is dropped)."""
+    the gateway loads it before traffic moves, so no request is dropped; serving's controller
+    applies the backend after the commit)."""
     from serving import deployments as serving_deployments
 
     dep = deployment_of(workspace, deployment.pk if hasattr(deployment, "pk") else deployment)

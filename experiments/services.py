@@ -8,7 +8,6 @@ routing services), so the routing table and the experiment's state commit togeth
 
 from __future__ import annotations
 
-import logging
 import math
 import secrets
 from collections import defaultdict
@@ -40,8 +39,6 @@ from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
 from workspaces.notifications import notify
-
-logger = logging.getLogger(__name__)
 
 # Workspace policy, overridable per workspace in ``workspace.template["experiments"]``.
 DEFAULT_POLICY = {"max_percent": 50, "max_auto_percent": 20, "max_running": 20}
@@ -674,17 +671,9 @@ def experiment_conclude(
     """Promote an arm's version to production (a serving release) or discard; keep the evidence.
 
     Routing is cleared first so the experiment's units go to production, then production itself
-    switches (the gateway loads the new version before it takes traffic). The version to promote
-    is loaded and warmed before the experiment's row is locked, and the serving backend is
-    applied after the commit: no model load, ``kubectl`` or process start under the lock."""
-    if action == "promote":
-        arms = {a["name"]: a["version_id"] for a in (experiment.arms or [])[1:]}
-        chosen = arm if arm is not None else (next(iter(arms)) if len(arms) == 1 else None)
-        if chosen in arms:
-            try:
-                routing_bridge.warm(experiment.workspace, arms[chosen])
-            except Exception:  # the release below refuses it with the proper error
-                logger.warning("warming version %s failed", arms[chosen], exc_info=True)
+    switches (the gateway loads the new version before it takes traffic). The release only
+    records serving's desired state: its controller warms the version and applies the backend
+    after the commit, so no model load, cluster call or process start runs under the lock."""
     with transaction.atomic():
         return _conclude_locked(
             actor=actor, experiment=experiment, action=action, arm=arm, note=note

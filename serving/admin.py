@@ -7,7 +7,13 @@ cannot be marked deployable without its gates, nor a deployment moved without a 
 
 from django.contrib import admin
 
-from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
+from serving.models import (
+    Deployment,
+    DeploymentChange,
+    DeploymentStatus,
+    ModelVersion,
+    RegisteredModel,
+)
 from workspaces.admin_base import ServiceManagedAdminMixin, UnscopedAdminMixin
 
 
@@ -29,3 +35,10 @@ class DeploymentAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelA
 @admin.register(DeploymentChange)
 class DeploymentChangeAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     list_display = ["deployment", "kind", "from_version", "to_version", "actor", "created_at"]
+
+
+@admin.register(DeploymentStatus)
+class DeploymentStatusAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
+    """What the controllers observed; written by them only, so read-only here."""
+
+    list_display = ["deployment", "phase", "observed_generation", "ready_replicas", "reconciled_at"]

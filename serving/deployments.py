@@ -1,17 +1,16 @@
 """Deployments (S3, S4, S6): create, release a new version, roll back, scale, stop.
 
-Backends:
+These services write the desired state only: the ``Deployment`` row (production and previous
+version, replicas, scaling, state, backend) with its ``generation`` bumped, the change record,
+the routing table (published after the commit) and the event, in one transaction. The backend is
+made to match afterwards by its controller (``serving.controllers``: embedded warm-up, local
+model-server processes, Kubernetes through the official client), in a task enqueued after the
+commit and by the beat's resync; the API answers 202 with the status to follow. No model load,
+process start or cluster call runs in a request's transaction or under a row lock.
 
-- ``embedded`` (default): every gateway process loads the deployment's versions in memory. A
-  routing-table change is applied by a process only after it loaded and warmed every version the
-  new table routes to (``TableCache.prepare``), so traffic moves to a warm model; the previous
-  production version stays loaded, so a rollback is a table flip (well under a second).
-- ``local``: the deployment's replicas are model-server processes (``serving.model_server
-  serve``) started and supervised on this node (``LocalSupervisor``; dead ones are restarted by
-  ``serving.tasks.deployments_reconcile``); the gateway still scores in process.
-- ``kubernetes``: a Deployment + Service manifest rendered from
-  ``platform/k8s/serving/model-server.yaml.tmpl``, stored on the row and applied with ``kubectl``
-  only when ``SERVING_KUBECONFIG`` names a cluster.
+The embedded gateway processes load every version a new routing table routes to before that
+table takes traffic (``TableCache.prepare``), so traffic moves to a warm model; the previous
+production version stays loaded, so a rollback is a table flip (well under a second).
 
 Replicas follow ``scaling``: fixed, a schedule of UTC windows, or load (QPS per replica).
 """
@@ -20,14 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
-import string
-import subprocess
-import sys
-import threading
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -35,26 +27,24 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from serving import artifacts
 from serving.gates import require_deployable
 from serving.models import (
     Backend,
     Deployment,
     DeploymentChange,
     DeploymentState,
+    DeploymentStatus,
     ModelVersion,
     name_validator,
 )
 from serving.quality import require_quality
 from serving.registry import model_alias_assign
 from serving.routing import publish
-from training import sandbox as user_code
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
 log = logging.getLogger(__name__)
-TEMPLATE = Path(settings.BASE_DIR) / "platform" / "k8s" / "serving" / "model-server.yaml.tmpl"
 MAX_REPLICAS = 64
 
 
@@ -124,169 +114,34 @@ def desired_replicas(dep: Deployment, *, now: datetime | None = None, qps: float
 
 
 # ---------------------------------------------------------------------------------------------
-# Backends
+# Handing over to the controllers
 
 
-def render_manifest(dep: Deployment) -> str:
-    version = dep.version
-    gpu = ', "nvidia.com/gpu": 1' if dep.device == "gpu" else ""
-    name = f"ms-{dep.workspace.slug}-{dep.name}".replace("_", "-")[:63].rstrip("-")
-    return string.Template(TEMPLATE.read_text()).substitute(
-        name=name,
-        namespace=getattr(settings, "SERVING_K8S_NAMESPACE", "rankops"),
-        workspace=dep.workspace.slug,
-        model=version.model.name,
-        version=version.version,
-        version_id=version.pk,
-        bundle_path=artifacts.clean_relative_path(version.artifact_path),
-        replicas=dep.replicas,
-        cpu="1",
-        memory="1Gi",
-        gpu_limit=gpu,
-        port=8080,
-    )
-
-
-def kubernetes_apply(manifest: str) -> dict[str, Any]:
-    kubeconfig = getattr(settings, "SERVING_KUBECONFIG", "") or os.environ.get(
-        "SERVING_KUBECONFIG", ""
-    )
-    if not kubeconfig:
-        return {"applied": False, "detail": "no cluster configured (SERVING_KUBECONFIG)"}
-    proc = subprocess.run(  # noqa: S603 - fixed arguments, the manifest goes to stdin
-        ["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-"],  # noqa: S607 - operator's PATH
-        input=manifest,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return {"applied": proc.returncode == 0, "detail": (proc.stdout or proc.stderr)[-500:]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalSupervisor:
-    """Model-server processes of local deployments on this node, restarted when they die."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.procs: dict[int, list[dict[str, Any]]] = {}
-
-    def reconcile(self, dep: Deployment, replicas: int | None = None) -> list[dict[str, Any]]:
-        want = 0 if dep.state != DeploymentState.ACTIVE else (replicas or dep.replicas)
-        path = artifacts.resolve_artifact(dep.version.artifact_path)
-        with self._lock:
-            current = self.procs.setdefault(dep.pk, [])
-            # Replace processes of another version or that died.
-            for entry in list(current):
-                if entry["proc"].poll() is not None or entry["version_id"] != dep.version_id:
-                    self._stop(entry)
-                    current.remove(entry)
-            while len(current) > want:
-                self._stop(current.pop())
-            while len(current) < want:
-                port = _free_port()
-                # A replica loads a user artifact: as a uid of its own, from a private copy,
-                # with no platform credential in its environment (training.sandbox).
-                scratch, staged = user_code.prepare_server(path, owner_id=dep.version_id)
-                try:
-                    proc = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-                        [
-                            sys.executable,
-                            "-m",
-                            "serving.model_server",
-                            "serve",
-                            "--path",
-                            str(staged),
-                            "--port",
-                            str(port),
-                            "--name",
-                            dep.name,
-                            "--version",
-                            str(dep.version.version),
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        **user_code.server_popen_args(scratch),
-                    )
-                except BaseException:
-                    scratch.remove()
-                    raise
-                current.append(
-                    {
-                        "proc": proc,
-                        "port": port,
-                        "version_id": dep.version_id,
-                        "scratch": scratch,
-                    }
-                )
-            return [{"pid": e["proc"].pid, "port": e["port"]} for e in current]
-
-    @staticmethod
-    def _stop(entry: dict[str, Any]) -> None:
-        proc = entry["proc"]
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if entry.get("scratch") is not None:
-            entry["scratch"].remove()
-
-    def stop_all(self) -> None:
-        with self._lock:
-            for entries in self.procs.values():
-                for entry in entries:
-                    self._stop(entry)
-            self.procs.clear()
-
-
-SUPERVISOR = LocalSupervisor()
-
-
-def _apply_backend(dep: Deployment, replicas: int | None = None) -> dict[str, Any]:
-    if dep.backend == Backend.KUBERNETES:
-        manifest = render_manifest(dep)
-        Deployment.objects.for_workspace(dep.workspace_id).filter(pk=dep.pk).update(
-            manifest=manifest
-        )
-        dep.manifest = manifest
-        return kubernetes_apply(manifest)
-    if dep.backend == Backend.LOCAL:
-        return {"processes": SUPERVISOR.reconcile(dep, replicas)}
-    return {"embedded": True}
-
-
-def _warm(version: ModelVersion) -> None:
-    """Load and warm the version in this process before any table routes to it."""
+def version_warm(version: ModelVersion) -> None:
+    """Load and warm ``version`` in this process (a pipeline stage readying a challenger beside
+    production). Never called by the deployment services: their controllers warm."""
     from serving.inference import MODELS
 
     MODELS.get(version.pk)
 
 
-def version_warm(version: ModelVersion) -> None:
-    """Warm ``version`` here ahead of a release (a caller about to lock rows of its own, such
-    as an experiment's conclusion, warms first so no model loads under its locks)."""
-    _warm(version)
+def controller_enqueue(dep: Deployment) -> None:
+    """After the commit, ask the backend's controller to reconcile (a task on
+    ``SERVING_CONTROLLER_QUEUE``). A lost or failed publish costs only time: the beat's resync
+    takes up every deployment whose observed generation lags."""
+    deployment_id = dep.pk
 
+    def send() -> None:
+        from serving.tasks import deployment_reconcile_task
 
-def _apply_after_commit(dep: Deployment) -> None:
-    """Make the backend match the row once the change commits (at once outside a transaction):
-    ``kubectl`` and model-server processes never run under the caller's row locks."""
+        try:
+            deployment_reconcile_task.apply_async(
+                args=[deployment_id], queue=settings.SERVING_CONTROLLER_QUEUE
+            )
+        except Exception:  # noqa: BLE001 - the resync catches up
+            log.warning("could not enqueue the controller of deployment %s", deployment_id)
 
-    def apply() -> None:
-        status = _apply_backend(dep)
-        Deployment.objects.for_workspace(dep.workspace_id).filter(pk=dep.pk).update(
-            status_detail=status
-        )
-
-    transaction.on_commit(apply, robust=True)
+    transaction.on_commit(send)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,10 +204,11 @@ def deployment_create(
         or not 1 <= replicas <= MAX_REPLICAS
     ):
         raise ValidationError({"replicas": f"give 1-{MAX_REPLICAS}"})
+    """A deployment serving ``version`` in production. The row is the desired state; the
+    backend's controller makes it so after the commit (its status says when it is Ready)."""
     scaling = clean_scaling(scaling)
     version = _version(workspace, version)
     require_deployable(version)
-    _warm(version)
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -369,6 +225,7 @@ def deployment_create(
                 )
         except IntegrityError as exc:
             raise ConflictError(f"deployment '{name}' already exists", attr="name") from exc
+        DeploymentStatus.objects.create(workspace=workspace, deployment_id=dep.pk)
         _change(
             dep, DeploymentChange.Kind.CREATE, actor=actor, from_version=None, to_version=version
         )
@@ -387,11 +244,10 @@ def deployment_create(
                 "replicas": replicas,
                 "device": device,
                 "scaling": scaling,
+                "generation": dep.generation,
             },
         )
-    status = _apply_backend(dep)
-    Deployment.objects.for_workspace(workspace).filter(pk=dep.pk).update(status_detail=status)
-    dep.status_detail = status
+        controller_enqueue(dep)
     return dep
 
 
@@ -402,10 +258,14 @@ def _switch(dep: Deployment, *, to, kind: str, actor: Actor, reason: str):
     old = dep.version
     dep.previous_version, dep.version = old, to
     dep.routing_version += 1
-    dep.save(update_fields=["previous_version", "version", "routing_version", "updated_at"])
+    dep.generation += 1
+    dep.save(
+        update_fields=["previous_version", "version", "routing_version", "generation", "updated_at"]
+    )
     _change(dep, kind, actor=actor, from_version=old, to_version=to, reason=reason)
     publish()  # first on-commit callback: traffic moves before anything else
     model_alias_assign(actor=actor, model=to.model, alias="production", version=to)
+    controller_enqueue(dep)
     return old
 
 
@@ -420,7 +280,7 @@ def deployment_release(
     if deployment.version_id != version.pk:
         # 409 naming the metric when it is worse than production on the same held-out rows.
         require_quality(version, deployment)
-    _warm(version)  # loads and warms before traffic moves (a cache hit when warmed ahead)
+    # Gateways load the version before their table routes to it; the controller warms it too.
     with transaction.atomic():
         dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)
         if dep.version_id == version.pk:
@@ -442,9 +302,9 @@ def deployment_release(
                 "to_version": version.version,
                 "reason": str(reason)[:500],
                 "routing_version": dep.routing_version,
+                "generation": dep.generation,
             },
         )
-    _apply_after_commit(dep)
     return dep
 
 
@@ -475,10 +335,9 @@ def deployment_rollback(
                 "to_version": good.version,
                 "reason": reason.strip()[:500],
                 "routing_version": dep.routing_version,
+                "generation": dep.generation,
             },
         )
-    if dep.backend != Backend.EMBEDDED:
-        _apply_after_commit(dep)
     return dep
 
 
@@ -491,6 +350,7 @@ def deployment_scale(
     replicas: Any = None,
     scaling: Any = None,
 ) -> Deployment:
+    """New replicas and/or scaling policy (the resync applies schedule and load policies)."""
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)
     before = {"replicas": dep.replicas, "scaling": dep.scaling}
     if replicas is not None:
@@ -503,7 +363,8 @@ def deployment_scale(
         dep.replicas = replicas
     if scaling is not None:
         dep.scaling = clean_scaling(scaling)
-    dep.save(update_fields=["replicas", "scaling", "updated_at"])
+    dep.generation += 1
+    dep.save(update_fields=["replicas", "scaling", "generation", "updated_at"])
     _change(
         dep,
         DeploymentChange.Kind.SCALE,
@@ -517,9 +378,14 @@ def deployment_scale(
         workspace=workspace,
         verb="serving.deployment.scaled",
         refs=[Ref.to(dep)],
-        payload={"before": before, "replicas": dep.replicas, "scaling": dep.scaling},
+        payload={
+            "before": before,
+            "replicas": dep.replicas,
+            "scaling": dep.scaling,
+            "generation": dep.generation,
+        },
     )
-    transaction.on_commit(lambda: _apply_backend(dep))
+    controller_enqueue(dep)
     return dep
 
 
@@ -527,10 +393,15 @@ def deployment_scale(
 def deployment_stop(
     *, actor: Actor, workspace: Workspace, deployment: Deployment, reason: str = ""
 ) -> Deployment:
+    """Stop serving: the gateway refuses the deployment at once; the controller stops its
+    replicas after the commit."""
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=deployment.pk)
+    if dep.state == DeploymentState.STOPPED:
+        return dep
     dep.state = DeploymentState.STOPPED
     dep.routing_version += 1
-    dep.save(update_fields=["state", "routing_version", "updated_at"])
+    dep.generation += 1
+    dep.save(update_fields=["state", "routing_version", "generation", "updated_at"])
     _change(
         dep,
         DeploymentChange.Kind.STOP,
@@ -544,8 +415,8 @@ def deployment_stop(
         workspace=workspace,
         verb="serving.deployment.stopped",
         refs=[Ref.to(dep)],
-        payload={"reason": str(reason)[:500]},
+        payload={"reason": str(reason)[:500], "generation": dep.generation},
     )
     publish()
-    transaction.on_commit(lambda: _apply_backend(dep))
+    controller_enqueue(dep)
     return dep

@@ -160,8 +160,11 @@ class Deployment(models.Model):
         max_length=10, choices=DeploymentState.choices, default=DeploymentState.ACTIVE
     )
     routing_version = models.PositiveBigIntegerField(default=1)
-    manifest = models.TextField(blank=True, help_text="Rendered Kubernetes manifest, if any.")
-    status_detail = models.JSONField(default=dict, blank=True)
+    generation = models.PositiveBigIntegerField(
+        default=1,
+        help_text="Bumped by every change of the desired state (version, replicas, scaling, "
+        "state); the controller reports which generation it last made so.",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -180,6 +183,50 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class DeploymentPhase(models.TextChoices):
+    PENDING = "Pending", "Pending: the controller has not taken up this generation yet"
+    PROGRESSING = "Progressing", "Progressing: the backend is being made to match"
+    READY = "Ready", "Ready: the backend serves the desired state"
+    FAILED = "Failed", "Failed: the last attempt failed (retried by the resync)"
+    STOPPED = "Stopped", "Stopped: every replica is gone, as desired"
+
+
+class DeploymentStatus(models.Model):
+    """What a deployment's backend controller last observed and did (``serving.controllers``).
+
+    The desired state is the ``Deployment`` row (version, replicas, backend, state) and its
+    ``generation``; this row is written only by the controller, outside any request
+    transaction, so a request never waits on a model load, a process start or a cluster."""
+
+    event_kind = "deployment_status"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="observed")
+    observed_generation = models.PositiveBigIntegerField(
+        default=0, help_text="The desired-state generation the controller last acted on."
+    )
+    phase = models.CharField(
+        max_length=12, choices=DeploymentPhase.choices, default=DeploymentPhase.PENDING
+    )
+    message = models.CharField(max_length=500, blank=True)
+    ready_replicas = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Consecutive failed attempts (0 once an attempt succeeds)."
+    )
+    detail = models.JSONField(default=dict, blank=True, help_text="The backend's own report.")
+    manifest = models.TextField(blank=True, help_text="The Kubernetes objects last applied.")
+    last_transition_at = models.DateTimeField(null=True, blank=True)
+    reconciled_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "deployment statuses"
+
+    def __str__(self) -> str:
+        return f"{self.phase} (generation {self.observed_generation})"
 
 
 class DeploymentChange(models.Model):

@@ -35,4 +35,9 @@ urlpatterns: list = [
     ),
     path("w/<slug:ws>/deployments/", views.deployment_list, name="serving-deployments"),
     path("w/<slug:ws>/deployments/<str:name>/", views.deployment_detail, name="serving-deployment"),
+    path(
+        "w/<slug:ws>/deployments/<str:name>/status/",
+        views.deployment_status_fragment,
+        name="serving-deployment-status",
+    ),
 ]

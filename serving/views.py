@@ -11,10 +11,11 @@ from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving import presentation, registry
+from serving.controllers import deployment_status
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
 from serving.forms import DeployForm, VersionRegisterForm
 from serving.gates import version_gates_request
@@ -239,9 +240,13 @@ def version_detail(
 
 @workspace_page()
 def deployment_list(request: WorkspaceRequest, workspace) -> HttpResponse:
-    deployments = Deployment.objects.for_workspace(workspace).select_related(
-        "model", "version", "previous_version"
+    deployments = list(
+        Deployment.objects.for_workspace(workspace).select_related(
+            "model", "version", "previous_version", "observed"
+        )
     )
+    for dep in deployments:
+        dep.status_view = deployment_status(dep)
     return render(
         request,
         "serving/deployment_list.html",
@@ -249,11 +254,31 @@ def deployment_list(request: WorkspaceRequest, workspace) -> HttpResponse:
     )
 
 
+@require_GET
+@workspace_page()
+def deployment_status_fragment(request: HttpRequest, workspace, name: str) -> HttpResponse:
+    """The controller's status of a deployment, polled by the deployment page (htmx) while
+    the backend is Pending or Progressing."""
+    dep = (
+        Deployment.objects.for_workspace(workspace)
+        .select_related("observed")
+        .filter(name=name)
+        .first()
+    )
+    if dep is None:
+        raise Http404("No such deployment.")
+    return render(
+        request,
+        "serving/_deployment_status.html",
+        {"dep": dep, "status": deployment_status(dep), "workspace": workspace},
+    )
+
+
 @workspace_page()
 def deployment_detail(request: WorkspaceRequest, workspace, name: str) -> HttpResponse:
     dep = (
         Deployment.objects.for_workspace(workspace)
-        .select_related("model", "version", "previous_version")
+        .select_related("model", "version", "previous_version", "observed")
         .filter(name=name)
         .first()
     )
@@ -280,6 +305,7 @@ def deployment_detail(request: WorkspaceRequest, workspace, name: str) -> HttpRe
         .select_related("actor", "from_version", "to_version")[:30]
     )
     stats = deployment_stats(dep)
+    observed = getattr(dep, "observed", None)
     return render(
         request,
         "serving/deployment_detail.html",
@@ -290,7 +316,8 @@ def deployment_detail(request: WorkspaceRequest, workspace, name: str) -> HttpRe
             stats=stats,
             charts=presentation.deployment_charts(stats, timezone.now()),
             scaling=presentation.scaling_text(dep.scaling, dep.replicas),
-            status_rows=presentation.detail_rows(dep.status_detail or {}),
+            status=deployment_status(dep),
+            status_rows=presentation.detail_rows(observed.detail if observed else {}),
             routes=presentation.routing_rows(routing_table(workspace, dep)),
             changes=[(c, presentation.change_detail(c)) for c in changes],
             can_release=can_release,

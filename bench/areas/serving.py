@@ -535,7 +535,7 @@ def _run(ctx: Context) -> dict[str, float]:
             json.dumps({"reason": "bench: dirty model"}).encode(),
         )
         rollback_done = time.perf_counter()
-        if status != 200:
+        if status != 202:  # accepted: traffic moved at the commit, the controller follows
             stop.set()
             raise BenchError(f"rollback answered {status}: {data[:300]!r}")
         time.sleep(2.5)

@@ -201,7 +201,7 @@ def test_the_api_refuses_to_release_a_worse_candidate_until_a_maintainer_overrid
     again = maintainer.post(
         f"{base}/deployments/main/release/", {"version_id": worse.pk}, format="json"
     )
-    assert again.status_code == 200, again.content
+    assert again.status_code == 202, again.content
     assert Deployment.objects.for_workspace(workspace).get(pk=dep.pk).version_id == worse.pk
 
 

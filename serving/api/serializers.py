@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
+from serving.controllers import deployment_status
+from serving.models import (
+    Deployment,
+    DeploymentChange,
+    DeploymentPhase,
+    ModelVersion,
+    RegisteredModel,
+)
 
 
 class RegisteredModelSerializer(serializers.ModelSerializer):
@@ -87,11 +95,29 @@ class AliasSerializer(serializers.Serializer):
     version = serializers.IntegerField(allow_null=True)
 
 
+class DeploymentStatusSerializer(serializers.Serializer):
+    """What the backend's controller reports (``serving.controllers.deployment_status``)."""
+
+    phase = serializers.ChoiceField(choices=DeploymentPhase.choices)
+    message = serializers.CharField()
+    generation = serializers.IntegerField(help_text="The desired state's generation.")
+    observed_generation = serializers.IntegerField(
+        help_text="The generation the controller last acted on; below ``generation``: Pending."
+    )
+    desired_replicas = serializers.IntegerField()
+    ready_replicas = serializers.IntegerField()
+    failures = serializers.IntegerField(help_text="Consecutive failed attempts.")
+    last_transition_at = serializers.DateTimeField(allow_null=True)
+    reconciled_at = serializers.DateTimeField(allow_null=True)
+
+
 class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name", read_only=True)
     version = serializers.IntegerField(source="version.version", read_only=True)
     version_id = serializers.IntegerField(read_only=True)
     previous_version = serializers.SerializerMethodField()
+    status = serializers.SerializerMethodField()
+    status_detail = serializers.SerializerMethodField()
 
     class Meta:
         model = Deployment
@@ -109,6 +135,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "scaling",
             "state",
             "routing_version",
+            "generation",
+            "status",
             "status_detail",
             "created_at",
             "updated_at",
@@ -116,6 +144,15 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_previous_version(self, obj) -> int | None:
         return obj.previous_version.version if obj.previous_version_id else None
+
+    @extend_schema_field(DeploymentStatusSerializer)
+    def get_status(self, obj) -> dict:
+        return DeploymentStatusSerializer(deployment_status(obj)).data
+
+    def get_status_detail(self, obj) -> dict:
+        """The backend's own report (processes, cluster objects), as the controller wrote it."""
+        observed = getattr(obj, "observed", None)
+        return observed.detail if observed is not None else {}
 
 
 class DeploymentCreateSerializer(serializers.Serializer):
@@ -134,6 +171,10 @@ class ReleaseSerializer(serializers.Serializer):
 
 class RollbackSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500)
+
+
+class StopSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 
 class ScaleSerializer(serializers.Serializer):

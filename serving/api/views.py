@@ -9,6 +9,7 @@ from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.reverse import reverse
 
 from serving import deployments as dep_services
 from serving import quality, registry
@@ -23,6 +24,7 @@ from serving.api.serializers import (
     ReleaseSerializer,
     RollbackSerializer,
     ScaleSerializer,
+    StopSerializer,
     VersionRegisterSerializer,
 )
 from serving.gates import version_gates_request
@@ -193,8 +195,17 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
         return Response(ModelVersionSerializer(version).data)
 
 
+ACCEPTED = OpenApiResponse(
+    DeploymentSerializer,
+    description="Accepted: the desired state is recorded and the routing table published; the "
+    "backend's controller makes it so. Poll the deployment (the Location header) until "
+    "``status.phase`` is Ready (or Stopped), or Failed with a message.",
+)
+
+
 class DeploymentViewSet(WorkspaceScopedViewSet):
-    """Deployments: create, release a version, roll back, scale; routing table and stats."""
+    """Deployments: create, release a version, roll back, scale, stop (each answers 202 with the
+    status to follow); routing table, stats and history."""
 
     lookup_field = "name"
     lookup_value_regex = "[a-z][a-z0-9_-]*"
@@ -205,11 +216,27 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
         "release": Role.MAINTAINER,
         "rollback": Role.MAINTAINER,
         "scale": Role.MAINTAINER,
+        "stop": Role.MAINTAINER,
     }
 
     def get_workspace_queryset(self) -> QuerySet:
         return Deployment.objects.for_workspace(self.workspace).select_related(
-            "model", "version", "previous_version"
+            "model", "version", "previous_version", "observed"
+        )
+
+    def accepted(self, dep: Deployment) -> Response:
+        """202 with the deployment as it is now (its ``status`` says what the controller has
+        done so far) and where to poll it."""
+        fresh = self.get_queryset().get(pk=dep.pk)
+        location = reverse(
+            "v1:serving-deployment-detail",
+            kwargs={"ws": self.workspace.slug, "name": fresh.name},
+            request=self.request,
+        )
+        return Response(
+            DeploymentSerializer(fresh).data,
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": location},
         )
 
     def list(self, request: Request, ws: str) -> Response:
@@ -219,7 +246,7 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
     def retrieve(self, request: Request, ws: str, name: str) -> Response:
         return Response(self.get_serializer(self.get_object()).data)
 
-    @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
+    @extend_schema(request=DeploymentCreateSerializer, responses={202: ACCEPTED})
     def create(self, request: Request, ws: str) -> Response:
         body = DeploymentCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -234,9 +261,9 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
             device=data["device"],
             scaling=data.get("scaling"),
         )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data, status=201)
+        return self.accepted(dep)
 
-    @extend_schema(request=ReleaseSerializer, responses={200: DeploymentSerializer})
+    @extend_schema(request=ReleaseSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def release(self, request: Request, ws: str, name: str) -> Response:
         dep = self.get_object()
@@ -249,9 +276,9 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
             version=body.validated_data["version_id"],
             reason=body.validated_data.get("reason", ""),
         )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+        return self.accepted(dep)
 
-    @extend_schema(request=RollbackSerializer, responses={200: DeploymentSerializer})
+    @extend_schema(request=RollbackSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, ws: str, name: str) -> Response:
         dep = self.get_object()
@@ -263,9 +290,9 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
             deployment=dep,
             reason=body.validated_data["reason"],
         )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+        return self.accepted(dep)
 
-    @extend_schema(request=ScaleSerializer, responses={200: DeploymentSerializer})
+    @extend_schema(request=ScaleSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def scale(self, request: Request, ws: str, name: str) -> Response:
         dep = self.get_object()
@@ -278,7 +305,21 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
             replicas=body.validated_data.get("replicas"),
             scaling=body.validated_data.get("scaling"),
         )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+        return self.accepted(dep)
+
+    @extend_schema(request=StopSerializer, responses={202: ACCEPTED})
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, ws: str, name: str) -> Response:
+        dep = self.get_object()
+        body = StopSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        dep_services.deployment_stop(
+            actor=request.user,
+            workspace=self.workspace,
+            deployment=dep,
+            reason=body.validated_data.get("reason", ""),
+        )
+        return self.accepted(dep)
 
     @extend_schema(responses={200: OpenApiResponse(description="The published routing table.")})
     @action(detail=True, methods=["get"])

@@ -165,6 +165,7 @@ REFERENCES = [
         make=lambda ctx: matrix._version(ctx).pk,
         body=lambda ctx, ref: {"name": f"refdep-{next(_n)}", "version_id": ref},
         missing=999_999,
+        success=202,
     ),
     BodyReference(
         "POST",
@@ -174,7 +175,7 @@ REFERENCES = [
         make=_version_of_the_deployed_model,
         body=lambda ctx, ref: {"version_id": ref, "reason": "body reference"},
         missing=999_999,
-        success=200,
+        success=202,
     ),
 ]
 
@@ -182,4 +183,5 @@ NO_REFERENCES = {
     "POST " + WS + "/model-versions/{pk}/gates/": "no body; the version is in the URL",
     "POST " + WS + "/deployments/{name}/rollback/": "a reason only",
     "POST " + WS + "/deployments/{name}/scale/": "replicas and a scaling policy only",
+    "POST " + WS + "/deployments/{name}/stop/": "a reason only",
 }

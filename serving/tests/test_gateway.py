@@ -10,7 +10,8 @@ from django.core.exceptions import ValidationError
 
 from features.lookup import online_lookup
 from serving import routing
-from serving.deployments import deployment_release, deployment_scale, render_manifest
+from serving.controllers import deployment_status, render_manifest
+from serving.deployments import deployment_release, deployment_scale
 from serving.inference import MODELS
 from serving.models import Backend, PredictionLog
 from serving.predlog import predlog_flush
@@ -299,37 +300,43 @@ def test_scaling_policies_and_kubernetes_manifest(workspace, members):
         replicas=3,
         device="gpu",
     )
-    assert k8s.status_detail["applied"] is False
+    # Nothing was applied in the request: the controller takes it up after the commit.
+    assert deployment_status(k8s)["phase"] == "Pending"
     manifest = render_manifest(k8s)
     assert "replicas: 3" in manifest and "nvidia.com/gpu" in manifest
     assert v1.artifact_path in manifest and "serving.model_server" in manifest
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_local_backend_supervises_model_server_processes(workspace, members):
-    import json
-    import urllib.request
-
-    from serving.deployments import SUPERVISOR, deployment_create
+    from serving.controllers import SUPERVISOR, deployment_reconcile
+    from serving.deployments import deployment_create
+    from serving.models import Deployment, DeploymentStatus
 
     actor = members[Role.MAINTAINER]
     _, (v1,), _ = deployed(workspace, actor, versions=1)
+
+    def reconciled_until_ready(dep) -> DeploymentStatus:
+        """The controller, run as its task runs it, until the replicas answer ready."""
+        wait_until(
+            lambda: deployment_reconcile(deployment_id=dep.pk) in ("Ready", "unchanged"),
+            timeout=30,
+            what="the replicas to answer ready",
+            interval=0.2,
+        )
+        return DeploymentStatus.objects.for_workspace(workspace).get(deployment=dep)
+
     try:
         dep = deployment_create(
             actor=actor, workspace=workspace, name="local", version=v1, backend=Backend.LOCAL
         )
-        procs = dep.status_detail["processes"]
-        assert len(procs) == 1
-        port = procs[0]["port"]
-
-        def ready() -> dict:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                return json.loads(r.read())
-
-        health = wait_until(
-            ready, timeout=30, what="the model server", interval=0.2, retry_on=(OSError,)
-        )
-        assert health == {"live": True, "ready": True}
+        assert dep.pk not in SUPERVISOR.procs  # the request started nothing
+        status = reconciled_until_ready(dep)
+        procs = status.detail["processes"]
+        assert len(procs) == 1 and status.ready_replicas == 1
+        # The replica answers its readiness probe: that is what Ready means here.
+        fresh = Deployment.objects.for_workspace(workspace).get(pk=dep.pk)
+        assert deployment_status(fresh)["phase"] == "Ready"
         # The replica loads a user artifact without the platform's credentials, as its own uid.
         pid = procs[0]["pid"]
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -337,15 +344,24 @@ def test_local_backend_supervises_model_server_processes(workspace, members):
         assert not names & {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "MLFLOW_TRACKING_URI"}
         assert "PATH" in names and "PYTHONPATH" in names
         if sandbox.uid_switch_possible()[0]:
-            status = Path(f"/proc/{pid}/status").read_text()
-            uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+            proc_status = Path(f"/proc/{pid}/status").read_text()
+            uid = next(
+                line.split()[1] for line in proc_status.splitlines() if line.startswith("Uid:")
+            )
             assert int(uid) == sandbox.server_uid(v1.pk) != os.geteuid()
-        # A dead replica is restarted by the reconciler.
+        # Reconciling a converged deployment again does nothing new.
+        assert deployment_reconcile(deployment_id=dep.pk) == "unchanged"
+        assert [p["pid"] for p in SUPERVISOR.reconcile(dep)] == [pid]
+        # A dead replica is restarted by the next reconcile (the resync's).
         SUPERVISOR.procs[dep.pk][0]["proc"].kill()
         SUPERVISOR.procs[dep.pk][0]["proc"].wait()
-        again = SUPERVISOR.reconcile(dep)
-        assert len(again) == 1 and again[0]["pid"] != procs[0]["pid"]
-        assert len(SUPERVISOR.reconcile(dep, replicas=2)) == 2
+        again = reconciled_until_ready(dep).detail["processes"]
+        assert len(again) == 1 and again[0]["pid"] != pid
+        # Scaling is a desired-state change the controller follows.
+        dep = deployment_scale(actor=actor, workspace=workspace, deployment=dep, replicas=2)
+        fresh = Deployment.objects.for_workspace(workspace).get(pk=dep.pk)
+        assert deployment_status(fresh)["phase"] == "Pending"
+        assert len(reconciled_until_ready(dep).detail["processes"]) == 2
     finally:
         SUPERVISOR.stop_all()
 

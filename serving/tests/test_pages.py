@@ -19,6 +19,7 @@ from features.tests.factories import make_group
 from serving.models import (
     Deployment,
     DeploymentChange,
+    DeploymentStatus,
     ModelVersion,
     PredictionLog,
     RegisteredModel,
@@ -150,7 +151,11 @@ def test_deployment_page_charts_have_axes_and_an_empty_state(workspace, members,
         version=v2,
         previous_version=v1,
         scaling={"mode": "load", "target_qps_per_replica": 50, "min": 1, "max": 4},
-        status_detail={"processes": [{"pid": 123, "port": 8100, "alive": True}]},
+    )
+    DeploymentStatus.objects.create(
+        workspace=workspace,
+        deployment=dep,
+        detail={"processes": [{"pid": 123, "port": 8100, "alive": True}]},
     )
     DeploymentChange.objects.create(
         workspace=workspace,
