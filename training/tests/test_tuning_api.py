@@ -51,7 +51,10 @@ def test_create_shows_the_default_space_and_starts_two_trials(workspace, dev, da
     assert detail["state"] == TuningState.RUNNING and detail["trials_started"] == 2
     assert [t["number"] for t in detail["trials"]] == [0, 1]
     trial = detail["trials"][0]
-    assert trial["job_state"] == JobState.PENDING and set(trial["params"]) == {"lr", "weight_decay"}
+    assert trial["job_state"] == JobState.PENDING and set(trial["params"]) == {
+        "l2",
+        "vocab_min_count",
+    }
     assert trial["intermediate"] == [] and detail["importances"] == {}
 
 
@@ -64,7 +67,7 @@ def test_a_search_space_of_the_template_and_bad_ones(workspace, dev, dataset):
         ({"space": {"embedding_dim": {"choices": [8]}}}, "space.embedding_dim"),
         ({"space": {"lr": {"low": -1, "high": 0.1}}}, "space.lr"),
         ({"space": ["lr"]}, "space"),
-        ({"params": {"lr": 0.1}}, "params.lr"),
+        ({"params": {"l2": 0.1}}, "params.l2"),  # searched by the default space
         ({"params": "fast"}, "params"),
         ({"n_trials": 0}, "n_trials"),
         ({"n_trials": "eight"}, "n_trials"),
