@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import Max, QuerySet
+from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -32,9 +33,22 @@ from serving.routing import routing_table
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
+from workspaces.selectors import workspace_object
 
 
-class RegisteredModelViewSet(WorkspaceScopedViewSet):
+class ModelVersionFilter(filters.FilterSet):
+    """``?model=<name>``: the versions of one registered model."""
+
+    model = filters.CharFilter(field_name="model__name", help_text="A registered model's name.")
+
+    class Meta:
+        model = ModelVersion
+        fields = ["model"]
+
+
+class RegisteredModelViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet
+):
     """Registered models of a workspace with their aliases."""
 
     lookup_field = "name"
@@ -47,13 +61,6 @@ class RegisteredModelViewSet(WorkspaceScopedViewSet):
         return RegisteredModel.objects.for_workspace(self.workspace).annotate(
             latest=Max("versions__version")
         )
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, name: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
 
     @extend_schema(request=AliasSerializer, responses={200: RegisteredModelSerializer})
     @action(detail=True, methods=["post"])
@@ -81,7 +88,7 @@ class RegisteredModelViewSet(WorkspaceScopedViewSet):
         return Response(RegisteredModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
 
-class ModelVersionViewSet(WorkspaceScopedViewSet):
+class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Model versions: register from a training job or import from MLflow; run release gates."""
 
     serializer_class = ModelVersionSerializer
@@ -94,19 +101,14 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
         "quality_override": Role.MAINTAINER,
     }
 
+    filterset_class = ModelVersionFilter
+
     def get_workspace_queryset(self) -> QuerySet:
-        qs = ModelVersion.objects.for_workspace(self.workspace).select_related("model")
-        model = self.request.query_params.get("model") if hasattr(self, "request") else None
-        if model:
-            qs = qs.filter(model__name=model)
-        return qs.order_by("-created_at", "-id")
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, pk: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
+        return (
+            ModelVersion.objects.for_workspace(self.workspace)
+            .select_related("model")
+            .order_by("-created_at", "-id")
+        )
 
     @extend_schema(request=VersionRegisterSerializer, responses={201: ModelVersionSerializer})
     def create(self, request: Request, ws: str) -> Response:
@@ -130,10 +132,13 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
                 {"auto_deploy": f"deployment '{target}' serves model '{serving}'"}
             )
         if "job_id" in data:
-            jobs = TrainingJob.objects.for_workspace(self.workspace)
-            job = jobs.filter(pk=data["job_id"]).first()
-            if job is None:
-                raise ReferenceNotFound("no such training job in this workspace", attr="job_id")
+            job = workspace_object(
+                TrainingJob,
+                workspace=self.workspace,
+                ref=data["job_id"],
+                attr="job_id",
+                name_field=None,
+            )
             version = registry.model_version_register(
                 actor=request.user,
                 workspace=self.workspace,
@@ -193,7 +198,7 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
         return Response(ModelVersionSerializer(version).data)
 
 
-class DeploymentViewSet(WorkspaceScopedViewSet):
+class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Deployments: create, release a version, roll back, scale; routing table and stats."""
 
     lookup_field = "name"
@@ -211,13 +216,6 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
         return Deployment.objects.for_workspace(self.workspace).select_related(
             "model", "version", "previous_version"
         )
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, name: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
 
     @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
     def create(self, request: Request, ws: str) -> Response:
