@@ -10,7 +10,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workspaces.models import WorkspaceOwned
+from workspaces.models import CreatedRecord, WorkspaceOwned
 
 name_validator = RegexValidator(
     r"^[a-z][a-z0-9_]{0,62}$",
@@ -113,16 +113,12 @@ class FeatureGroup(WorkspaceOwned):
         return f"{self.name} v{self.current_version}"
 
 
-class FeatureGroupVersion(WorkspaceOwned):
+class FeatureGroupVersion(WorkspaceOwned, CreatedRecord):
     """One schema of a group. Old versions stay readable: their data is kept by version."""
 
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveIntegerField()
     features = models.JSONField(help_text="[{name, dtype, dimension, description}]")
-    created_at = models.DateTimeField(default=timezone.now)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
 
     class Meta:
         ordering = ["group", "version"]
@@ -241,7 +237,7 @@ class DatasetStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Dataset(WorkspaceOwned):
+class Dataset(WorkspaceOwned, CreatedRecord):
     """A training sample: labelled events with point-in-time feature values, stored as Parquet."""
 
     event_kind = "dataset"
@@ -268,10 +264,6 @@ class Dataset(WorkspaceOwned):
     )
     coverage = models.JSONField(default=dict, blank=True, help_text="feature ref -> share non-null")
     error = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     built_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

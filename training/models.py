@@ -8,13 +8,12 @@ Placement policy (which node, preemption) belongs to the scheduler (``training.s
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
 from features.models import Dataset
-from workspaces.models import WorkspaceOwned, WorkspaceOwnedCascade
+from workspaces.models import CreatedRecord, WorkspaceOwned, WorkspaceOwnedCascade
 
 job_name_validator = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,62}$",
@@ -132,7 +131,7 @@ JOB_MOVES: dict[str, set[str]] = {
 }
 
 
-class TrainingJob(WorkspaceOwned):
+class TrainingJob(WorkspaceOwned, CreatedRecord):
     """One training job: what to run (template or entry point), on what data, with what."""
 
     event_kind = "training_job"
@@ -217,10 +216,6 @@ class TrainingJob(WorkspaceOwned):
         "cpu_hours, gpu_hours.",
     )
 
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -266,7 +261,7 @@ class EntryPointKind(models.TextChoices):
     SCRIPT = "script", "Uploaded script (stored under ARTIFACT_ROOT)"
 
 
-class EntryPoint(WorkspaceOwned):
+class EntryPoint(WorkspaceOwned, CreatedRecord):
     """User training code registered in a workspace; run in the child like a template.
 
     Contract: the module defines ``build(spec: BundleSpec) -> torch.nn.Module`` whose
@@ -284,10 +279,6 @@ class EntryPoint(WorkspaceOwned):
     )
     sha256 = models.CharField(max_length=64, blank=True)
     description = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["name"]
@@ -299,7 +290,7 @@ class EntryPoint(WorkspaceOwned):
         return self.name
 
 
-class Pipeline(WorkspaceOwned):
+class Pipeline(WorkspaceOwned, CreatedRecord):
     """A DAG of stages, defined once per workspace: ``stages`` is
     ``[{"name": ..., "kind": ..., "after": [names], "params": {...}}, ...]``."""
 
@@ -308,10 +299,6 @@ class Pipeline(WorkspaceOwned):
     name = models.CharField(max_length=63, validators=[job_name_validator])
     description = models.TextField(blank=True)
     stages = models.JSONField(default=list)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["name"]
@@ -331,7 +318,7 @@ class RunState(models.TextChoices):
     SKIPPED = "skipped", "Skipped"
 
 
-class PipelineRun(WorkspaceOwned):
+class PipelineRun(WorkspaceOwned, CreatedRecord):
     event_kind = "pipeline_run"
 
     pipeline = models.ForeignKey(Pipeline, on_delete=models.PROTECT, related_name="runs")
@@ -346,10 +333,6 @@ class PipelineRun(WorkspaceOwned):
         blank=True,
         help_text="While set and in the future, one worker is advancing the run (no other may).",
     )
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -381,7 +364,7 @@ class StageRun(WorkspaceOwned):
         return f"{self.name} ({self.state})"
 
 
-class CandidateEvaluation(WorkspaceOwned):
+class CandidateEvaluation(WorkspaceOwned, CreatedRecord):
     """F11: a candidate feature's values, joined onto a dataset, trained with and without."""
 
     event_kind = "candidate_feature_evaluation"
@@ -394,10 +377,6 @@ class CandidateEvaluation(WorkspaceOwned):
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.PENDING)
     result = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -431,7 +410,7 @@ class TuningPruner(models.TextChoices):
     NONE = "none", "None: every trial runs to its end"
 
 
-class TuningJob(WorkspaceOwned):
+class TuningJob(WorkspaceOwned, CreatedRecord):
     """A hyperparameter search (Katib's Experiment): trials are training jobs of one template on
     one dataset, sampled by Optuna's TPE from ``space`` and placed by the scheduler, at most
     ``parallelism`` at once, until ``n_trials`` or ``max_minutes``; the best trial by the
@@ -493,10 +472,6 @@ class TuningJob(WorkspaceOwned):
     model_version_id = models.PositiveBigIntegerField(null=True, blank=True)
     model_version_label = models.CharField(max_length=100, blank=True)
 
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -114,6 +114,18 @@ class WorkspaceOwned(models.Model):
         abstract = True
 
 
+class CreatedRecord(models.Model):
+    """Who created a row (kept when the user is deleted, then blank) and when."""
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
 class WorkspaceOwnedCascade(WorkspaceOwned):
     """A workspace-owned model whose rows go with their workspace (CASCADE): settings, grants and
     rows derived from other data (quotas, memberships, lineage projections, metrics)."""

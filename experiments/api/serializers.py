@@ -5,15 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from experiments import services as limits
-from experiments.models import (
-    Experiment,
-    Layer,
-    Metric,
-    SequentialMethod,
-    Snapshot,
-    Spending,
-    Unit,
-)
+from experiments.models import Experiment, Layer, Metric, SequentialMethod, Snapshot, Spending, Unit
 
 
 class LayerSerializer(serializers.ModelSerializer):
