@@ -948,7 +948,7 @@ def _finish(
     usage_now = _usage_dict(job, usage)
     resources = _resources(job, usage)
 
-    def finish(to: str, **fields: Any) -> None:
+    def end_attempt(to: str, **fields: Any) -> None:
         # Every end moves the running attempt on, with its resources and usage.
         with_retry(
             job_transition,
@@ -980,7 +980,7 @@ def _finish(
             ]
         )
         tracker.finish("FINISHED")
-        finish(
+        end_attempt(
             JobState.SUCCEEDED,
             reason="training finished",
             payload={"holdout": holdout, "mlflow_run_id": tracker.run_id or ""},
@@ -995,7 +995,7 @@ def _finish(
         to = JobState.CANCELLED if mode == "cancel" else JobState.PREEMPTED
         why = "the node agent is shutting down" if signalled == "shutdown" else f"{mode} requested"
         tracker.finish("KILLED")
-        finish(
+        end_attempt(
             to,
             reason=f"{why}; checkpointed at step {job.checkpoint_step}",
             payload={"checkpoint_step": job.checkpoint_step},
@@ -1010,7 +1010,7 @@ def _finish(
     final = signalled in {"wall_time", "unsafe_output"}
     if job.attempts < job.max_attempts and not job.stop_requested and not final:
         tracker.finish("FAILED")
-        finish(
+        end_attempt(
             JobState.PENDING,
             reason=f"{reason}; requeued (attempt {job.attempts}/{job.max_attempts}), "
             f"resumes from step {job.checkpoint_step}",
@@ -1020,7 +1020,7 @@ def _finish(
         return job.state
     tracker.finish("FAILED")
     to = JobState.CANCELLED if job.stop_requested == "cancel" else JobState.FAILED
-    finish(
+    end_attempt(
         to,
         reason=reason,
         stop_requested="",
