@@ -36,6 +36,16 @@ def _percent_list(raw: str) -> list[float]:
 GUARDRAIL_MAX_PERCENT = round(limits.MAX_GUARDRAIL_DROP * 100)
 
 
+def guardrail_field(metric: str) -> forms.FloatField:
+    """The form's field for one guardrail: how far ``metric`` may drop, in percent."""
+    return forms.FloatField(
+        label=f"Guardrail: {metric} may drop at most (%)",
+        required=False,
+        min_value=0,
+        max_value=GUARDRAIL_MAX_PERCENT,
+    )
+
+
 class ExperimentForm(forms.Form):
     """A new experiment, or a draft's edit (then the key is fixed)."""
 
@@ -81,24 +91,9 @@ class ExperimentForm(forms.Form):
     )
     unit = forms.ChoiceField(choices=Unit.choices, initial=Unit.USER)
     primary_metric = forms.ChoiceField(choices=Metric.choices, initial=Metric.CTR)
-    guardrail_ctr = forms.FloatField(
-        label="Guardrail: CTR may drop at most (%)",
-        required=False,
-        min_value=0,
-        max_value=GUARDRAIL_MAX_PERCENT,
-    )
-    guardrail_cvr = forms.FloatField(
-        label="Guardrail: CVR may drop at most (%)",
-        required=False,
-        min_value=0,
-        max_value=GUARDRAIL_MAX_PERCENT,
-    )
-    guardrail_rpm = forms.FloatField(
-        label="Guardrail: revenue per mille may drop at most (%)",
-        required=False,
-        min_value=0,
-        max_value=GUARDRAIL_MAX_PERCENT,
-    )
+    guardrail_ctr = guardrail_field("CTR")
+    guardrail_cvr = guardrail_field("CVR")
+    guardrail_rpm = guardrail_field("revenue per mille")
     min_units = forms.IntegerField(
         label="Units per arm before judging",
         min_value=limits.MIN_UNITS,

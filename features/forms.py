@@ -134,7 +134,8 @@ class FeatureGroupCreateForm(forms.Form):
         initial=24,
         label="Freshness SLA (hours)",
         help_text="The group is broken when its newest data is older than this (from "
-        f"{limits.MIN_FRESHNESS_SLA_S // 60} minute to {limits.MAX_FRESHNESS_SLA_S // 86400} days).",
+        f"{limits.MIN_FRESHNESS_SLA_S // 60} minute to "
+        f"{limits.MAX_FRESHNESS_SLA_S // 86400} days).",
     )
     online = forms.BooleanField(
         required=False, initial=True, label="Serve online (also stored offline)"

@@ -120,6 +120,17 @@ def _check_columns(entity_keys: Any, event_time_column: str, features: list[dict
     return list(entity_keys)
 
 
+def group_locked(group: FeatureGroup) -> FeatureGroup:
+    """The group's row read again under ``select_for_update``: every write to a group and every
+    consumer registration takes this one lock, so a retirement and a new consumer (or a batch
+    and a schema change) see each other instead of racing."""
+    return (
+        FeatureGroup.objects.select_for_update()
+        .filter(pk=group.pk, workspace=group.workspace_id)
+        .get()
+    )
+
+
 def _check_group_fields(
     *, description: Any = None, tags: Any = None, freshness_sla_seconds: Any = None
 ) -> None:
@@ -241,11 +252,7 @@ def feature_group_new_version(
 ) -> FeatureGroupVersion:
     """Change a group's schema: a new version that goes live at once. Old data stays readable
     under its version; consumers are told through the event log."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     if group.status == Lifecycle.RETIRED:
         raise ConflictError(f"feature group '{group.name}' is retired", attr="status")
     specs = normalise_features(features)
@@ -327,11 +334,7 @@ def feature_group_set_status(
     *, actor: AbstractBaseUser, group: FeatureGroup, status: str
 ) -> FeatureGroup:
     """Move a group through draft -> active -> deprecated -> retired (retired is final)."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     if status not in Lifecycle.values:
         raise ValidationError({"status": f"one of {', '.join(Lifecycle.values)}"})
     if status == group.status:
@@ -387,11 +390,7 @@ def feature_set_status(*, actor: AbstractBaseUser, feature: Feature, status: str
 @transaction.atomic
 def feature_group_delete(*, actor: AbstractBaseUser, group: FeatureGroup) -> None:
     """Delete a group that nobody uses and that holds no data beyond drafts."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     _refuse_if_consumed(group, None, "delete")
     if group.batches.exists() or group.labelled_datasets.exists():
         raise ConflictError(
@@ -416,11 +415,7 @@ def feature_group_link_successor(
         raise ReferenceNotFound(f"no feature group '{successor.name}'", attr="successor")
     if successor.pk == group.pk:
         raise ValidationError({"successor": "a group cannot succeed itself"})
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     group.successor = successor
     group.save(update_fields=["successor"])
     event_record(
@@ -456,11 +451,7 @@ def consumer_register(
 
     The group's row (and the feature's) is locked first, the same lock retiring takes: either the
     retirement sees this consumer and is refused, or this registration sees the retirement."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace_id)
-        .get()
-    )
+    group = group_locked(group)
     if group.status == Lifecycle.RETIRED:
         raise ConflictError(f"feature group '{group.name}' is retired", attr="features")
     if feature_name:
@@ -558,11 +549,7 @@ def feature_group_update(
     _check_group_fields(
         description=description, tags=tags, freshness_sla_seconds=freshness_sla_seconds
     )
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     changes: dict[str, Any] = {}
     for field, value in (
         ("description", description),

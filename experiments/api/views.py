@@ -41,6 +41,17 @@ def _body(request: Request) -> dict:
     return request.data
 
 
+def _valid(serializer_class, request: Request) -> dict:
+    """The request's JSON object checked by ``serializer_class`` (400 naming the field)."""
+    serializer = serializer_class(data=_body(request))
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _answer(exp: Experiment) -> Response:
+    return Response(ExperimentSerializer(exp).data)
+
+
 class ExperimentFilter(filters.FilterSet):
     """``?state=``: the experiments in one state."""
 
@@ -91,45 +102,37 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Worksp
     @extend_schema(request=None, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def submit(self, request: Request, ws: str, key: str) -> Response:
-        exp = services.experiment_submit(actor=request.user, experiment=self.get_object())
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(services.experiment_submit(actor=request.user, experiment=self.get_object()))
 
     @extend_schema(request=NoteSerializer, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, ws: str, key: str) -> Response:
-        serializer = NoteSerializer(data=_body(request))
-        serializer.is_valid(raise_exception=True)
+        note = _valid(NoteSerializer, request).get("note", "")
         exp = services.experiment_approve(
-            actor=request.user,
-            experiment=self.get_object(),
-            note=serializer.validated_data.get("note", ""),
+            actor=request.user, experiment=self.get_object(), note=note
         )
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(exp)
 
     @extend_schema(request=None, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def ramp(self, request: Request, ws: str, key: str) -> Response:
-        exp = services.experiment_ramp(actor=request.user, experiment=self.get_object())
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(services.experiment_ramp(actor=request.user, experiment=self.get_object()))
 
     @extend_schema(request=StopSerializer, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, ws: str, key: str) -> Response:
-        serializer = StopSerializer(data=_body(request))
-        serializer.is_valid(raise_exception=True)
+        reason = _valid(StopSerializer, request)["reason"]
         exp = services.experiment_stop(
             actor=request.user,
             experiment=self.get_object(),
-            reason=f"stopped by {request.user.username}: {serializer.validated_data['reason']}",
+            reason=f"stopped by {request.user.username}: {reason}",
         )
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(exp)
 
     @extend_schema(request=ConcludeSerializer, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def conclude(self, request: Request, ws: str, key: str) -> Response:
-        serializer = ConcludeSerializer(data=_body(request))
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = _valid(ConcludeSerializer, request)
         exp = services.experiment_conclude(
             actor=request.user,
             experiment=self.get_object(),
@@ -137,7 +140,7 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Worksp
             arm=data.get("arm"),
             note=data.get("note", ""),
         )
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(exp)
 
     @extend_schema(
         parameters=[

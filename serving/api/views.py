@@ -234,49 +234,30 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Worksp
         )
         return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data, status=201)
 
+    def _change(self, request: Request, body_class, service) -> Response:
+        """The write actions on one deployment alike: validate the body, call the deployments
+        service with it (the body's fields are the service's arguments), answer the deployment
+        as it is now."""
+        dep = self.get_object()
+        body = body_class(data=request.data)
+        body.is_valid(raise_exception=True)
+        service(actor=request.user, workspace=self.workspace, deployment=dep, **body.validated_data)
+        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+
     @extend_schema(request=ReleaseSerializer, responses={200: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def release(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = ReleaseSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_release(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            version=body.validated_data["version_id"],
-            reason=body.validated_data.get("reason", ""),
-        )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+        return self._change(request, ReleaseSerializer, dep_services.deployment_release)
 
     @extend_schema(request=RollbackSerializer, responses={200: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = RollbackSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_rollback(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            reason=body.validated_data["reason"],
-        )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+        return self._change(request, RollbackSerializer, dep_services.deployment_rollback)
 
     @extend_schema(request=ScaleSerializer, responses={200: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def scale(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = ScaleSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_scale(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            replicas=body.validated_data.get("replicas"),
-            scaling=body.validated_data.get("scaling"),
-        )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=dep.pk)).data)
+        return self._change(request, ScaleSerializer, dep_services.deployment_scale)
 
     @extend_schema(responses={200: OpenApiResponse(description="The published routing table.")})
     @action(detail=True, methods=["get"])
