@@ -252,7 +252,7 @@ class LoopViewSet(WorkspaceScopedViewSet):
         run = loop.loop_start(
             actor=request.user, workspace=self.workspace, **serializer.validated_data
         )
-        fresh = self._get(run.pk)
+        fresh = self.get_queryset().get(pk=run.pk)
         return Response(
             loop.loop_summary(fresh),
             status=status.HTTP_202_ACCEPTED,
@@ -268,4 +268,4 @@ class LoopViewSet(WorkspaceScopedViewSet):
         if reason.strip() and ROLE_PERMISSION[Role.MAINTAINER] not in self.workspace_perms:
             raise PermissionDenied("only a maintainer may override the quality gate")
         run = loop.loop_retry(actor=request.user, run=self.get_object(), quality_override=reason)
-        return Response(loop.loop_summary(self._get(run.pk)))
+        return Response(loop.loop_summary(self.get_queryset().get(pk=run.pk)))
