@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from experiments import services as limits
 from experiments.models import Experiment, Metric, SequentialMethod, Spending, Unit, key_validator
 
 GUARDRAIL_FIELDS = {metric: f"guardrail_{metric}" for metric in Metric.values}
@@ -31,6 +32,20 @@ def _percent_list(raw: str) -> list[float]:
     return values
 
 
+# Guardrails are asked for in percent; the service's limit is a fraction.
+GUARDRAIL_MAX_PERCENT = round(limits.MAX_GUARDRAIL_DROP * 100)
+
+
+def guardrail_field(metric: str) -> forms.FloatField:
+    """The form's field for one guardrail: how far ``metric`` may drop, in percent."""
+    return forms.FloatField(
+        label=f"Guardrail: {metric} may drop at most (%)",
+        required=False,
+        min_value=0,
+        max_value=GUARDRAIL_MAX_PERCENT,
+    )
+
+
 class ExperimentForm(forms.Form):
     """A new experiment, or a draft's edit (then the key is fixed)."""
 
@@ -43,7 +58,7 @@ class ExperimentForm(forms.Form):
     )
     hypothesis = forms.CharField(
         label="Hypothesis / description",
-        max_length=5000,
+        max_length=limits.MAX_HYPOTHESIS_CHARS,
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="What you expect and why.",
     )
@@ -54,7 +69,8 @@ class ExperimentForm(forms.Form):
         coerce=int,
         label="Treatment version(s)",
         widget=forms.SelectMultiple(attrs={"size": 4}),
-        help_text="1-4 versions of the deployment's model, other than the production one.",
+        help_text=f"1-{limits.MAX_TREATMENTS} versions of the deployment's model, other than the "
+        "production one.",
     )
     layer = forms.CharField(
         max_length=63,
@@ -68,24 +84,21 @@ class ExperimentForm(forms.Form):
         help_text="Increasing per-arm percents, one step per ramp interval, e.g. 1, 5, 20.",
     )
     ramp_interval_hours = forms.IntegerField(
-        label="Hours between ramp steps", min_value=1, max_value=90 * 24, initial=24
+        label="Hours between ramp steps",
+        min_value=1,
+        max_value=limits.MAX_RAMP_INTERVAL_S // 3600,
+        initial=24,
     )
     unit = forms.ChoiceField(choices=Unit.choices, initial=Unit.USER)
     primary_metric = forms.ChoiceField(choices=Metric.choices, initial=Metric.CTR)
-    guardrail_ctr = forms.FloatField(
-        label="Guardrail: CTR may drop at most (%)", required=False, min_value=0, max_value=99
-    )
-    guardrail_cvr = forms.FloatField(
-        label="Guardrail: CVR may drop at most (%)", required=False, min_value=0, max_value=99
-    )
-    guardrail_rpm = forms.FloatField(
-        label="Guardrail: revenue per mille may drop at most (%)",
-        required=False,
-        min_value=0,
-        max_value=99,
-    )
+    guardrail_ctr = guardrail_field("CTR")
+    guardrail_cvr = guardrail_field("CVR")
+    guardrail_rpm = guardrail_field("revenue per mille")
     min_units = forms.IntegerField(
-        label="Units per arm before judging", min_value=2, max_value=10_000_000, initial=100
+        label="Units per arm before judging",
+        min_value=limits.MIN_UNITS,
+        max_value=limits.MAX_UNITS,
+        initial=100,
     )
     sequential_method = forms.ChoiceField(
         choices=SequentialMethod.choices,

@@ -33,8 +33,9 @@ from django.db import transaction
 from experiments import services
 from experiments.models import Experiment, ExperimentState, Metric
 from workspaces.events import Actor
-from workspaces.exceptions import ConflictError, ReferenceNotFound
+from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
+from workspaces.selectors import workspace_object
 
 LOOP_PIPELINE = "ab-loop"
 LOOP_STAGES: list[dict[str, Any]] = [
@@ -112,9 +113,9 @@ def _features_of(workspace: Workspace, group: Any, features: Any) -> tuple[str, 
 
     if not isinstance(group, str) or not group:
         raise ValidationError({"group": "name the feature group to try"})
-    found = feature_groups_of(workspace=workspace).filter(name=group).first()
-    if found is None:
-        raise ReferenceNotFound(f"no feature group '{group}'", attr="group")
+    found = workspace_object(
+        feature_groups_of(workspace=workspace), workspace=workspace, ref=group, attr="group"
+    )
     if found.status == Lifecycle.RETIRED:
         raise ValidationError({"group": f"feature group '{group}' is retired"})
     version = FeatureGroupVersion.objects.for_workspace(workspace).get(
@@ -156,10 +157,7 @@ def _deployment_of(workspace: Workspace, deployment: Any) -> Any:
             raise ValidationError({"deployment": f"name the production deployment: {names}"})
     if not isinstance(deployment, str):
         raise ValidationError({"deployment": f"a deployment name: {names}"})
-    dep = Deployment.objects.for_workspace(workspace).filter(name=deployment).first()
-    if dep is None:
-        raise ReferenceNotFound(f"no deployment '{deployment}'", attr="deployment")
-    return dep
+    return workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
 
 
 def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
@@ -215,13 +213,9 @@ def group_from_candidate(*, actor: Actor, workspace: Workspace, evaluation: Any)
     from features.models import EntityKind, FeatureGroup
     from training.models import CandidateEvaluation, RunState
 
-    if not isinstance(evaluation, CandidateEvaluation):
-        if not isinstance(evaluation, int) or isinstance(evaluation, bool):
-            raise ValidationError({"evaluation": "give a candidate evaluation id"})
-        found = CandidateEvaluation.objects.for_workspace(workspace).filter(pk=evaluation).first()
-        if found is None:
-            raise ReferenceNotFound(f"no candidate evaluation {evaluation}", attr="evaluation")
-        evaluation = found
+    evaluation = workspace_object(
+        CandidateEvaluation, workspace=workspace, ref=evaluation, attr="evaluation", name_field=None
+    )
     if evaluation.state != RunState.SUCCEEDED or not evaluation.values_path:
         raise ConflictError(
             f"candidate evaluation '{evaluation.name}' is {evaluation.state}: only a finished "

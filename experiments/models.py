@@ -15,8 +15,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workspaces.models import Workspace
-from workspaces.scoping import WorkspaceScopedQuerySet
+from workspaces.models import WorkspaceOwned
 
 key_validator = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,62}$",
@@ -24,18 +23,15 @@ key_validator = RegexValidator(
 )
 
 
-class Layer(models.Model):
+class Layer(WorkspaceOwned):
     """A hashing namespace: one salt, experiments in non-overlapping bucket blocks."""
 
     event_kind = "experiment_layer"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[key_validator])
     salt = models.CharField(max_length=100)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -87,10 +83,9 @@ class Spending(models.TextChoices):
     POCOCK = "pocock", "Pocock-type"
 
 
-class Experiment(models.Model):
+class Experiment(WorkspaceOwned):
     event_kind = "experiment"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     key = models.CharField(max_length=63, validators=[key_validator])
     hypothesis = models.TextField()
     deployment = models.ForeignKey("serving.Deployment", on_delete=models.PROTECT, related_name="+")
@@ -143,8 +138,6 @@ class Experiment(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
@@ -170,14 +163,13 @@ class Experiment(models.Model):
         return self.state == ExperimentState.RUNNING
 
 
-class FeedbackEvent(models.Model):
+class FeedbackEvent(WorkspaceOwned):
     """What happened after one served request: impressions, clicks, conversions, revenue.
 
     ``event_id`` (the client's, or derived from the Idempotency-Key) makes retries harmless.
     Unit, experiment and arm come from the gateway's PredictionLog row of the request.
     """
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     event_id = models.CharField(max_length=200)
     request_id = models.CharField(max_length=100)
     unit_id = models.CharField(max_length=200, blank=True)
@@ -190,8 +182,6 @@ class FeedbackEvent(models.Model):
     conversions = models.PositiveIntegerField(default=0)
     revenue = models.FloatField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -206,20 +196,17 @@ class FeedbackEvent(models.Model):
         return self.event_id
 
 
-class Snapshot(models.Model):
+class Snapshot(WorkspaceOwned):
     """One analysis of an experiment at a point in time (for the over-time chart and evidence)."""
 
     event_kind = "experiment_snapshot"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="snapshots")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     traffic_percent = models.FloatField(default=0)
     result = models.JSONField(default=dict)
     srm_mismatch = models.BooleanField(default=False)
     guardrail_breaches = models.JSONField(default=list, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

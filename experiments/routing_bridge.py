@@ -9,33 +9,31 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.core.exceptions import ValidationError
-
 from serving import routing
 from serving.models import Deployment, GateStatus, ModelVersion, PredictionLog
 from workspaces.events import Actor
-from workspaces.exceptions import ConflictError, ReferenceNotFound
+from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
+from workspaces.selectors import workspace_object
 
 
 def deployment_of(workspace: Workspace, deployment: Any) -> Deployment:
-    if isinstance(deployment, int) and not isinstance(deployment, bool):
-        found = Deployment.objects.for_workspace(workspace).filter(pk=deployment).first()
-        if found is None:
-            raise ReferenceNotFound(f"no deployment {deployment}", attr="deployment")
-        return found
-    return routing.resolve_deployment(workspace, deployment)
+    """The workspace's deployment given as the object, its id or its name (404 naming
+    ``deployment`` otherwise)."""
+    return workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
 
 
 def version_of(workspace: Workspace, version_id: Any) -> ModelVersion:
-    if isinstance(version_id, ModelVersion):
-        version_id = version_id.pk
-    if not isinstance(version_id, int) or isinstance(version_id, bool):
-        raise ValidationError({"treatment_versions": "give model version ids"})
-    found = ModelVersion.objects.for_workspace(workspace).filter(pk=version_id).first()
-    if found is None:
-        raise ReferenceNotFound(f"no model version {version_id}", attr="treatment_versions")
-    return found
+    """The workspace's model version given as the object or its id (404 naming
+    ``treatment_versions`` otherwise)."""
+    return workspace_object(
+        ModelVersion,
+        workspace=workspace,
+        ref=version_id.pk if isinstance(version_id, ModelVersion) else version_id,
+        attr="treatment_versions",
+        name_field=None,
+        invalid="give model version ids",
+    )
 
 
 def version_gated(version: ModelVersion) -> bool:

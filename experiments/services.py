@@ -43,7 +43,15 @@ from workspaces.notifications import notify
 # Workspace policy, overridable per workspace in ``workspace.template["experiments"]``.
 DEFAULT_POLICY = {"max_percent": 50, "max_auto_percent": 20, "max_running": 20}
 MAX_FEEDBACK_EVENTS = 5000
+# The limits of an experiment's fields: the one source (the API serializers and the form read them).
 MAX_TREATMENTS = 4
+MAX_HYPOTHESIS_CHARS = 5000
+MAX_RAMP_STEPS = 10
+MAX_GUARDRAILS = 10
+MAX_GUARDRAIL_DROP = 0.99
+MAX_RAMP_INTERVAL_S = 90 * 86400
+MIN_UNITS, MAX_UNITS = 2, 10_000_000
+MIN_ALPHA, MAX_ALPHA = 0.001, 0.2
 
 
 def policy_of(workspace: Workspace) -> dict[str, Any]:
@@ -102,23 +110,33 @@ def _layer(workspace: Workspace, layer: Layer | str | None, actor: Actor) -> Lay
 def _clean_guardrails(guardrails: Any) -> list[dict[str, Any]]:
     if guardrails in (None, ""):
         return []
-    if not isinstance(guardrails, list) or len(guardrails) > 10:
-        raise ValidationError({"guardrails": "give a list of {metric, max_drop} (at most 10)"})
+    if not isinstance(guardrails, list) or len(guardrails) > MAX_GUARDRAILS:
+        raise ValidationError(
+            {"guardrails": f"give a list of {{metric, max_drop}} (at most {MAX_GUARDRAILS})"}
+        )
     clean = []
     for i, rule in enumerate(guardrails):
         if not isinstance(rule, dict) or rule.get("metric") not in Metric.values:
             raise ValidationError({f"guardrails.{i}.metric": f"one of {Metric.values}"})
         drop = rule.get("max_drop", 0.05)
-        if not isinstance(drop, int | float) or isinstance(drop, bool) or not 0 <= drop < 1:
-            raise ValidationError({f"guardrails.{i}.max_drop": "a relative drop in [0, 1)"})
+        if (
+            not isinstance(drop, int | float)
+            or isinstance(drop, bool)
+            or not 0 <= drop <= MAX_GUARDRAIL_DROP
+        ):
+            raise ValidationError(
+                {f"guardrails.{i}.max_drop": f"a relative drop in [0, {MAX_GUARDRAIL_DROP}]"}
+            )
         clean.append({"metric": rule["metric"], "max_drop": float(drop)})
     return clean
 
 
 def _clean_ramp(ramp_plan: Any, n_arms: int, workspace: Workspace) -> list[float]:
     policy = policy_of(workspace)
-    if not isinstance(ramp_plan, list) or not 1 <= len(ramp_plan) <= 10:
-        raise ValidationError({"ramp_plan": "give 1-10 per-arm percents, e.g. [1, 5, 20, 50]"})
+    if not isinstance(ramp_plan, list) or not 1 <= len(ramp_plan) <= MAX_RAMP_STEPS:
+        raise ValidationError(
+            {"ramp_plan": f"give 1-{MAX_RAMP_STEPS} per-arm percents, e.g. [1, 5, 20, 50]"}
+        )
     plan: list[float] = []
     for value in ramp_plan:
         if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 100:
@@ -226,6 +244,8 @@ def _clean_spec(
     versions; the layer is created when it does not exist yet."""
     if not str(hypothesis or "").strip():
         raise ValidationError({"hypothesis": "say what you expect and why"})
+    if len(str(hypothesis)) > MAX_HYPOTHESIS_CHARS:
+        raise ValidationError({"hypothesis": f"at most {MAX_HYPOTHESIS_CHARS} characters"})
     dep = routing_bridge.deployment_of(workspace, deployment)
     if unit not in Unit.values:
         raise ValidationError({"unit": f"one of {Unit.values}"})
@@ -247,12 +267,17 @@ def _clean_spec(
         {"name": "treatment" if len(versions) == 1 else f"treatment-{i + 1}", "version_id": v.pk}
         for i, v in enumerate(versions)
     ]
-    if not isinstance(ramp_interval_s, int) or not 1 <= ramp_interval_s <= 90 * 86400:
-        raise ValidationError({"ramp_interval_s": "seconds between ramp steps, 1 .. 90 days"})
-    if not isinstance(min_units, int) or not 2 <= min_units <= 10_000_000:
-        raise ValidationError({"min_units": "2 .. 10,000,000"})
-    if not isinstance(alpha, float | int) or not 0.001 <= alpha <= 0.2:
-        raise ValidationError({"alpha": "0.001 .. 0.2"})
+    if not isinstance(ramp_interval_s, int) or not 1 <= ramp_interval_s <= MAX_RAMP_INTERVAL_S:
+        raise ValidationError(
+            {
+                "ramp_interval_s": "seconds between ramp steps, 1 .. "
+                f"{MAX_RAMP_INTERVAL_S // 86400} days"
+            }
+        )
+    if not isinstance(min_units, int) or not MIN_UNITS <= min_units <= MAX_UNITS:
+        raise ValidationError({"min_units": f"{MIN_UNITS} .. {MAX_UNITS:,}"})
+    if not isinstance(alpha, float | int) or not MIN_ALPHA <= alpha <= MAX_ALPHA:
+        raise ValidationError({"alpha": f"{MIN_ALPHA} .. {MAX_ALPHA}"})
     if sequential_method not in SequentialMethod.values:
         raise ValidationError({"sequential_method": f"one of {SequentialMethod.values}"})
     if spending not in Spending.values:
@@ -263,7 +288,7 @@ def _clean_spec(
     if require_room:
         _check_room(workspace, the_layer, len(arms), plan, experiment)
     fields = {
-        "hypothesis": str(hypothesis)[:5000],
+        "hypothesis": str(hypothesis),
         "deployment": dep,
         "control_version_id": dep.version_id,
         "arms": arms,

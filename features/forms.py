@@ -10,6 +10,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from features import registry as limits
 from features.models import BatchFormat, Dtype, EntityKind, Lifecycle
 from workspaces.exceptions import ConflictError
 
@@ -130,15 +131,18 @@ class FeatureGroupCreateForm(forms.Form):
         max_length=500, initial="user_id", help_text="Comma-separated column names, e.g. user_id."
     )
     freshness_sla_hours = forms.FloatField(
-        min_value=0.01,
         initial=24,
         label="Freshness SLA (hours)",
-        help_text="The group is broken when its newest data is older than this.",
+        help_text="The group is broken when its newest data is older than this (from "
+        f"{limits.MIN_FRESHNESS_SLA_S // 60} minute to "
+        f"{limits.MAX_FRESHNESS_SLA_S // 86400} days).",
     )
     online = forms.BooleanField(
         required=False, initial=True, label="Serve online (also stored offline)"
     )
-    description = forms.CharField(required=False, max_length=5000, widget=forms.Textarea)
+    description = forms.CharField(
+        required=False, max_length=limits.MAX_GROUP_DESCRIPTION_CHARS, widget=forms.Textarea
+    )
 
     def service_arguments(self) -> dict[str, Any]:
         data = self.cleaned_data
@@ -146,7 +150,7 @@ class FeatureGroupCreateForm(forms.Form):
             "name": data["name"].strip(),
             "entity": data["entity"],
             "entity_keys": _entity_keys(data["entity_keys"]),
-            "freshness_sla_seconds": max(round(data["freshness_sla_hours"] * 3600), 1),
+            "freshness_sla_seconds": round(data["freshness_sla_hours"] * 3600),
             "online": data["online"],
             "description": data["description"],
         }

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from features import offline_store, online_store
 from features.models import Batch, BatchFormat, Dtype, FeatureGroup, FeatureGroupVersion, Lifecycle
-from features.registry import touch_ingested
+from features.registry import group_locked, touch_ingested
 from workspaces.api.parsers import parse_strict_json
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
@@ -635,11 +635,7 @@ def batch_ingest(
     files: list[str] = []
     try:
         with transaction.atomic():
-            locked = (
-                FeatureGroup.objects.select_for_update()
-                .filter(pk=group.pk, workspace=group.workspace)
-                .get()
-            )
+            locked = group_locked(group)
             if locked.current_version != version.version:
                 raise ConflictError(
                     f"'{group.name}' moved to version {locked.current_version}; resend",

@@ -10,8 +10,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workspaces.models import Workspace
-from workspaces.scoping import WorkspaceScopedQuerySet
+from workspaces.models import CreatedRecord, WorkspaceOwned
 
 name_validator = RegexValidator(
     r"^[a-z][a-z0-9_]{0,62}$",
@@ -61,12 +60,11 @@ class HealthStatus(models.TextChoices):
     BROKEN = "broken", "Broken"
 
 
-class FeatureGroup(models.Model):
+class FeatureGroup(WorkspaceOwned):
     """A set of features about one entity, pushed by one producer, with a versioned schema."""
 
     event_kind = "feature_group"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[name_validator])
     entity = models.CharField(max_length=20, choices=EntityKind.choices)
     entity_keys = models.JSONField(help_text="Entity key column names, e.g. ['user_id'].")
@@ -105,8 +103,6 @@ class FeatureGroup(models.Model):
     online_materialized_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["name"]
         constraints = [
@@ -117,19 +113,12 @@ class FeatureGroup(models.Model):
         return f"{self.name} v{self.current_version}"
 
 
-class FeatureGroupVersion(models.Model):
+class FeatureGroupVersion(WorkspaceOwned, CreatedRecord):
     """One schema of a group. Old versions stay readable: their data is kept by version."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveIntegerField()
     features = models.JSONField(help_text="[{name, dtype, dimension, description}]")
-    created_at = models.DateTimeField(default=timezone.now)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["group", "version"]
@@ -144,12 +133,11 @@ class FeatureGroupVersion(models.Model):
         return {spec["name"]: spec for spec in self.features}
 
 
-class Feature(models.Model):
+class Feature(WorkspaceOwned):
     """One feature of a group, with its own lifecycle; its schema lives in the group's versions."""
 
     event_kind = "feature"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="feature_set")
     name = models.CharField(max_length=63, validators=[name_validator])
     dtype = models.CharField(max_length=20, choices=Dtype.choices)
@@ -157,8 +145,6 @@ class Feature(models.Model):
     description = models.TextField(blank=True)
     status = models.CharField(max_length=12, choices=Lifecycle.choices, default=Lifecycle.ACTIVE)
     added_in_version = models.PositiveIntegerField(default=1)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["group", "name"]
@@ -177,10 +163,9 @@ class ConsumerKind(models.TextChoices):
     TRAINING_JOB = "training_job", "Training job"
 
 
-class Consumer(models.Model):
+class Consumer(WorkspaceOwned):
     """Something that uses a group (or one of its features). Live consumers block retirement."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="consumers")
     feature_name = models.CharField(max_length=63, blank=True, help_text="Blank: the whole group.")
     kind = models.CharField(max_length=20, choices=ConsumerKind.choices)
@@ -191,8 +176,6 @@ class Consumer(models.Model):
     )
     live = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["kind", "label"]
@@ -213,12 +196,11 @@ class BatchFormat(models.TextChoices):
     PARQUET = "parquet", "Parquet"
 
 
-class Batch(models.Model):
+class Batch(WorkspaceOwned):
     """One accepted producer push: where it landed, how big it was, who sent it."""
 
     event_kind = "batch"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="batches")
     version = models.PositiveIntegerField()
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL: no key (unique only when set)
@@ -234,8 +216,6 @@ class Batch(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -257,12 +237,11 @@ class DatasetStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Dataset(models.Model):
+class Dataset(WorkspaceOwned, CreatedRecord):
     """A training sample: labelled events with point-in-time feature values, stored as Parquet."""
 
     event_kind = "dataset"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[name_validator])
     version = models.PositiveIntegerField(default=1)
     label_group = models.ForeignKey(
@@ -285,13 +264,7 @@ class Dataset(models.Model):
     )
     coverage = models.JSONField(default=dict, blank=True, help_text="feature ref -> share non-null")
     error = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     built_at = models.DateTimeField(null=True, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["name", "-version"]
@@ -315,10 +288,9 @@ class Dataset(models.Model):
         return min(self.rows_done / self.rows_total, 1.0)
 
 
-class HealthCheck(models.Model):
+class HealthCheck(WorkspaceOwned):
     """One health check of a group: freshness, coverage, drift and consistency at a moment."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="health_checks")
     checked_at = models.DateTimeField(default=timezone.now, db_index=True)
     status = models.CharField(max_length=10, choices=HealthStatus.choices)
@@ -329,8 +301,6 @@ class HealthCheck(models.Model):
         null=True, help_text="Share of sampled online values equal to the offline ones."
     )
     problems = models.JSONField(default=list, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-checked_at", "-id"]

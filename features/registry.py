@@ -28,8 +28,16 @@ from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
+# The limits of a group's fields: the one source (the API serializers and the forms read them).
 MAX_FEATURES_PER_GROUP = 1000
 MAX_EMBEDDING_DIMENSION = 4096
+MAX_FEATURE_DESCRIPTION_CHARS = 5000
+MAX_GROUP_DESCRIPTION_CHARS = 10_000
+MAX_ENTITY_KEYS = 5
+MAX_TAGS = 50
+MAX_TAG_CHARS = 50
+MIN_FRESHNESS_SLA_S = 60
+MAX_FRESHNESS_SLA_S = 90 * 24 * 3600
 # Column names DuckDB adds when reading the Parquet record (file name, row number).
 RESERVED_COLUMNS = frozenset({"filename", "file_row_number"})
 
@@ -75,8 +83,13 @@ def normalise_features(specs: Any) -> list[dict[str, Any]]:
         elif dimension is not None:
             raise ValidationError({f"{attr}.dimension": "only embeddings have a dimension"})
         description = spec.get("description", "")
-        if not isinstance(description, str) or len(description) > 5000:
-            raise ValidationError({f"{attr}.description": "a string of at most 5000 characters"})
+        if not isinstance(description, str) or len(description) > MAX_FEATURE_DESCRIPTION_CHARS:
+            raise ValidationError(
+                {
+                    f"{attr}.description": "a string of at most "
+                    f"{MAX_FEATURE_DESCRIPTION_CHARS} characters"
+                }
+            )
         result.append(
             {"name": name, "dtype": dtype, "dimension": dimension, "description": description}
         )
@@ -84,8 +97,8 @@ def normalise_features(specs: Any) -> list[dict[str, Any]]:
 
 
 def _check_columns(entity_keys: Any, event_time_column: str, features: list[dict]) -> list[str]:
-    if not isinstance(entity_keys, list) or not entity_keys or len(entity_keys) > 5:
-        raise ValidationError({"entity_keys": "give 1-5 entity key columns"})
+    if not isinstance(entity_keys, list) or not entity_keys or len(entity_keys) > MAX_ENTITY_KEYS:
+        raise ValidationError({"entity_keys": f"give 1-{MAX_ENTITY_KEYS} entity key columns"})
     for index, key in enumerate(entity_keys):
         if not isinstance(key, str):
             raise ValidationError({f"entity_keys.{index}": "must be a column name"})
@@ -105,6 +118,46 @@ def _check_columns(entity_keys: Any, event_time_column: str, features: list[dict
                 {f"features.{index}.name": f"'{spec['name']}' is a key or time column"}
             )
     return list(entity_keys)
+
+
+def group_locked(group: FeatureGroup) -> FeatureGroup:
+    """The group's row read again under ``select_for_update``: every write to a group and every
+    consumer registration takes this one lock, so a retirement and a new consumer (or a batch
+    and a schema change) see each other instead of racing."""
+    return (
+        FeatureGroup.objects.select_for_update()
+        .filter(pk=group.pk, workspace=group.workspace_id)
+        .get()
+    )
+
+
+def _check_group_fields(
+    *, description: Any = None, tags: Any = None, freshness_sla_seconds: Any = None
+) -> None:
+    """The limits of a group's descriptive fields (None: not given), for register and update."""
+    if description is not None and (
+        not isinstance(description, str) or len(description) > MAX_GROUP_DESCRIPTION_CHARS
+    ):
+        raise ValidationError(
+            {"description": f"a string of at most {MAX_GROUP_DESCRIPTION_CHARS} characters"}
+        )
+    if tags is not None:
+        if not isinstance(tags, list) or len(tags) > MAX_TAGS:
+            raise ValidationError({"tags": f"a list of at most {MAX_TAGS} tags"})
+        for index, tag in enumerate(tags):
+            if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_CHARS:
+                raise ValidationError({f"tags.{index}": f"a tag of 1-{MAX_TAG_CHARS} characters"})
+    if freshness_sla_seconds is not None and (
+        not isinstance(freshness_sla_seconds, int)
+        or isinstance(freshness_sla_seconds, bool)
+        or not MIN_FRESHNESS_SLA_S <= freshness_sla_seconds <= MAX_FRESHNESS_SLA_S
+    ):
+        raise ValidationError(
+            {
+                "freshness_sla_seconds": f"from {MIN_FRESHNESS_SLA_S // 60} minute to "
+                f"{MAX_FRESHNESS_SLA_S // 86400} days"
+            }
+        )
 
 
 @transaction.atomic
@@ -131,6 +184,9 @@ def feature_group_register(
         raise ValidationError({"entity": f"one of {', '.join(EntityKind.values)}"})
     specs = normalise_features(features)
     keys = _check_columns(entity_keys, event_time_column, specs)
+    _check_group_fields(
+        description=description, tags=tags, freshness_sla_seconds=freshness_sla_seconds
+    )
     if not (online or offline):
         raise ValidationError({"online": "a group must be online, offline or both"})
     if status not in (Lifecycle.DRAFT, Lifecycle.ACTIVE):
@@ -196,11 +252,7 @@ def feature_group_new_version(
 ) -> FeatureGroupVersion:
     """Change a group's schema: a new version that goes live at once. Old data stays readable
     under its version; consumers are told through the event log."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     if group.status == Lifecycle.RETIRED:
         raise ConflictError(f"feature group '{group.name}' is retired", attr="status")
     specs = normalise_features(features)
@@ -280,11 +332,7 @@ def _refuse_if_consumed(group: FeatureGroup, feature_name: str | None, action: s
 @transaction.atomic
 def feature_group_set_status(*, actor: Actor, group: FeatureGroup, status: str) -> FeatureGroup:
     """Move a group through draft -> active -> deprecated -> retired (retired is final)."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     if status not in Lifecycle.values:
         raise ValidationError({"status": f"one of {', '.join(Lifecycle.values)}"})
     if status == group.status:
@@ -340,11 +388,7 @@ def feature_set_status(*, actor: Actor, feature: Feature, status: str) -> Featur
 @transaction.atomic
 def feature_group_delete(*, actor: Actor, group: FeatureGroup) -> None:
     """Delete a group that nobody uses and that holds no data beyond drafts."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     _refuse_if_consumed(group, None, "delete")
     if group.batches.exists() or group.labelled_datasets.exists():
         raise ConflictError(
@@ -369,11 +413,7 @@ def feature_group_link_successor(
         raise ReferenceNotFound(f"no feature group '{successor.name}'", attr="successor")
     if successor.pk == group.pk:
         raise ValidationError({"successor": "a group cannot succeed itself"})
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
-    )
+    group = group_locked(group)
     group.successor = successor
     group.save(update_fields=["successor"])
     event_record(
@@ -409,11 +449,7 @@ def consumer_register(
 
     The group's row (and the feature's) is locked first, the same lock retiring takes: either the
     retirement sees this consumer and is refused, or this registration sees the retirement."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace_id)
-        .get()
-    )
+    group = group_locked(group)
     if group.status == Lifecycle.RETIRED:
         raise ConflictError(f"feature group '{group.name}' is retired", attr="features")
     if feature_name:
@@ -506,11 +542,10 @@ def feature_group_update(
     producer: User | object | None = ...,
 ) -> FeatureGroup:
     """Change a group's description, tags, freshness SLA or producer (not its schema)."""
-    group = (
-        FeatureGroup.objects.select_for_update()
-        .filter(pk=group.pk, workspace=group.workspace)
-        .get()
+    _check_group_fields(
+        description=description, tags=tags, freshness_sla_seconds=freshness_sla_seconds
     )
+    group = group_locked(group)
     changes: dict[str, Any] = {}
     for field, value in (
         ("description", description),

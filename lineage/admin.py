@@ -181,33 +181,16 @@ class AuditItemAdmin(UnscopedAdminMixin, admin.ModelAdmin):
                 }
             )
         if request.GET.get("format") == "csv":
-            return _csv(
-                "usage.csv",
-                [
-                    "workspace",
-                    "day",
-                    "cpu_hours",
-                    "gpu_hours",
-                    "memory_gb_hours",
-                    "storage_gb",
-                    "cost",
-                ],
-                (
-                    [
-                        r[k]
-                        for k in (
-                            "workspace",
-                            "day",
-                            "cpu_hours",
-                            "gpu_hours",
-                            "memory_gb_hours",
-                            "storage_gb",
-                            "cost",
-                        )
-                    ]
-                    for r in rows
-                ),
-            )
+            columns = [
+                "workspace",
+                "day",
+                "cpu_hours",
+                "gpu_hours",
+                "memory_gb_hours",
+                "storage_gb",
+                "cost",
+            ]
+            return _csv("usage.csv", columns, ([r[k] for k in columns] for r in rows))
         context = {
             **self.admin_site.each_context(request),
             "title": "Resource usage and cost against quota",

@@ -10,8 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from workspaces.models import Workspace
-from workspaces.scoping import WorkspaceScopedQuerySet
+from workspaces.models import WorkspaceOwnedCascade
 
 
 class EdgeType(models.TextChoices):
@@ -23,10 +22,9 @@ class EdgeType(models.TextChoices):
     RELATED = "related", "related"
 
 
-class Node(models.Model):
+class Node(WorkspaceOwnedCascade):
     """One object of the platform (or an external dataset/job) as the event log names it."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=60)
     object_id = models.CharField(max_length=64)
     label = models.CharField(max_length=200, blank=True)
@@ -39,8 +37,6 @@ class Node(models.Model):
     last_seen_at = models.DateTimeField()
     first_event_id = models.BigIntegerField()
     last_event_id = models.BigIntegerField()
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["kind", "object_id"]
@@ -59,13 +55,12 @@ class Node(models.Model):
         return f"{self.kind}:{self.object_id}"
 
 
-class Edge(models.Model):
+class Edge(WorkspaceOwnedCascade):
     """A typed, directed link from an upstream node to a downstream one (data flows src -> dst).
 
     ``active`` turns False when the use ends (a consumer released); the row stays for history.
     """
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     src = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="out_edges")
     dst = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="in_edges")
     type = models.CharField(max_length=20, choices=EdgeType.choices)
@@ -74,8 +69,6 @@ class Edge(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     first_event_id = models.BigIntegerField()
     last_event_id = models.BigIntegerField()
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -131,10 +124,9 @@ class CursorGap(models.Model):
         return f"{self.cursor_id} missing event {self.event_id}"
 
 
-class Usage(models.Model):
+class Usage(WorkspaceOwnedCascade):
     """Resources one event reports for the object it is about, priced at projection time."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="usages")
     event_id = models.BigIntegerField(unique=True)
     verb = models.CharField(max_length=80)
@@ -144,8 +136,6 @@ class Usage(models.Model):
     memory_gb_hours = models.FloatField(default=0)
     storage_gb = models.FloatField(default=0)
     cost = models.FloatField(default=0)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -169,10 +159,9 @@ class AuditStatus(models.TextChoices):
     REVIEWED = "reviewed", "Reviewed"
 
 
-class AuditItem(models.Model):
+class AuditItem(WorkspaceOwnedCascade):
     """Something used first and audited later: flagged by an event, decided by another."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     category = models.CharField(max_length=20, choices=AuditCategory.choices)
     kind = models.CharField(max_length=60)
     object_id = models.CharField(max_length=64)
@@ -187,8 +176,6 @@ class AuditItem(models.Model):
     decided_by = models.CharField(max_length=150, blank=True)
     decision_note = models.TextField(blank=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["-flagged_at", "-id"]
         constraints = [
@@ -201,7 +188,7 @@ class AuditItem(models.Model):
         return f"{self.get_category_display()} {self.kind}:{self.object_id} ({self.status})"
 
 
-class Reach(models.Model):
+class Reach(WorkspaceOwnedCascade):
     """Precomputed impact: ``dst`` (a job, model version, deployment or experiment, live) is
     reachable from ``src`` over live edges in ``depth`` steps (the shortest way).
 
@@ -210,14 +197,11 @@ class Reach(models.Model):
     and ``dst_owner`` are copied from the node so counts by kind and owner need no join.
     """
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     src = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     dst = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     dst_kind = models.CharField(max_length=60)
     dst_owner = models.CharField(max_length=150, blank=True)
     depth = models.PositiveSmallIntegerField()
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["src", "dst"], name="lineage_reach_unique")]

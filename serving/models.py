@@ -15,8 +15,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workspaces.models import Workspace
-from workspaces.scoping import WorkspaceScopedQuerySet
+from workspaces.models import WorkspaceOwned
 
 name_validator = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,62}$",
@@ -36,10 +35,9 @@ class VersionSource(models.TextChoices):
     UPLOAD = "upload", "Bundle written by the platform"
 
 
-class RegisteredModel(models.Model):
+class RegisteredModel(WorkspaceOwned):
     event_kind = "registered_model"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[name_validator])
     description = models.TextField(blank=True)
     aliases = models.JSONField(
@@ -51,8 +49,6 @@ class RegisteredModel(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["name"]
         constraints = [
@@ -63,10 +59,9 @@ class RegisteredModel(models.Model):
         return self.name
 
 
-class ModelVersion(models.Model):
+class ModelVersion(WorkspaceOwned):
     event_kind = "model_version"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="versions")
     version = models.PositiveIntegerField()
     source = models.CharField(
@@ -107,8 +102,6 @@ class ModelVersion(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["model_id", "-version"]
         constraints = [
@@ -134,10 +127,9 @@ class DeploymentState(models.TextChoices):
     STOPPED = "stopped", "Stopped"
 
 
-class Deployment(models.Model):
+class Deployment(WorkspaceOwned):
     event_kind = "deployment"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[name_validator])
     model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="+")
     backend = models.CharField(max_length=12, choices=Backend.choices, default=Backend.EMBEDDED)
@@ -171,8 +163,6 @@ class Deployment(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["name"]
         constraints = [
@@ -193,7 +183,7 @@ class DeploymentPhase(models.TextChoices):
     STOPPED = "Stopped", "Stopped: every replica is gone, as desired"
 
 
-class DeploymentStatus(models.Model):
+class DeploymentStatus(WorkspaceOwned):
     """What a deployment's backend controller last observed and did (``serving.controllers``).
 
     The desired state is the ``Deployment`` row (version, replicas, backend, state) and its
@@ -202,7 +192,6 @@ class DeploymentStatus(models.Model):
 
     event_kind = "deployment_status"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="observed")
     observed_generation = models.PositiveBigIntegerField(
         default=0, help_text="The desired-state generation the controller last acted on."
@@ -220,8 +209,6 @@ class DeploymentStatus(models.Model):
     last_transition_at = models.DateTimeField(null=True, blank=True)
     reconciled_at = models.DateTimeField(null=True, blank=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         verbose_name_plural = "deployment statuses"
 
@@ -229,7 +216,7 @@ class DeploymentStatus(models.Model):
         return f"{self.phase} (generation {self.observed_generation})"
 
 
-class DeploymentChange(models.Model):
+class DeploymentChange(WorkspaceOwned):
     """History of a deployment: who moved traffic where, and why."""
 
     event_kind = "deployment_change"
@@ -241,7 +228,6 @@ class DeploymentChange(models.Model):
         SCALE = "scale", "Scaled"
         STOP = "stop", "Stopped"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="changes")
     kind = models.CharField(max_length=10, choices=Kind.choices)
     from_version = models.ForeignKey(
@@ -257,8 +243,6 @@ class DeploymentChange(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["-created_at", "-id"]
 
@@ -266,12 +250,11 @@ class DeploymentChange(models.Model):
         return f"{self.kind} of deployment {self.deployment_id}"
 
 
-class ExperimentRoute(models.Model):
+class ExperimentRoute(WorkspaceOwned):
     """One experiment's allocations in a layer of a deployment's routing table."""
 
     event_kind = "experiment_route"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="routes")
     experiment_key = models.CharField(max_length=100)
     layer = models.CharField(max_length=100)
@@ -281,8 +264,6 @@ class ExperimentRoute(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["layer", "experiment_key"]
@@ -296,12 +277,11 @@ class ExperimentRoute(models.Model):
         return f"{self.experiment_key} in layer {self.layer}"
 
 
-class PredictionLog(models.Model):
+class PredictionLog(WorkspaceOwned):
     """One acknowledged predict; ``request_id`` is unique per workspace (feedback joins on it)."""
 
     event_kind = "prediction"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     request_id = models.CharField(max_length=100)
     unit_id = models.CharField(max_length=200)
     deployment = models.ForeignKey(
@@ -316,8 +296,6 @@ class PredictionLog(models.Model):
     n_candidates = models.PositiveIntegerField(default=0)
     latency_ms = models.FloatField(default=0)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -217,13 +217,12 @@ def version_checked(*, workspace, version: ModelVersion, deployment: str | None 
     """The version with its verdict against ``deployment`` (default: the deployment its last
     verdict was for, else its model's only deployment); 404 naming ``deployment``."""
     from workspaces.exceptions import ReferenceNotFound
+    from workspaces.selectors import workspace_object
 
     name = deployment or (version.quality or {}).get("deployment")
     qs = Deployment.objects.for_workspace(workspace).select_related("version", "model")
     if name:
-        dep = qs.filter(name=name).first()
-        if dep is None:
-            raise ReferenceNotFound(f"no deployment '{name}'", attr="deployment")
+        dep = workspace_object(qs, workspace=workspace, ref=str(name), attr="deployment")
     else:
         found = list(qs.filter(model_id=version.model_id)[:2])
         if len(found) != 1:

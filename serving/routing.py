@@ -38,6 +38,7 @@ from django.db import transaction
 from workspaces.events import Actor, Ref, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
+from workspaces.selectors import workspace_object
 
 BUCKETS = 10_000
 GENERATION_KEY = "serving:routing-generation"
@@ -53,26 +54,11 @@ def bucket(unit_id: str, salt: str, buckets: int = BUCKETS) -> int:
 # Reading and evaluating tables
 
 
-def resolve_deployment(workspace: Workspace, deployment: Any):
-    """The workspace's deployment given as an object or a name (``ReferenceNotFound`` naming
-    ``deployment`` for a missing one or another workspace's)."""
-    from serving.models import Deployment
-
-    if isinstance(deployment, Deployment):
-        if deployment.workspace_id != workspace.pk:
-            raise ReferenceNotFound(f"no deployment '{deployment.name}'", attr="deployment")
-        return deployment
-    found = Deployment.objects.for_workspace(workspace).filter(name=str(deployment)).first()
-    if found is None:
-        raise ReferenceNotFound(f"no deployment '{deployment}'", attr="deployment")
-    return found
-
-
 def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
     """The deployment's published table as plain data (JSON-able)."""
-    from serving.models import ExperimentRoute
+    from serving.models import Deployment, ExperimentRoute
 
-    dep = resolve_deployment(workspace, deployment)
+    dep = workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
     layers: dict[str, dict[str, Any]] = {}
     for route_row in ExperimentRoute.objects.for_workspace(workspace).filter(deployment=dep):
         layer = layers.setdefault(
@@ -294,7 +280,7 @@ def routing_experiment_set(
     for field, value in (("experiment_key", experiment_key), ("layer", layer), ("salt", salt)):
         if not isinstance(value, str) or not value or len(value) > 100:
             raise ValidationError({field: "give a non-empty string of at most 100 characters"})
-    dep = resolve_deployment(workspace, deployment)
+    dep = workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=dep.pk)
     clean = _check_allocations(allocations, workspace)
     others = ExperimentRoute.objects.for_workspace(workspace).filter(deployment=dep, layer=layer)
@@ -348,7 +334,7 @@ def routing_experiment_clear(
     """Remove an experiment from the table: its traffic goes back to production (control)."""
     from serving.models import Deployment, ExperimentRoute
 
-    dep = resolve_deployment(workspace, deployment)
+    dep = workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
     dep = Deployment.objects.for_workspace(workspace).select_for_update().get(pk=dep.pk)
     deleted, _ = (
         ExperimentRoute.objects.for_workspace(workspace)

@@ -947,6 +947,20 @@ def _finish(
 
     usage_now = _usage_dict(job, usage)
     resources = _resources(job, usage)
+
+    def end_attempt(to: str, **fields: Any) -> None:
+        # Every end moves the running attempt on, with its resources and usage.
+        with_retry(
+            job_transition,
+            job=job,
+            attempt=attempt,
+            to=to,
+            expect=JobState.RUNNING,
+            resources=resources,
+            usage=usage_now,
+            **fields,
+        )
+
     if code == 0 and state.done is not None:
         metrics = dict(state.done.get("metrics") or {})
         production = _production_comparison(job, spec)
@@ -966,18 +980,12 @@ def _finish(
             ]
         )
         tracker.finish("FINISHED")
-        with_retry(
-            job_transition,
-            job=job,
-            attempt=attempt,
-            to=JobState.SUCCEEDED,
-            expect=JobState.RUNNING,
+        end_attempt(
+            JobState.SUCCEEDED,
             reason="training finished",
-            resources=resources,
             payload={"holdout": holdout, "mlflow_run_id": tracker.run_id or ""},
             model_path=_relative(model_dir),
             metrics=metrics,
-            usage=usage_now,
             stop_requested="",
             eta_s=0.0,
         )
@@ -987,16 +995,10 @@ def _finish(
         to = JobState.CANCELLED if mode == "cancel" else JobState.PREEMPTED
         why = "the node agent is shutting down" if signalled == "shutdown" else f"{mode} requested"
         tracker.finish("KILLED")
-        with_retry(
-            job_transition,
-            job=job,
-            attempt=attempt,
-            to=to,
-            expect=JobState.RUNNING,
+        end_attempt(
+            to,
             reason=f"{why}; checkpointed at step {job.checkpoint_step}",
-            resources=resources,
             payload={"checkpoint_step": job.checkpoint_step},
-            usage=usage_now,
             stop_requested="",
         )
         return job.state
@@ -1008,31 +1010,19 @@ def _finish(
     final = signalled in {"wall_time", "unsafe_output"}
     if job.attempts < job.max_attempts and not job.stop_requested and not final:
         tracker.finish("FAILED")
-        with_retry(
-            job_transition,
-            job=job,
-            attempt=attempt,
-            to=JobState.PENDING,
-            expect=JobState.RUNNING,
+        end_attempt(
+            JobState.PENDING,
             reason=f"{reason}; requeued (attempt {job.attempts}/{job.max_attempts}), "
             f"resumes from step {job.checkpoint_step}",
-            resources=resources,
-            usage=usage_now,
             node=None,
             assigned_gpus=[],
         )
         return job.state
     tracker.finish("FAILED")
     to = JobState.CANCELLED if job.stop_requested == "cancel" else JobState.FAILED
-    with_retry(
-        job_transition,
-        job=job,
-        attempt=attempt,
-        to=to,
-        expect=JobState.RUNNING,
+    end_attempt(
+        to,
         reason=reason,
-        resources=resources,
-        usage=usage_now,
         stop_requested="",
     )
     return job.state

@@ -39,20 +39,24 @@ agent, the job page, the quality gate and the registry need not know which kind 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
+from training.runner import CheckpointedStopping
+
 GBDT_CHECKPOINT_FORMAT = "rankops-gbdt-checkpoint/1"
 LIGHTGBM_METRICS = {"auc": "auc", "logloss": "binary_logloss"}
 
 
-class RoundStopping:
+class RoundStopping(CheckpointedStopping):
     """Early stopping over boosting rounds: the best round by a validation metric, the rounds
     since it, and the curve of sampled points; ``stopped`` once ``rounds`` rounds in a row did
     not improve (0: never)."""
+
+    STATE = ("best_value", "best_round", "best_values", "bad_rounds", "stopped", "curve")
+    COUNTER = "bad_rounds"
 
     def __init__(self, *, metric: str, rounds: int) -> None:
         if metric not in LIGHTGBM_METRICS:
@@ -66,11 +70,6 @@ class RoundStopping:
         self.stopped = False
         self.curve: list[list[float]] = []  # [round, value of ``metric``]
 
-    def _better(self, value: float | None) -> bool:
-        from training.runner import improves
-
-        return improves(self.metric, value, self.best_value)
-
     def update(self, at: int, values: dict[str, float | None]) -> bool:
         """See round ``at``'s validation ``values``; True when it is the new best."""
         value = values.get(self.metric)
@@ -83,23 +82,10 @@ class RoundStopping:
             self.stopped = True
         return False
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "best_value": self.best_value,
-            "best_round": self.best_round,
-            "best_values": self.best_values,
-            "bad_rounds": self.bad_rounds,
-            "stopped": self.stopped,
-            "curve": self.curve,
-        }
-
     def restore(self, state: dict[str, Any] | None) -> None:
-        if not state:
-            return
-        self.best_value, self.best_round = state["best_value"], state["best_round"]
-        self.best_values = dict(state.get("best_values") or {})
-        self.bad_rounds, self.stopped = int(state["bad_rounds"]), bool(state["stopped"])
-        self.curve = [list(point) for point in state["curve"]]
+        """Back to a checkpoint's state; one written before ``best_values`` has none."""
+        super().restore(state)
+        self.best_values = dict(self.best_values or {})
 
     def final_curve(self) -> list[list[float]]:
         """The sampled curve, with the best round's point in it when early stopping keeps
@@ -138,16 +124,6 @@ def lightgbm_params(job, spec) -> dict[str, Any]:
     return params
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    import os
-
-    import torch
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def _load_checkpoint(job) -> dict[str, Any] | None:
     import torch
 
@@ -162,9 +138,8 @@ def train(job, *, emit, stop) -> int:
     import lightgbm as lgb
     import torch
 
-    from training import data
-    from training.bundle import BundleSpec, load_bundle
-    from training.runner import EXIT_STOPPED, finish_run
+    from training.bundle import load_bundle
+    from training.runner import EXIT_STOPPED, checkpoint_write, finish_run, job_data
     from training.templates.lightgbm import (
         LightGBMModel,
         feature_layout,
@@ -184,34 +159,13 @@ def train(job, *, emit, stop) -> int:
     if base is not None and not isinstance(base.model, LightGBMModel):
         emit("error", message="a lightgbm job continues only from a lightgbm model")
         return 2
-    spec = None
-    if checkpoint is not None:
-        spec = BundleSpec.from_json(json.loads(checkpoint["spec"]))
-    elif base is not None:
-        spec = base.spec
-        spec.template = job.template or spec.template
-    started = time.monotonic()
-    try:
-        loaded = data.load(job, spec=spec)
-    except data.DataError as exc:
-        emit("error", message=str(exc))
+    loaded = job_data(job, checkpoint=checkpoint, base=base, emit=emit)
+    if loaded is None:
         return 2
     spec = loaded.spec
     # The bundle records what this job ran with (an incremental job: its own params).
     spec.hparams = {k: v for k, v in job.params.items() if not isinstance(v, dict)}
-    spec.extra = {
-        **{k: v for k, v in spec.extra.items() if k != "calibration"},
-        "job_id": job.job_id,
-    }
     validation = loaded.validation
-    emit(
-        "log",
-        message=f"data: {loaded.train.n} train rows, {validation.n} validation, "
-        f"{loaded.holdout.n} held out ({time.monotonic() - started:.2f}s)",
-    )
-    if loaded.train.n == 0:
-        emit("log", message="the dataset has no training rows")
-        return 2
     names, categorical = feature_layout(spec)
     if not names:
         emit("error", message="a lightgbm job needs at least one feature")
@@ -267,18 +221,12 @@ def train(job, *, emit, stop) -> int:
     reseed = float(params["feature_fraction"]) < 1.0
 
     def save_checkpoint(booster, at: int) -> None:
-        _atomic_save(
-            {
-                "format": GBDT_CHECKPOINT_FORMAT,
-                "model": booster.model_to_string(num_iteration=-1),
-                "step": at,
-                "offset": offset,
-                "spec": json.dumps(spec.to_json()),
-                "early_stopping": stopping.state(),
-            },
-            job.checkpoint_file,
-        )
-        emit("checkpoint", step=at, path=str(job.checkpoint_file))
+        parts = {
+            "format": GBDT_CHECKPOINT_FORMAT,
+            "model": booster.model_to_string(num_iteration=-1),
+            "offset": offset,
+        }
+        checkpoint_write(job, emit, step=at, spec=spec, stopping=stopping, parts=parts)
 
     emit(
         "start",
@@ -389,16 +337,4 @@ def train(job, *, emit, stop) -> int:
         "trees": model.num_trees,
         "stopped_early": stopping.stopped,
     }
-    return finish_run(
-        job,
-        model=model,
-        spec=spec,
-        loaded=loaded,
-        metrics=metrics,
-        stopping_metric=stopping.metric,
-        best_value=stopping.best_value,
-        curve=stopping.final_curve(),
-        step=rounds,
-        seed=seed,
-        emit=emit,
-    )
+    return finish_run(job, model, loaded, metrics, stopping, step=rounds, seed=seed, emit=emit)

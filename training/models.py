@@ -8,14 +8,12 @@ Placement policy (which node, preemption) belongs to the scheduler (``training.s
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
 from features.models import Dataset
-from workspaces.models import Workspace
-from workspaces.scoping import WorkspaceScopedQuerySet
+from workspaces.models import CreatedRecord, WorkspaceOwned, WorkspaceOwnedCascade
 
 job_name_validator = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,62}$",
@@ -133,12 +131,11 @@ JOB_MOVES: dict[str, set[str]] = {
 }
 
 
-class TrainingJob(models.Model):
+class TrainingJob(WorkspaceOwned, CreatedRecord):
     """One training job: what to run (template or entry point), on what data, with what."""
 
     event_kind = "training_job"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[job_name_validator])
     template = models.CharField(
         max_length=40, blank=True, help_text="Built-in template, e.g. logreg, fine_ranking."
@@ -219,15 +216,9 @@ class TrainingJob(models.Model):
         "cpu_hours, gpu_hours.",
     )
 
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -248,17 +239,14 @@ class TrainingJob(models.Model):
         return PRIORITY_RANK[self.priority_class]
 
 
-class JobMetric(models.Model):
+class JobMetric(WorkspaceOwnedCascade):
     """One measured value of a job at a step: loss, samples/s, held-out AUC, checkpoints."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_rows")
     step = models.PositiveBigIntegerField()
     name = models.CharField(max_length=64)
     value = models.FloatField()
     recorded_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["job", "name", "step", "id"]
@@ -273,7 +261,7 @@ class EntryPointKind(models.TextChoices):
     SCRIPT = "script", "Uploaded script (stored under ARTIFACT_ROOT)"
 
 
-class EntryPoint(models.Model):
+class EntryPoint(WorkspaceOwned, CreatedRecord):
     """User training code registered in a workspace; run in the child like a template.
 
     Contract: the module defines ``build(spec: BundleSpec) -> torch.nn.Module`` whose
@@ -283,7 +271,6 @@ class EntryPoint(models.Model):
 
     event_kind = "training_entry_point"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[job_name_validator])
     kind = models.CharField(max_length=10, choices=EntryPointKind.choices)
     module = models.CharField(max_length=200, blank=True, help_text="Dotted path (kind=module).")
@@ -292,12 +279,6 @@ class EntryPoint(models.Model):
     )
     sha256 = models.CharField(max_length=64, blank=True)
     description = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -309,22 +290,15 @@ class EntryPoint(models.Model):
         return self.name
 
 
-class Pipeline(models.Model):
+class Pipeline(WorkspaceOwned, CreatedRecord):
     """A DAG of stages, defined once per workspace: ``stages`` is
     ``[{"name": ..., "kind": ..., "after": [names], "params": {...}}, ...]``."""
 
     event_kind = "training_pipeline"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[job_name_validator])
     description = models.TextField(blank=True)
     stages = models.JSONField(default=list)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -344,10 +318,9 @@ class RunState(models.TextChoices):
     SKIPPED = "skipped", "Skipped"
 
 
-class PipelineRun(models.Model):
+class PipelineRun(WorkspaceOwned, CreatedRecord):
     event_kind = "pipeline_run"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     pipeline = models.ForeignKey(Pipeline, on_delete=models.PROTECT, related_name="runs")
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.PENDING)
     params = models.JSONField(default=dict, blank=True)
@@ -360,13 +333,7 @@ class PipelineRun(models.Model):
         blank=True,
         help_text="While set and in the future, one worker is advancing the run (no other may).",
     )
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -375,8 +342,7 @@ class PipelineRun(models.Model):
         return f"{self.pipeline.name} run #{self.pk}"
 
 
-class StageRun(models.Model):
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+class StageRun(WorkspaceOwned):
     run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, related_name="stage_runs")
     name = models.CharField(max_length=63)
     kind = models.CharField(max_length=40)
@@ -388,8 +354,6 @@ class StageRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["run", "position"]
         constraints = [
@@ -400,12 +364,11 @@ class StageRun(models.Model):
         return f"{self.name} ({self.state})"
 
 
-class CandidateEvaluation(models.Model):
+class CandidateEvaluation(WorkspaceOwned, CreatedRecord):
     """F11: a candidate feature's values, joined onto a dataset, trained with and without."""
 
     event_kind = "candidate_feature_evaluation"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[job_name_validator])
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="+")
     key_column = models.CharField(max_length=63)
@@ -414,13 +377,7 @@ class CandidateEvaluation(models.Model):
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.PENDING)
     result = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -453,7 +410,7 @@ class TuningPruner(models.TextChoices):
     NONE = "none", "None: every trial runs to its end"
 
 
-class TuningJob(models.Model):
+class TuningJob(WorkspaceOwned, CreatedRecord):
     """A hyperparameter search (Katib's Experiment): trials are training jobs of one template on
     one dataset, sampled by Optuna's TPE from ``space`` and placed by the scheduler, at most
     ``parallelism`` at once, until ``n_trials`` or ``max_minutes``; the best trial by the
@@ -461,7 +418,6 @@ class TuningJob(models.Model):
 
     event_kind = "tuning_job"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
     name = models.CharField(max_length=63, validators=[job_name_validator])
     template = models.CharField(max_length=40)
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="+")
@@ -516,15 +472,9 @@ class TuningJob(models.Model):
     model_version_id = models.PositiveBigIntegerField(null=True, blank=True)
     model_version_label = models.CharField(max_length=100, blank=True)
 
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -546,14 +496,13 @@ class TrialState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class TuningTrial(models.Model):
+class TuningTrial(WorkspaceOwnedCascade):
     """One trial of a tuning job: its sampled params and its child training job. What the tuner
     reads of it is validation only (``value``: the final validation metric; ``intermediate``:
     ``[[epoch, value], ...]``); this row has no place for a held-out metric."""
 
     event_kind = "tuning_trial"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     tuning_job = models.ForeignKey(TuningJob, on_delete=models.CASCADE, related_name="trials")
     number = models.PositiveIntegerField()
     job = models.OneToOneField(TrainingJob, on_delete=models.PROTECT, related_name="tuning_trial")
@@ -564,8 +513,6 @@ class TuningTrial(models.Model):
     pruner_attrs = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["tuning_job", "number"]

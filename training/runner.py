@@ -97,9 +97,83 @@ def improves(metric: str, value: float | None, best: float | None) -> bool:
     return value > best if metric == "auc" else value < best
 
 
-class EarlyStopping:
+def job_data(job, *, checkpoint: dict | None, base, emit):
+    """The job's rows (``data.load``) with the spec it runs with: a resumed run's from its
+    checkpoint, an incremental one's from its base model (the base's encoding: buckets,
+    mean/std), else fitted on the data. The torch and boosted-trees loops share it. None after
+    telling the agent why for data the job cannot use or without training rows (the caller
+    exits 2)."""
+    from training import data
+    from training.bundle import BundleSpec
+
+    spec = None
+    if checkpoint is not None:
+        spec = BundleSpec.from_json(json.loads(checkpoint["spec"]))
+    elif base is not None:
+        spec = base.spec
+        spec.template = job.template or spec.template
+    started = time.monotonic()
+    try:
+        loaded = data.load(job, spec=spec)
+    except data.DataError as exc:
+        emit("error", message=str(exc))
+        return None
+    emit(
+        "log",
+        message=f"data: {loaded.train.n} train rows, {loaded.validation.n} validation, "
+        f"{loaded.holdout.n} held out ({time.monotonic() - started:.2f}s)",
+    )
+    if loaded.train.n == 0:
+        emit("log", message="the dataset has no training rows")
+        return None
+    # A base model's calibration belongs to the base model: this run fits its own (or none).
+    loaded.spec.extra = {
+        **{k: v for k, v in loaded.spec.extra.items() if k != "calibration"},
+        "job_id": job.job_id,
+    }
+    return loaded
+
+
+class CheckpointedStopping:
+    """What early stopping by epoch (here) and by round (``gbdt.RoundStopping``) share: the
+    comparison by metric and the state a checkpoint keeps, named by ``STATE`` (the checkpoint's
+    keys, so a resumed run goes on from the same best), ``COUNTER`` the steps since the best."""
+
+    STATE: tuple[str, ...] = ()
+    COUNTER = ""
+    metric: str
+    best_value: float | None
+    stopped: bool
+    curve: list[list[float]]
+
+    def _better(self, value: float | None) -> bool:
+        return improves(self.metric, value, self.best_value)
+
+    def final_curve(self) -> list[list[float]]:
+        """The curve the run reports: every point seen."""
+        return self.curve
+
+    def state(self) -> dict[str, Any]:
+        """The checkpoint's copy of the state (JSON- or torch-serialisable)."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Back to a checkpoint's state (nothing for a run without one)."""
+        if not state:
+            return
+        for name in self.STATE:
+            setattr(self, name, state.get(name))
+        setattr(self, self.COUNTER, int(getattr(self, self.COUNTER) or 0))
+        self.stopped = bool(self.stopped)
+        self.curve = [list(point) for point in self.curve or []]
+
+
+class EarlyStopping(CheckpointedStopping):
     """The best epoch so far by a validation metric, its weights (on the CPU) and the count of
     epochs since; ``stopped`` once ``patience`` epochs in a row did not improve (0: never)."""
+
+    STATE = ("best_value", "best_epoch", "best_state", "bad_epochs", "stopped", "curve")
+    COUNTER = "bad_epochs"
 
     def __init__(self, *, metric: str, patience: int) -> None:
         if metric not in {"auc", "logloss"}:
@@ -113,9 +187,6 @@ class EarlyStopping:
         self.stopped = False
         self.curve: list[list[float]] = []  # [epoch, value]
 
-    def _better(self, value: float | None) -> bool:
-        return improves(self.metric, value, self.best_value)
-
     def update(self, epoch: float, value: float | None, model) -> None:
         epoch = int(epoch) if float(epoch).is_integer() else round(epoch, 6)
         self.curve.append([epoch, value])
@@ -127,24 +198,6 @@ class EarlyStopping:
         if self.patience and self.bad_epochs >= self.patience:
             self.stopped = True
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "best_value": self.best_value,
-            "best_epoch": self.best_epoch,
-            "best_state": self.best_state,
-            "bad_epochs": self.bad_epochs,
-            "stopped": self.stopped,
-            "curve": self.curve,
-        }
-
-    def restore(self, state: dict[str, Any] | None) -> None:
-        if not state:
-            return
-        self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]
-        self.best_state = state["best_state"]
-        self.bad_epochs, self.stopped = int(state["bad_epochs"]), bool(state["stopped"])
-        self.curve = [list(point) for point in state["curve"]]
-
 
 def _atomic_save(obj: Any, path: Path) -> None:
     import torch
@@ -152,6 +205,22 @@ def _atomic_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def checkpoint_write(job, emit, *, step: int, spec, stopping, parts: dict[str, Any]) -> None:
+    """Write the job's checkpoint whole (a temporary file renamed over it, so a kill leaves the
+    previous one) with what every loop keeps, the step, the spec and the early-stopping state,
+    and the loop's own ``parts`` (format, model, optimiser, ...); then tell the agent."""
+    _atomic_save(
+        {
+            **parts,
+            "step": step,
+            "spec": json.dumps(spec.to_json()),
+            "early_stopping": stopping.state(),
+        },
+        job.checkpoint_file,
+    )
+    emit("checkpoint", step=step, path=str(job.checkpoint_file))
 
 
 def _device(job) -> Any:
@@ -170,7 +239,6 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
 
     from training import data, evaluation
     from training.bundle import (
-        BundleSpec,
         apply_calibration,
         build_model,
         load_bundle,
@@ -200,34 +268,11 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
             checkpoint = None
     base = load_bundle(job.base_model_path) if job.base_model_path and checkpoint is None else None
 
-    spec = None
-    if checkpoint is not None:
-        spec = BundleSpec.from_json(json.loads(checkpoint["spec"]))
-    elif base is not None:
-        # Incremental training keeps the base model's encoding (buckets, mean/std).
-        spec = base.spec
-        spec.template = job.template or spec.template
-    started = time.monotonic()
-    try:
-        loaded = data.load(job, spec=spec)
-    except data.DataError as exc:
-        emit("error", message=str(exc))
+    loaded = job_data(job, checkpoint=checkpoint, base=base, emit=emit)
+    if loaded is None:
         return 2
     spec = loaded.spec
-    # A base model's calibration belongs to the base model: this run fits its own (or none).
-    spec.extra = {
-        **{k: v for k, v in spec.extra.items() if k != "calibration"},
-        "job_id": job.job_id,
-    }
     validation = loaded.validation
-    emit(
-        "log",
-        message=f"data: {loaded.train.n} train rows, {validation.n} validation, "
-        f"{loaded.holdout.n} held out ({time.monotonic() - started:.2f}s)",
-    )
-    if loaded.train.n == 0:
-        emit("log", message="the dataset has no training rows")
-        return 2
 
     model = build_model(spec)
     if base is not None:
@@ -273,19 +318,13 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     eval_s = 0.0
 
     def save_checkpoint(at: int) -> None:
-        _atomic_save(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                "optimizer": optimizer.state_dict(),
-                "step": at,
-                "rng": torch.get_rng_state(),
-                "spec": json.dumps(spec.to_json()),
-                "early_stopping": stopping.state(),
-            },
-            job.checkpoint_file,
-        )
-        emit("checkpoint", step=at, path=str(job.checkpoint_file))
+        parts = {
+            "format": CHECKPOINT_FORMAT,
+            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        checkpoint_write(job, emit, step=at, spec=spec, stopping=stopping, parts=parts)
 
     emit(
         "start",
@@ -394,19 +433,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         "best_epoch": stopping.best_epoch if stopping.patience else None,
         "stopped_early": stopping.stopped,
     }
-    return finish_run(
-        job,
-        model=model,
-        spec=spec,
-        loaded=loaded,
-        metrics=metrics,
-        stopping_metric=stopping.metric,
-        best_value=stopping.best_value,
-        curve=stopping.curve,
-        step=step,
-        seed=seed,
-        emit=emit,
-    )
+    return finish_run(job, model, loaded, metrics, stopping, step=step, seed=seed, emit=emit)
 
 
 def fit_convex(model, dense, cat, label, *, l2: float, max_iter: int) -> dict[str, float]:
@@ -520,25 +547,16 @@ def train_convex(job, *, model, spec, loaded, seed: int, emit: Emitter) -> int:
 
 
 def finish_run(
-    job,
-    *,
-    model,
-    spec,
-    loaded,
-    metrics: dict[str, Any],
-    stopping_metric: str,
-    best_value: float | None,
-    curve: list,
-    step: int,
-    seed: int,
-    emit: Emitter,
+    job, model, loaded, metrics: dict[str, Any], stopping, *, step: int, seed: int, emit: Emitter
 ) -> int:
     """The end of every run, torch or boosted trees: fit the calibration on the validation rows
-    (and report it, with the cross-fitted log loss model selection reads), evaluate on the test
-    rows (reported only), save the bundle and emit ``done``. Returns exit code 0."""
+    (and report it, with the cross-fitted log loss model selection reads, and the early
+    stopping's best and curve), evaluate on the test rows (reported only), save the bundle
+    (its spec is ``loaded.spec``) and emit ``done``. Returns exit code 0."""
     from training import evaluation
     from training.bundle import apply_calibration, save_bundle
 
+    spec = loaded.spec
     validation = loaded.validation
     if validation.n:
         val_y = validation.label.numpy()
@@ -559,9 +577,9 @@ def finish_run(
             "rows": validation.n,
             "calibration": (fitted or {}).get("method", "none"),
             "temperature": (fitted or {}).get("temperature"),
-            "early_stopping_metric": stopping_metric,
-            "best_value": best_value,
-            "curve": curve,
+            "early_stopping_metric": stopping.metric,
+            "best_value": stopping.best_value,
+            "curve": stopping.final_curve(),
         }
     if loaded.holdout.n:
         metrics.update(

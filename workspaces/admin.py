@@ -15,7 +15,11 @@ from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 
 from workspaces import notifications, services
-from workspaces.admin_base import UnscopedAdminMixin
+from workspaces.admin_base import (
+    ServiceManagedAdminMixin,
+    UnscopedAdminMixin,
+    model_field_names,
+)
 from workspaces.exceptions import ConflictError
 from workspaces.models import (
     ApiToken,
@@ -65,17 +69,26 @@ class QuotaRowsFormSet(WorkspaceRowsFormSet):
         return "quotas"  # the foreign key has no reverse name ("+"), which would leave none
 
 
-class QuotaInlineForm(forms.ModelForm):
-    """A new row picks its GPU type; an existing row keeps it and may change its limits."""
+class KeyedRowForm(forms.ModelForm):
+    """An inline row whose ``key_field`` says which row it is: a new row picks it, an existing
+    one keeps it (the field is disabled) and may change the rest."""
 
-    class Meta:
-        model = WorkspaceQuota
-        fields = ["gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "storage_gb"]
+    key_field: str
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
-            self.fields["gpu_type"].disabled = True
+            self.fields[self.key_field].disabled = True
+
+
+class QuotaInlineForm(KeyedRowForm):
+    """A new row picks its GPU type; an existing row keeps it and may change its limits."""
+
+    key_field = "gpu_type"
+
+    class Meta:
+        model = WorkspaceQuota
+        fields = ["gpu_type", "cpu_milli", "memory_mb", "gpu_milli", "storage_gb"]
 
 
 class QuotaInline(UnscopedAdminMixin, admin.TabularInline):
@@ -102,17 +115,14 @@ class QuotaInline(UnscopedAdminMixin, admin.TabularInline):
         return request.user.is_superuser
 
 
-class MembershipInlineForm(forms.ModelForm):
+class MembershipInlineForm(KeyedRowForm):
     """A new row picks its user; an existing member keeps theirs and may change role."""
+
+    key_field = "user"
 
     class Meta:
         model = Membership
         fields = ["user", "role"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.instance.pk:
-            self.fields["user"].disabled = True
 
 
 class MembershipInline(UnscopedAdminMixin, admin.TabularInline):
@@ -315,16 +325,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     ]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "name", "user__username"]
-    readonly_fields = [
-        "user",
-        "name",
-        "prefix",
-        "workspaces",
-        "created_at",
-        "expires_at",
-        "last_used_at",
-        "revoked_at",
-    ]
+    readonly_fields = model_field_names(ApiToken, exclude=("id", "key_hash"))
     actions = ["revoke_selected"]
 
     def has_add_permission(self, request) -> bool:
@@ -365,72 +366,29 @@ class EventRefInline(admin.TabularInline):
 
 
 @admin.register(Event)
-class EventAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+class EventAdmin(UnscopedAdminMixin, ServiceManagedAdminMixin, admin.ModelAdmin):
     """The audit trail: filter by workspace, verb, actor and time; nothing can be changed."""
 
     list_display = ["created_at", "workspace", "actor_name", "verb", "resources"]
     list_filter = ["workspace", "verb", ("created_at", admin.DateFieldListFilter), "actor_name"]
     search_fields = ["verb", "actor_name", "refs__label", "refs__object_id"]
     date_hierarchy = "created_at"
-    readonly_fields = [
-        "created_at",
-        "workspace",
-        "actor",
-        "actor_name",
-        "token_prefix",
-        "verb",
-        "resources",
-        "payload",
-    ]
     inlines = [EventRefInline]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("workspace")
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(Notification)
-class NotificationAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+class NotificationAdmin(UnscopedAdminMixin, ServiceManagedAdminMixin, admin.ModelAdmin):
     """Notifications as sent; read-only (``workspaces.notifications.notify`` writes them)."""
 
     list_display = ["created_at", "workspace", "recipient", "verb", "title", "read_at"]
     list_filter = ["verb", "workspace", ("created_at", admin.DateFieldListFilter)]
     search_fields = ["title", "verb", "recipient__username"]
-    readonly_fields = [
-        "workspace",
-        "recipient",
-        "verb",
-        "title",
-        "body",
-        "link",
-        "event",
-        "created_at",
-        "read_at",
-        "delivered_at",
-        "email_attempts",
-        "email_next_attempt_at",
-        "email_error",
-    ]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("workspace", "recipient")
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(WebhookEndpoint)
@@ -440,16 +398,7 @@ class WebhookEndpointAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 
     list_display = ["workspace", "url", "active", "last_status", "last_attempt_at", "created_by"]
     list_filter = ["active", "workspace"]
-    readonly_fields = [
-        "workspace",
-        "url",
-        "active",
-        "created_by",
-        "created_at",
-        "last_attempt_at",
-        "last_status",
-        "last_error",
-    ]
+    readonly_fields = model_field_names(WebhookEndpoint, exclude=("id", "secret"))
     exclude = ["secret"]
     actions = ["delete_webhooks"]
 

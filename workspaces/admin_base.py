@@ -10,6 +10,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 
+def model_field_names(model, *, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Every field of a model by name (concrete, then many-to-many), less ``exclude``: the
+    read-only list of an admin that shows a row whole, without writing the list out again."""
+    opts = model._meta
+    return [f.name for f in (*opts.concrete_fields, *opts.many_to_many) if f.name not in exclude]
+
+
 class UnscopedAdminMixin:
     """The admin console sees every workspace's rows, deliberately."""
 
@@ -29,10 +36,8 @@ class ServiceManagedAdminMixin:
     that calls it."""
 
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        # a mixin for ModelAdmin subclasses, which have .model.
-        opts = self.model._meta  # type: ignore[attr-defined]
-        names = [f.name for f in (*opts.concrete_fields, *opts.many_to_many)]
-        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]  # type: ignore[misc]
+        names = model_field_names(self.model)
+        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]
 
     def has_add_permission(self, request: HttpRequest, *args) -> bool:
         return False

@@ -98,7 +98,45 @@ class Workspace(models.Model):
         return f"{self.slug} ({self.scene} / {self.get_prediction_type_display()})"
 
 
-class Membership(models.Model):
+class WorkspaceOwned(models.Model):
+    """The base of every model whose rows belong to one workspace: the ``workspace`` key and the
+    fail-closed manager (a query not narrowed to a workspace raises, see ``workspaces.scoping``).
+
+    A workspace cannot be deleted while it owns these rows (PROTECT): the things a team built and
+    the history of what they did outlive nothing by accident.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+
+    objects = WorkspaceScopedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
+class CreatedRecord(models.Model):
+    """Who created a row (kept when the user is deleted, then blank) and when."""
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
+class WorkspaceOwnedCascade(WorkspaceOwned):
+    """A workspace-owned model whose rows go with their workspace (CASCADE): settings, grants and
+    rows derived from other data (quotas, memberships, lineage projections, metrics)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        abstract = True
+
+
+class Membership(WorkspaceOwnedCascade):
     """A user's role in a workspace; its service keeps guardian permissions in step with it."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
@@ -111,8 +149,6 @@ class Membership(models.Model):
     )
     granted_at = models.DateTimeField(default=timezone.now)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["workspace__slug", "user__username"]
         constraints = [
@@ -123,7 +159,7 @@ class Membership(models.Model):
         return f"{self.user} is {self.role} in {self.workspace.slug}"
 
 
-class WorkspaceQuota(models.Model):
+class WorkspaceQuota(WorkspaceOwnedCascade):
     """The one quota: what a workspace may use at once, per GPU type (blank: any GPU type).
 
     The scheduler's admission reads these rows (``training.scheduler.admission``): jobs beyond
@@ -140,7 +176,6 @@ class WorkspaceQuota(models.Model):
     event_kind = "workspace_quota"
     LIMITS = ("cpu_milli", "memory_mb", "gpu_milli", "storage_gb")
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     gpu_type = models.CharField(max_length=40, blank=True, help_text="Blank: all GPU types.")
     cpu_milli = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: unlimited.")
     memory_mb = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: unlimited.")
@@ -153,8 +188,6 @@ class WorkspaceQuota(models.Model):
         help_text="Stored feature batches, in GB; all-types row only. Blank: unlimited.",
     )
     updated_at = models.DateTimeField(auto_now=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         db_table = "scheduler_workspacequota"
@@ -170,7 +203,7 @@ class WorkspaceQuota(models.Model):
         return {name: getattr(self, name) for name in self.LIMITS}
 
 
-class ServiceAccount(models.Model):
+class ServiceAccount(WorkspaceOwnedCascade):
     """A non-human principal (a feature producer, CI) that acts in one workspace by token."""
 
     user = models.OneToOneField(
@@ -184,8 +217,6 @@ class ServiceAccount(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     def __str__(self) -> str:
         return f"service account {self.user.username} in {self.workspace.slug}"
@@ -348,11 +379,10 @@ class NotificationQuerySet(WorkspaceScopedQuerySet):
         return self.filter(read_at__isnull=True)
 
 
-class Notification(models.Model):
+class Notification(WorkspaceOwnedCascade):
     """A message to one user about something in a workspace (a feature group broke, a job ended);
     shown in the app and delivered by e-mail and the workspace's webhooks after commit."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     recipient = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"
     )
@@ -388,14 +418,13 @@ class Notification(models.Model):
         return f"{self.verb} to {self.recipient} in {self.workspace.slug}"
 
 
-class WebhookEndpoint(models.Model):
+class WebhookEndpoint(WorkspaceOwnedCascade):
     """An outbound URL that receives every notification of a workspace as signed JSON.
 
     The body is signed with HMAC-SHA256 under ``secret`` (header ``X-RankOps-Signature``); the URL
     is checked against private and link-local addresses when created and again when delivering.
     """
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     url = models.CharField(max_length=2000)
     secret = models.CharField(max_length=200, editable=False)
     active = models.BooleanField(default=True)
@@ -406,8 +435,6 @@ class WebhookEndpoint(models.Model):
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     last_status = models.PositiveIntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -545,7 +572,7 @@ class WorkspacePolicy(models.Model):
         return f"policy of {self.workspace.slug}"
 
 
-class QuotaRequest(models.Model):
+class QuotaRequest(WorkspaceOwnedCascade):
     """A workspace admin's request for a different scheduler quota; a platform admin approves
     (which applies it) or rejects it in the admin console."""
 
@@ -554,7 +581,6 @@ class QuotaRequest(models.Model):
         APPROVED = "approved"
         REJECTED = "rejected"
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     gpu_type = models.CharField(max_length=40, blank=True, help_text="Blank: all GPU types.")
     cpu_milli = models.PositiveIntegerField(null=True, blank=True)
     memory_mb = models.PositiveIntegerField(null=True, blank=True)
@@ -570,8 +596,6 @@ class QuotaRequest(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["-requested_at", "-id"]
 
@@ -579,18 +603,15 @@ class QuotaRequest(models.Model):
         return f"quota request {self.pk} of {self.workspace.slug} ({self.status})"
 
 
-class TaskSlot(models.Model):
+class TaskSlot(WorkspaceOwnedCascade):
     """One of the worker slots a workspace's heavy tasks may hold at once (policy
     ``max_concurrent_tasks``): a row per held slot, unique per workspace and slot number, so
     taking one is an INSERT that either wins or fails, on SQLite and PostgreSQL alike. A slot
     whose holder died is free again after ``expires_at``."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     slot = models.PositiveSmallIntegerField()
     kind = models.CharField(max_length=60, help_text="The task, e.g. features.materialize.")
     expires_at = models.DateTimeField()
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         constraints = [

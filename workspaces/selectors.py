@@ -6,17 +6,19 @@ A workspace the caller cannot see is reported exactly like one that does not exi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Model, QuerySet
 from django.http import Http404
 from guardian.core import ObjectPermissionChecker
 from guardian.shortcuts import get_objects_for_user
 from rest_framework import exceptions, status
 
 from workspaces import access_cache
+from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import (
     POLICY_DEFAULTS,
     ROLE_PERMISSIONS,
@@ -190,3 +192,50 @@ def policy_check(
     limit = getattr(workspace_policy(workspace), limit_name)
     if asked > limit:
         raise PolicyLimitExceeded(attr=attr, limit_name=limit_name, asked=asked, limit=limit)
+
+
+def workspace_object(
+    model_or_queryset: type[Model] | QuerySet,
+    *,
+    workspace: Workspace | int,
+    ref: Any,
+    attr: str,
+    name_field: str | None = "name",
+    noun: str | None = None,
+    invalid: str | None = None,
+) -> Any:
+    """The one resolver of a reference to a workspace's object: the object itself, its primary
+    key (an int) or, when the model has one, its name (``name_field``; a str).
+
+    Every service and view that accepts "a deployment, its id or its name" answers alike through
+    here: a missing object and another workspace's one are the same ``ReferenceNotFound`` naming
+    ``attr`` (404 in the API), and a reference of the wrong type is a ``ValidationError`` naming
+    ``attr`` (400; ``invalid`` is its message). Pass a queryset to add ``select_related`` or
+    narrow further; it is scoped to ``workspace`` here either way.
+    """
+    queryset = (
+        model_or_queryset
+        if isinstance(model_or_queryset, QuerySet)
+        else model_or_queryset.objects.all()
+    )
+    model = queryset.model
+    noun = noun or str(model._meta.verbose_name)
+    workspace_id = workspace if isinstance(workspace, int) else workspace.pk
+    if isinstance(ref, model):
+        if ref.workspace_id != workspace_id:
+            label = getattr(ref, name_field, ref.pk) if name_field else ref.pk
+            raise ReferenceNotFound(f"no {noun} '{label}'", attr=attr)
+        return ref
+    queryset = queryset.for_workspace(workspace_id)
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        found = queryset.filter(pk=ref).first()
+        missing = f"no {noun} {ref}"
+    elif isinstance(ref, str) and ref and name_field:
+        found = queryset.filter(**{name_field: ref}).first()
+        missing = f"no {noun} '{ref}'"
+    else:
+        wanted = f"a {noun} id or name" if name_field else f"a {noun} id"
+        raise ValidationError({attr: invalid or f"give {wanted}"})
+    if found is None:
+        raise ReferenceNotFound(missing, attr=attr)
+    return found

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from experiments.models import (
-    Experiment,
-    Layer,
-    Metric,
-    SequentialMethod,
-    Snapshot,
-    Spending,
-    Unit,
-)
+from experiments import services as limits
+from experiments.models import Experiment, Layer, Metric, SequentialMethod, Snapshot, Spending, Unit
 
 
 class LayerSerializer(serializers.ModelSerializer):
@@ -78,26 +71,40 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
 class GuardrailSerializer(serializers.Serializer):
     metric = serializers.ChoiceField(choices=Metric.choices)
-    max_drop = serializers.FloatField(min_value=0, max_value=0.99)
+    max_drop = serializers.FloatField(min_value=0, max_value=limits.MAX_GUARDRAIL_DROP)
 
 
 class ExperimentCreateSerializer(serializers.Serializer):
     key = serializers.CharField(max_length=63)
-    hypothesis = serializers.CharField(max_length=5000)
+    hypothesis = serializers.CharField(max_length=limits.MAX_HYPOTHESIS_CHARS)
     deployment = serializers.CharField(max_length=63, help_text="Deployment name.")
     treatment_versions = serializers.ListField(
-        child=serializers.IntegerField(), min_length=1, max_length=4, help_text="ModelVersion ids"
+        child=serializers.IntegerField(),
+        min_length=1,
+        max_length=limits.MAX_TREATMENTS,
+        help_text="ModelVersion ids",
     )
     layer = serializers.CharField(max_length=63, required=False, default="default")
     unit = serializers.ChoiceField(choices=Unit.choices, default=Unit.USER)
     primary_metric = serializers.ChoiceField(choices=Metric.choices, default=Metric.CTR)
-    guardrails = GuardrailSerializer(many=True, required=False, default=list)
-    ramp_plan = serializers.ListField(
-        child=serializers.FloatField(), min_length=1, max_length=10, default=[1, 5, 20, 50]
+    guardrails = GuardrailSerializer(
+        many=True, required=False, default=list, max_length=limits.MAX_GUARDRAILS
     )
-    ramp_interval_s = serializers.IntegerField(min_value=1, default=86400)
-    min_units = serializers.IntegerField(min_value=2, default=100)
-    alpha = serializers.FloatField(min_value=0.001, max_value=0.2, default=0.05)
+    ramp_plan = serializers.ListField(
+        child=serializers.FloatField(),
+        min_length=1,
+        max_length=limits.MAX_RAMP_STEPS,
+        default=[1, 5, 20, 50],
+    )
+    ramp_interval_s = serializers.IntegerField(
+        min_value=1, max_value=limits.MAX_RAMP_INTERVAL_S, default=86400
+    )
+    min_units = serializers.IntegerField(
+        min_value=limits.MIN_UNITS, max_value=limits.MAX_UNITS, default=100
+    )
+    alpha = serializers.FloatField(
+        min_value=limits.MIN_ALPHA, max_value=limits.MAX_ALPHA, default=0.05
+    )
     sequential_method = serializers.ChoiceField(
         choices=SequentialMethod.choices, default=SequentialMethod.GROUP_SEQUENTIAL
     )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.http import Http404
+from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
@@ -40,13 +41,39 @@ def _body(request: Request) -> dict:
     return request.data
 
 
-class ExperimentViewSet(WorkspaceScopedViewSet):
+def _valid(serializer_class, request: Request) -> dict:
+    """The request's JSON object checked by ``serializer_class`` (400 naming the field)."""
+    serializer = serializer_class(data=_body(request))
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _answer(exp: Experiment) -> Response:
+    return Response(ExperimentSerializer(exp).data)
+
+
+class ExperimentFilter(filters.FilterSet):
+    """``?state=``: the experiments in one state."""
+
+    state = filters.ChoiceFilter(
+        choices=ExperimentState.choices,
+        error_messages={"invalid_choice": f"one of {', '.join(ExperimentState.values)}"},
+    )
+
+    class Meta:
+        model = Experiment
+        fields = ["state"]
+
+
+class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Experiments: request, review, ramp, read and conclude."""
 
     lookup_field = "key"
     lookup_url_kwarg = "key"
     lookup_value_regex = KEY_REGEX
     serializer_class = ExperimentSerializer
+    queryset = Experiment.objects.none()  # the model, for the schema; requests use the scoped one
+    filterset_class = ExperimentFilter
     action_roles = {
         "create": Role.DEVELOPER,
         "submit": Role.DEVELOPER,
@@ -63,25 +90,6 @@ class ExperimentViewSet(WorkspaceScopedViewSet):
             .order_by("-created_at", "-id")
         )
 
-    def _get(self, key: str) -> Experiment:
-        exp = self.get_queryset().filter(key=key).first()
-        if exp is None:
-            raise Http404
-        return exp
-
-    def list(self, request: Request, ws: str) -> Response:
-        experiments = self.get_queryset()
-        wanted = request.query_params.get("state")
-        if wanted:
-            if wanted not in ExperimentState.values:
-                raise ValidationError({"state": f"one of {', '.join(ExperimentState.values)}"})
-            experiments = experiments.filter(state=wanted)
-        page = self.paginate_queryset(experiments)
-        return self.get_paginated_response(ExperimentSerializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, key: str) -> Response:
-        return Response(ExperimentSerializer(self._get(key)).data)
-
     @extend_schema(request=ExperimentCreateSerializer, responses={201: ExperimentSerializer})
     def create(self, request: Request, ws: str) -> Response:
         serializer = ExperimentCreateSerializer(data=_body(request))
@@ -94,53 +102,45 @@ class ExperimentViewSet(WorkspaceScopedViewSet):
     @extend_schema(request=None, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def submit(self, request: Request, ws: str, key: str) -> Response:
-        exp = services.experiment_submit(actor=request.user, experiment=self._get(key))
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(services.experiment_submit(actor=request.user, experiment=self.get_object()))
 
     @extend_schema(request=NoteSerializer, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, ws: str, key: str) -> Response:
-        serializer = NoteSerializer(data=_body(request))
-        serializer.is_valid(raise_exception=True)
+        note = _valid(NoteSerializer, request).get("note", "")
         exp = services.experiment_approve(
-            actor=request.user,
-            experiment=self._get(key),
-            note=serializer.validated_data.get("note", ""),
+            actor=request.user, experiment=self.get_object(), note=note
         )
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(exp)
 
     @extend_schema(request=None, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def ramp(self, request: Request, ws: str, key: str) -> Response:
-        exp = services.experiment_ramp(actor=request.user, experiment=self._get(key))
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(services.experiment_ramp(actor=request.user, experiment=self.get_object()))
 
     @extend_schema(request=StopSerializer, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, ws: str, key: str) -> Response:
-        serializer = StopSerializer(data=_body(request))
-        serializer.is_valid(raise_exception=True)
+        reason = _valid(StopSerializer, request)["reason"]
         exp = services.experiment_stop(
             actor=request.user,
-            experiment=self._get(key),
-            reason=f"stopped by {request.user.username}: {serializer.validated_data['reason']}",
+            experiment=self.get_object(),
+            reason=f"stopped by {request.user.username}: {reason}",
         )
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(exp)
 
     @extend_schema(request=ConcludeSerializer, responses={200: ExperimentSerializer})
     @action(detail=True, methods=["post"])
     def conclude(self, request: Request, ws: str, key: str) -> Response:
-        serializer = ConcludeSerializer(data=_body(request))
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = _valid(ConcludeSerializer, request)
         exp = services.experiment_conclude(
             actor=request.user,
-            experiment=self._get(key),
+            experiment=self.get_object(),
             action=data["action"],
             arm=data.get("arm"),
             note=data.get("note", ""),
         )
-        return Response(ExperimentSerializer(exp).data)
+        return _answer(exp)
 
     @extend_schema(
         parameters=[
@@ -153,7 +153,7 @@ class ExperimentViewSet(WorkspaceScopedViewSet):
     @action(detail=True, methods=["get"])
     def analysis(self, request: Request, ws: str, key: str) -> Response:
         """The live read-out: per-arm metrics, effects (fixed and sequential), SRM, guardrails."""
-        exp = self._get(key)
+        exp = self.get_object()
         cuped = request.query_params.get("cuped", "").lower() in ("1", "true", "yes")
         return Response(
             {
@@ -164,15 +164,15 @@ class ExperimentViewSet(WorkspaceScopedViewSet):
         )
 
     @extend_schema(responses={200: SnapshotSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])  # ?state= is the list's filter
     def snapshots(self, request: Request, ws: str, key: str) -> Response:
-        exp = self._get(key)
+        exp = self.get_object()
         rows = Snapshot.objects.for_workspace(self.workspace).filter(experiment=exp)
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(SnapshotSerializer(page, many=True).data)
 
 
-class LayerViewSet(WorkspaceScopedViewSet):
+class LayerViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
     """Layers: hashing namespaces, and the bucket blocks their experiments hold."""
 
     lookup_field = "name"
@@ -184,15 +184,9 @@ class LayerViewSet(WorkspaceScopedViewSet):
     def get_workspace_queryset(self) -> QuerySet:
         return Layer.objects.for_workspace(self.workspace).order_by("name")
 
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(LayerSerializer(page, many=True).data)
-
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request: Request, ws: str, name: str) -> Response:
-        layer = self.get_queryset().filter(name=name).first()
-        if layer is None:
-            raise Http404
+        layer = self.get_object()
         return Response({**LayerSerializer(layer).data, **services.layer_traffic(layer)})
 
     @extend_schema(request=LayerCreateSerializer, responses={201: LayerSerializer})
@@ -237,12 +231,6 @@ class LoopViewSet(WorkspaceScopedViewSet):
     def get_workspace_queryset(self) -> QuerySet:
         return loop.loops_of(self.workspace).prefetch_related("stage_runs")
 
-    def _get(self, pk: str):
-        run = self.get_queryset().filter(pk=pk).first()
-        if run is None:
-            raise Http404
-        return run
-
     @extend_schema(
         operation_id="v1_workspaces_loops_list",
         responses={200: OpenApiTypes.OBJECT},
@@ -255,7 +243,7 @@ class LoopViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request: Request, ws: str, pk: str) -> Response:
-        return Response(loop.loop_summary(self._get(pk)))
+        return Response(loop.loop_summary(self.get_object()))
 
     @extend_schema(request=LoopCreateSerializer, responses={202: OpenApiTypes.OBJECT})
     def create(self, request: Request, ws: str) -> Response:
@@ -264,7 +252,7 @@ class LoopViewSet(WorkspaceScopedViewSet):
         run = loop.loop_start(
             actor=request.user, workspace=self.workspace, **serializer.validated_data
         )
-        fresh = self._get(run.pk)
+        fresh = self.get_queryset().get(pk=run.pk)
         return Response(
             loop.loop_summary(fresh),
             status=status.HTTP_202_ACCEPTED,
@@ -279,5 +267,5 @@ class LoopViewSet(WorkspaceScopedViewSet):
         reason = serializer.validated_data.get("quality_override", "")
         if reason.strip() and ROLE_PERMISSION[Role.MAINTAINER] not in self.workspace_perms:
             raise PermissionDenied("only a maintainer may override the quality gate")
-        run = loop.loop_retry(actor=request.user, run=self._get(pk), quality_override=reason)
-        return Response(loop.loop_summary(self._get(run.pk)))
+        run = loop.loop_retry(actor=request.user, run=self.get_object(), quality_override=reason)
+        return Response(loop.loop_summary(self.get_queryset().get(pk=run.pk)))

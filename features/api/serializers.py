@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from features import registry as limits
 from features.models import (
     Batch,
     Consumer,
@@ -19,7 +20,9 @@ class FeatureSpecSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=63)
     dtype = serializers.CharField(max_length=20)
     dimension = serializers.IntegerField(required=False, allow_null=True)
-    description = serializers.CharField(required=False, allow_blank=True, max_length=5000)
+    description = serializers.CharField(
+        required=False, allow_blank=True, max_length=limits.MAX_FEATURE_DESCRIPTION_CHARS
+    )
 
 
 class FeatureSerializer(serializers.ModelSerializer):
@@ -100,24 +103,33 @@ class FeatureGroupCreateSerializer(serializers.Serializer):
     entity = serializers.ChoiceField(choices=EntityKind.choices)
     entity_key = serializers.CharField(max_length=63, required=False)
     entity_keys = serializers.ListField(
-        child=serializers.CharField(max_length=63), required=False, max_length=5
+        child=serializers.CharField(max_length=63),
+        required=False,
+        max_length=limits.MAX_ENTITY_KEYS,
     )
     event_time_column = serializers.CharField(max_length=63, default="event_time")
-    features = serializers.ListField(child=serializers.JSONField(), max_length=1000)
+    features = serializers.ListField(
+        child=serializers.JSONField(), max_length=limits.MAX_FEATURES_PER_GROUP
+    )
     description = serializers.CharField(
-        required=False, allow_blank=True, default="", max_length=10_000
+        required=False, allow_blank=True, default="", max_length=limits.MAX_GROUP_DESCRIPTION_CHARS
     )
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=50), required=False, default=list, max_length=50
+        child=serializers.CharField(max_length=limits.MAX_TAG_CHARS),
+        required=False,
+        default=list,
+        max_length=limits.MAX_TAGS,
     )
     online = serializers.BooleanField(default=True)
     offline = serializers.BooleanField(default=True)
     freshness_sla_seconds = serializers.IntegerField(
-        min_value=60, max_value=90 * 24 * 3600, default=24 * 3600
+        min_value=limits.MIN_FRESHNESS_SLA_S,
+        max_value=limits.MAX_FRESHNESS_SLA_S,
+        default=24 * 3600,
     )
     freshness_sla = serializers.IntegerField(
-        min_value=60,
-        max_value=90 * 24 * 3600,
+        min_value=limits.MIN_FRESHNESS_SLA_S,
+        max_value=limits.MAX_FRESHNESS_SLA_S,
         required=False,
         help_text="Alias of freshness_sla_seconds.",
     )
@@ -140,17 +152,21 @@ class FeatureGroupCreateSerializer(serializers.Serializer):
 
 
 class FeatureGroupUpdateSerializer(serializers.Serializer):
-    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    description = serializers.CharField(
+        required=False, allow_blank=True, max_length=limits.MAX_GROUP_DESCRIPTION_CHARS
+    )
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=50), required=False, max_length=50
+        child=serializers.CharField(max_length=limits.MAX_TAG_CHARS),
+        required=False,
+        max_length=limits.MAX_TAGS,
     )
     freshness_sla_seconds = serializers.IntegerField(
-        min_value=60, max_value=90 * 24 * 3600, required=False
+        min_value=limits.MIN_FRESHNESS_SLA_S, max_value=limits.MAX_FRESHNESS_SLA_S, required=False
     )
     features = serializers.ListField(
         child=serializers.JSONField(),
         required=False,
-        max_length=1000,
+        max_length=limits.MAX_FEATURES_PER_GROUP,
         help_text="A new schema: creates a new version.",
     )
     status = serializers.ChoiceField(choices=Lifecycle.choices, required=False)

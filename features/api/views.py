@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404
+from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status
 from rest_framework.exceptions import UnsupportedMediaType
@@ -28,7 +29,7 @@ from features.api.serializers import (
     OnlineLookupSerializer,
 )
 from features.lookup import online_lookup
-from features.models import BatchFormat, Feature, FeatureGroupVersion, Lifecycle
+from features.models import BatchFormat, Feature, FeatureGroup, FeatureGroupVersion, Lifecycle
 from features.selectors import (
     batches_of,
     feature_group_detail,
@@ -53,6 +54,16 @@ def _member_user(workspace, username: str | None, *, attr: str):
     return user
 
 
+class FeatureGroupFilter(filters.FilterSet):
+    """``?search=`` (part of the name), ``?status=``, ``?entity=``, ``?health_status=``."""
+
+    search = filters.CharFilter(field_name="name", lookup_expr="icontains")
+
+    class Meta:
+        model = FeatureGroup
+        fields = ["search", "status", "entity", "health_status"]
+
+
 class FeatureGroupViewSet(WorkspaceScopedViewSet):
     """Feature groups of a workspace: register, read, change schema (new version), lifecycle."""
 
@@ -60,6 +71,8 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
     lookup_url_kwarg = "name"
     lookup_value_regex = "[a-z][a-z0-9_]*"
     serializer_class = FeatureGroupSerializer
+    queryset = FeatureGroup.objects.none()  # the model, for the schema; requests use the scoped one
+    filterset_class = FeatureGroupFilter
     action_roles = {
         "create": Role.DEVELOPER,
         "partial_update": Role.DEVELOPER,
@@ -70,15 +83,7 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
         return feature_groups_of(workspace=self.workspace)
 
     def list(self, request: Request, ws: str) -> Response:
-        groups = self.get_queryset()
-        search = request.query_params.get("search", "").strip()
-        if search:
-            groups = groups.filter(name__icontains=search)
-        for field in ("status", "entity", "health_status"):
-            value = request.query_params.get(field)
-            if value:
-                groups = groups.filter(**{field: value})
-        page = self.paginate_queryset(groups)
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         live = {(g.pk, g.current_version) for g in page}
         current = {
             v.group_id: v.features
@@ -161,7 +166,7 @@ class FeatureGroupViewSet(WorkspaceScopedViewSet):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class FeatureViewSet(WorkspaceScopedViewSet):
+class FeatureViewSet(mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """One feature of a group; its lifecycle can be changed on its own."""
 
     lookup_field = "name"
@@ -177,9 +182,6 @@ class FeatureViewSet(WorkspaceScopedViewSet):
             .filter(group=group)
             .select_related("group")
         )
-
-    def retrieve(self, request: Request, ws: str, name: str, feature: str) -> Response:
-        return Response(FeatureSerializer(self.get_object()).data)
 
     @extend_schema(request=FeatureStatusSerializer, responses={200: FeatureSerializer})
     def partial_update(self, request: Request, ws: str, name: str, feature: str) -> Response:

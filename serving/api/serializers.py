@@ -165,7 +165,7 @@ class DeploymentCreateSerializer(serializers.Serializer):
 
 
 class ReleaseSerializer(serializers.Serializer):
-    version_id = serializers.IntegerField()
+    version_id = serializers.IntegerField(source="version")
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 

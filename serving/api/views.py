@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import Max, QuerySet
+from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -34,9 +35,22 @@ from serving.routing import routing_table
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
+from workspaces.selectors import workspace_object
 
 
-class RegisteredModelViewSet(WorkspaceScopedViewSet):
+class ModelVersionFilter(filters.FilterSet):
+    """``?model=<name>``: the versions of one registered model."""
+
+    model = filters.CharFilter(field_name="model__name", help_text="A registered model's name.")
+
+    class Meta:
+        model = ModelVersion
+        fields = ["model"]
+
+
+class RegisteredModelViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet
+):
     """Registered models of a workspace with their aliases."""
 
     lookup_field = "name"
@@ -49,13 +63,6 @@ class RegisteredModelViewSet(WorkspaceScopedViewSet):
         return RegisteredModel.objects.for_workspace(self.workspace).annotate(
             latest=Max("versions__version")
         )
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, name: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
 
     @extend_schema(request=AliasSerializer, responses={200: RegisteredModelSerializer})
     @action(detail=True, methods=["post"])
@@ -83,7 +90,7 @@ class RegisteredModelViewSet(WorkspaceScopedViewSet):
         return Response(RegisteredModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
 
-class ModelVersionViewSet(WorkspaceScopedViewSet):
+class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Model versions: register from a training job or import from MLflow; run release gates."""
 
     serializer_class = ModelVersionSerializer
@@ -96,19 +103,14 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
         "quality_override": Role.MAINTAINER,
     }
 
+    filterset_class = ModelVersionFilter
+
     def get_workspace_queryset(self) -> QuerySet:
-        qs = ModelVersion.objects.for_workspace(self.workspace).select_related("model")
-        model = self.request.query_params.get("model") if hasattr(self, "request") else None
-        if model:
-            qs = qs.filter(model__name=model)
-        return qs.order_by("-created_at", "-id")
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, pk: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
+        return (
+            ModelVersion.objects.for_workspace(self.workspace)
+            .select_related("model")
+            .order_by("-created_at", "-id")
+        )
 
     @extend_schema(request=VersionRegisterSerializer, responses={201: ModelVersionSerializer})
     def create(self, request: Request, ws: str) -> Response:
@@ -132,10 +134,13 @@ class ModelVersionViewSet(WorkspaceScopedViewSet):
                 {"auto_deploy": f"deployment '{target}' serves model '{serving}'"}
             )
         if "job_id" in data:
-            jobs = TrainingJob.objects.for_workspace(self.workspace)
-            job = jobs.filter(pk=data["job_id"]).first()
-            if job is None:
-                raise ReferenceNotFound("no such training job in this workspace", attr="job_id")
+            job = workspace_object(
+                TrainingJob,
+                workspace=self.workspace,
+                ref=data["job_id"],
+                attr="job_id",
+                name_field=None,
+            )
             version = registry.model_version_register(
                 actor=request.user,
                 workspace=self.workspace,
@@ -203,7 +208,7 @@ ACCEPTED = OpenApiResponse(
 )
 
 
-class DeploymentViewSet(WorkspaceScopedViewSet):
+class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Deployments: create, release a version, roll back, scale, stop (each answers 202 with the
     status to follow); routing table, stats and history."""
 
@@ -239,13 +244,6 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
             headers={"Location": location},
         )
 
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, name: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
-
     @extend_schema(request=DeploymentCreateSerializer, responses={202: ACCEPTED})
     def create(self, request: Request, ws: str) -> Response:
         body = DeploymentCreateSerializer(data=request.data)
@@ -263,63 +261,35 @@ class DeploymentViewSet(WorkspaceScopedViewSet):
         )
         return self.accepted(dep)
 
+    def _change(self, request: Request, body_class, service) -> Response:
+        """The write actions on one deployment alike: validate the body, call the deployments
+        service with it (the body's fields are the service's arguments), answer 202 with the
+        deployment's status to follow."""
+        dep = self.get_object()
+        body = body_class(data=request.data)
+        body.is_valid(raise_exception=True)
+        service(actor=request.user, workspace=self.workspace, deployment=dep, **body.validated_data)
+        return self.accepted(dep)
+
     @extend_schema(request=ReleaseSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def release(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = ReleaseSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_release(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            version=body.validated_data["version_id"],
-            reason=body.validated_data.get("reason", ""),
-        )
-        return self.accepted(dep)
+        return self._change(request, ReleaseSerializer, dep_services.deployment_release)
 
     @extend_schema(request=RollbackSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = RollbackSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_rollback(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            reason=body.validated_data["reason"],
-        )
-        return self.accepted(dep)
+        return self._change(request, RollbackSerializer, dep_services.deployment_rollback)
 
     @extend_schema(request=ScaleSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def scale(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = ScaleSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_scale(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            replicas=body.validated_data.get("replicas"),
-            scaling=body.validated_data.get("scaling"),
-        )
-        return self.accepted(dep)
+        return self._change(request, ScaleSerializer, dep_services.deployment_scale)
 
     @extend_schema(request=StopSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, ws: str, name: str) -> Response:
-        dep = self.get_object()
-        body = StopSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        dep_services.deployment_stop(
-            actor=request.user,
-            workspace=self.workspace,
-            deployment=dep,
-            reason=body.validated_data.get("reason", ""),
-        )
-        return self.accepted(dep)
+        return self._change(request, StopSerializer, dep_services.deployment_stop)
 
     @extend_schema(responses={200: OpenApiResponse(description="The published routing table.")})
     @action(detail=True, methods=["get"])

@@ -29,6 +29,7 @@ from training.templates import DESCRIPTIONS
 from workspaces.api.viewsets import WorkspaceScopedViewSet
 from workspaces.exceptions import ReferenceNotFound
 from workspaces.models import Role
+from workspaces.selectors import workspace_object
 
 MAX_METRIC_ROWS = 5000
 
@@ -58,6 +59,19 @@ def check_dataset_params(workspace, params, *, attr: str) -> None:
             raise ReferenceNotFound("no such dataset in this workspace", attr=where)
 
 
+def job_inputs(workspace, data: dict) -> dict:
+    """A job request's ``dataset`` and ``base_job`` ids resolved to the workspace's objects
+    (404 naming the field for a missing one or another workspace's; None stays None)."""
+    for attr, model in (("dataset", Dataset), ("base_job", TrainingJob)):
+        if data.get(attr) is not None:
+            data[attr] = workspace_object(
+                model, workspace=workspace, ref=data[attr], attr=attr, name_field=None
+            )
+        else:
+            data[attr] = None
+    return data
+
+
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Training jobs: a template or entry point, a dataset, resources and a priority class."""
 
@@ -81,20 +95,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
             data=request.data, context=self.get_serializer_context()
         )
         serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
-        dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
-        if dataset is None:
-            raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
-        base_job = None
-        if data.get("base_job"):
-            base_job = (
-                TrainingJob.objects.for_workspace(self.workspace)
-                .filter(pk=data["base_job"])
-                .first()
-            )
-            if base_job is None:
-                raise ReferenceNotFound("no such job in this workspace", attr="base_job")
-        data.update(dataset=dataset, base_job=base_job)
+        data = job_inputs(self.workspace, dict(serializer.validated_data))
         job = services.job_create(actor=request.user, workspace=self.workspace, **data)
         fresh = self.get_workspace_queryset().get(pk=job.pk)
         return Response(s.TrainingJobSerializer(fresh).data, status=status.HTTP_201_CREATED)
@@ -275,9 +276,9 @@ class CandidateEvaluationViewSet(
         serializer = s.CandidateEvaluationCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        dataset = Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
-        if dataset is None:
-            raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
+        dataset = workspace_object(
+            Dataset, workspace=self.workspace, ref=data["dataset"], attr="dataset", name_field=None
+        )
         upload = data["file"]
         if upload.size > candidates.MAX_UPLOAD_BYTES:
             raise ValidationError({"file": f"at most {candidates.MAX_UPLOAD_BYTES} bytes"})
@@ -322,24 +323,7 @@ class TuningJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspa
     def create(self, request: Request, ws: str) -> Response:
         serializer = s.TuningJobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
-        dataset = None
-        if data["dataset"] is not None:
-            dataset = (
-                Dataset.objects.for_workspace(self.workspace).filter(pk=data["dataset"]).first()
-            )
-            if dataset is None:
-                raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
-        base_job = None
-        if data["base_job"] is not None:
-            base_job = (
-                TrainingJob.objects.for_workspace(self.workspace)
-                .filter(pk=data["base_job"])
-                .first()
-            )
-            if base_job is None:
-                raise ReferenceNotFound("no such job in this workspace", attr="base_job")
-        data.update(dataset=dataset, base_job=base_job)
+        data = job_inputs(self.workspace, dict(serializer.validated_data))
         created = tuning.tuning_job_create(actor=request.user, workspace=self.workspace, **data)
         fresh = self.get_workspace_queryset().get(pk=created.pk)
         return Response(s.TuningJobDetailSerializer(fresh).data, status=status.HTTP_201_CREATED)

@@ -14,8 +14,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.models import Node, TrainingJob
-from workspaces.models import Workspace, WorkspaceQuota
-from workspaces.scoping import WorkspaceScopedQuerySet
+from workspaces.models import WorkspaceOwnedCascade, WorkspaceQuota
 
 __all__ = [
     "JobScheduling",
@@ -28,10 +27,9 @@ __all__ = [
 ]
 
 
-class JobScheduling(models.Model):
+class JobScheduling(WorkspaceOwnedCascade):
     """The scheduler's record of one job: why it waits, where it runs, whether it is flagged."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     job = models.OneToOneField(TrainingJob, on_delete=models.CASCADE, related_name="scheduling")
     reason = models.CharField(max_length=300, blank=True, help_text="Why the job waits or runs.")
     policy = models.CharField(max_length=20, blank=True, help_text="Placement policy used.")
@@ -57,8 +55,6 @@ class JobScheduling(models.Model):
     last_tick_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects = WorkspaceScopedQuerySet.as_manager()
-
     class Meta:
         ordering = ["-job_id"]
         indexes = [models.Index(fields=["over_quota", "reviewed_at"])]
@@ -76,10 +72,9 @@ class OverQuotaJob(JobScheduling):
         verbose_name_plural = "over-quota jobs (audit)"
 
 
-class LendingLease(models.Model):
+class LendingLease(WorkspaceOwnedCascade):
     """An exploration job running on an inference node's idle capacity, from start to give-back."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="+")
     gpu_milli = models.PositiveIntegerField(default=0)
@@ -87,8 +82,6 @@ class LendingLease(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=200, blank=True)
-
-    objects = WorkspaceScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-started_at"]

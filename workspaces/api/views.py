@@ -172,7 +172,7 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
         return Response(WorkspaceSerializer(workspace, context=context).data)
 
 
-class MemberViewSet(WorkspaceScopedViewSet):
+class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet):
     """Members of a workspace and their roles; admins add, change and remove them."""
 
     serializer_class = MembershipSerializer
@@ -183,13 +183,6 @@ class MemberViewSet(WorkspaceScopedViewSet):
 
     def get_workspace_queryset(self) -> QuerySet:
         return members_of(workspace=self.workspace)
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def retrieve(self, request: Request, ws: str, username: str) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
 
     @extend_schema(request=MembershipWriteSerializer, responses={201: MembershipSerializer})
     def create(self, request: Request, ws: str) -> Response:
@@ -253,7 +246,7 @@ class ActivityViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
         return events_of(workspace=self.workspace)
 
 
-class ServiceAccountViewSet(WorkspaceScopedViewSet):
+class ServiceAccountViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
     """Service accounts (feature producers, automation) of a workspace; admins create them."""
 
     serializer_class = ServiceAccountSerializer
@@ -266,10 +259,6 @@ class ServiceAccountViewSet(WorkspaceScopedViewSet):
             .select_related("user", "created_by")
             .order_by("user__username")
         )
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
     @extend_schema(request=ServiceAccountCreateSerializer, responses={201: TokenIssuedSerializer})
     def create(self, request: Request, ws: str) -> Response:

@@ -10,7 +10,7 @@ from drf_spectacular.utils import (
     extend_schema,
     inline_serializer,
 )
-from rest_framework import serializers, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -104,7 +104,7 @@ class NotificationSerializer(serializers.ModelSerializer):
         return notification.read_at is not None
 
 
-class WebhookViewSet(WorkspaceScopedViewSet):
+class WebhookViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
     """Outbound webhooks of a workspace: every notification in it is posted as signed JSON."""
 
     serializer_class = WebhookSerializer
@@ -114,10 +114,6 @@ class WebhookViewSet(WorkspaceScopedViewSet):
 
     def get_workspace_queryset(self) -> QuerySet:
         return notifications.webhooks_of(workspace=self.workspace)
-
-    def list(self, request: Request, ws: str) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
     @extend_schema(request=WebhookCreateSerializer, responses={201: WebhookCreatedSerializer})
     def create(self, request: Request, ws: str) -> Response:

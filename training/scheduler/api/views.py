@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
-from rest_framework import exceptions, permissions, serializers, status
+from rest_framework import exceptions, mixins, permissions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -193,7 +193,7 @@ class QuotaRequestSerializer(serializers.ModelSerializer):
         extra_kwargs = {"reason": {"max_length": 2000}}
 
 
-class QuotaRequestViewSet(WorkspaceScopedViewSet):
+class QuotaRequestViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
     """Requests for a different scheduler quota: workspace admins file them, platform admins
     approve (which sets the quota) or reject them in the admin console."""
 
@@ -205,10 +205,6 @@ class QuotaRequestViewSet(WorkspaceScopedViewSet):
         return QuotaRequest.objects.for_workspace(self.workspace).select_related(
             "requested_by", "decided_by"
         )
-
-    def list(self, request: Request, *args, **kwargs) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(QuotaRequestSerializer(page, many=True).data)
 
     @extend_schema(responses={201: QuotaRequestSerializer})
     def create(self, request: Request, *args, **kwargs) -> Response:
