@@ -156,11 +156,13 @@ class LocalSupervisor:
             while len(current) > want:
                 self._stop(current.pop())
             while len(current) < want:
+                if path is None:  # want > 0 resolved it above
+                    raise RuntimeError(f"deployment {dep.pk}: no artifact to start")
                 current.append(self._start(dep, path))
             return [{"pid": e["proc"].pid, "port": e["port"]} for e in current]
 
     @staticmethod
-    def _start(dep: Deployment, path: Path | None) -> dict[str, Any]:
+    def _start(dep: Deployment, path: Path) -> dict[str, Any]:
         port = free_port()
         # A replica loads a user artifact: as a uid of its own, from a private copy, with no
         # platform credential in its environment (training.sandbox).

@@ -56,6 +56,7 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
@@ -788,7 +789,7 @@ class BytesInput:
         return self.stream.readline(size)
 
 
-def proxy(request: HttpRequest, slug: str | None, rest: str) -> HttpResponse:
+def proxy(request: HttpRequest, slug: str | None, rest: str) -> HttpResponseBase:
     """Authenticate, scope and forward one request to MLflow's server app."""
     script_name = "/mlflow" if slug is None else f"/mlflow/w/{slug}"
     user, token = authenticate(request)
@@ -796,12 +797,13 @@ def proxy(request: HttpRequest, slug: str | None, rest: str) -> HttpResponse:
     if not rest:
         return HttpResponseRedirect(f"{script_name}/")
     app = mlflow_app()
-    route, values = route_of(app, rest, request.method)
+    method = request.method or "GET"
+    route, values = route_of(app, rest, method)
     if route not in ROUTES:
         raise MlflowRefusal(
             404, "ENDPOINT_NOT_FOUND", f"{route} is not served through the platform."
         )
-    if needed_permission(route, request.method) not in perms:
+    if needed_permission(route, method) not in perms:
         raise MlflowRefusal(
             403, "PERMISSION_DENIED", "This needs the developer role in the workspace."
         )
@@ -846,15 +848,17 @@ def proxy(request: HttpRequest, slug: str | None, rest: str) -> HttpResponse:
         response: HttpResponse = HttpResponse(json.dumps(answer), status=status)
         response["Content-Type"] = content_type
         return response
-    response = StreamingHttpResponse(body_iter, status=status)
+    streamed = StreamingHttpResponse(body_iter, status=status)
     for key, value in headers:
         if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
-            response[key] = value
-    return response
+            streamed[key] = value
+    return streamed
 
 
 @csrf_exempt
-def mlflow_endpoint(request: HttpRequest, rest: str = "", slug: str | None = None) -> HttpResponse:
+def mlflow_endpoint(
+    request: HttpRequest, rest: str = "", slug: str | None = None
+) -> HttpResponseBase:
     """``/mlflow/<MLflow route>`` and ``/mlflow/w/<slug>/<MLflow route>``: MLflow's tracking
     server for the caller's workspace (see the module docstring for the isolation rules)."""
     rest = rest or ""

@@ -280,7 +280,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         emit("log", message=f"incremental: starting from {job.base_model_path}")
     model.to(device)
     if str(job.param("solver", getattr(model, "default_solver", "adam"))) == "lbfgs":
-        return train_convex(job, model=model, spec=spec, loaded=loaded, seed=seed, emit=emit)
+        return train_convex(job, model=model, loaded=loaded, seed=seed, emit=emit)
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=float(job.param("lr", 0.01)),
@@ -466,11 +466,11 @@ def fit_convex(model, dense, cat, label, *, l2: float, max_iter: int) -> dict[st
 
     loss = optimizer.step(closure)
     state = optimizer.state_dict()["state"]
-    iterations = int(next(iter(state.values()), {}).get("n_iter", 0)) if state else 0
+    iterations = int(next(iter(state.values())).get("n_iter", 0)) if state else 0
     return {"loss": float(loss.detach()), "iterations": iterations}
 
 
-def train_convex(job, *, model, spec, loaded, seed: int, emit: Emitter) -> int:
+def train_convex(job, *, model, loaded, seed: int, emit: Emitter) -> int:
     """A template fitted by ``fit_convex`` (``solver: lbfgs``): one full-batch solve on the
     training rows (seconds on a single core for 100k rows), then the shared ``finish_run``
     (calibration on validation, the test-row evaluation, the bundle). No checkpoint: a solve
@@ -510,17 +510,15 @@ def train_convex(job, *, model, spec, loaded, seed: int, emit: Emitter) -> int:
         eta_s=0.0,
         gpu_memory_mb=0,
     )
-    metric = str(job.param("early_stopping_metric", "logloss"))
-    curve: list = []
-    best = None
+    # One solve: the "stopping" record holds its one validation value (no patience, no epochs).
+    stopping = EarlyStopping(metric=str(job.param("early_stopping_metric", "logloss")), patience=0)
     if validation.n:
         prob = evaluation.predict(model, validation.dense.to(device), validation.cat.to(device))
         val_y = validation.label.numpy()
         values = {"auc": evaluation.auc(val_y, prob), "logloss": evaluation.logloss(val_y, prob)}
         emit("metric", step=1, name="val_auc", value=values["auc"])
         emit("metric", step=1, name="val_logloss", value=values["logloss"])
-        best = values[metric]
-        curve = [[1, best]]
+        stopping.update(1, values[stopping.metric], model)
     model.to("cpu")
     metrics: dict[str, Any] = {
         "train_samples_per_s": train_x.n / max(elapsed, 1e-9),
@@ -531,19 +529,7 @@ def train_convex(job, *, model, spec, loaded, seed: int, emit: Emitter) -> int:
         "best_epoch": None,
         "stopped_early": False,
     }
-    return finish_run(
-        job,
-        model=model,
-        spec=spec,
-        loaded=loaded,
-        metrics=metrics,
-        stopping_metric=metric,
-        best_value=best,
-        curve=curve,
-        step=1,
-        seed=seed,
-        emit=emit,
-    )
+    return finish_run(job, model, loaded, metrics, stopping, step=1, seed=seed, emit=emit)
 
 
 def finish_run(

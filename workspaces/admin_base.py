@@ -36,8 +36,9 @@ class ServiceManagedAdminMixin:
     that calls it."""
 
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        names = model_field_names(self.model)
-        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]
+        # a mixin for ModelAdmin subclasses, which have .model and get_readonly_fields.
+        names = model_field_names(self.model)  # type: ignore[attr-defined]
+        return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]  # type: ignore[misc]
 
     def has_add_permission(self, request: HttpRequest, *args) -> bool:
         return False

@@ -406,7 +406,8 @@ class Notification(WorkspaceOwnedCascade):
     email_next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
     email_error = models.TextField(blank=True)
 
-    objects = NotificationQuerySet.as_manager()
+    # The base's manager, with the inbox's own query (unread).
+    objects = NotificationQuerySet.as_manager()  # type: ignore[misc]
 
     class Meta:
         ordering = ["-created_at", "-id"]

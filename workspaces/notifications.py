@@ -157,7 +157,9 @@ class PinnedHTTPConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         """Open the TCP connection to the pinned address (``connect`` is the documented hook)."""
         self.sock = socket.create_connection(
-            (self.pinned_address, self.port), self.timeout, self.source_address
+            (self.pinned_address, self.port),
+            self.timeout,
+            self.source_address,  # type: ignore[attr-defined]  # set by HTTPConnection.__init__
         )
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 

@@ -8,6 +8,7 @@ with ``unscoped()``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Self
 
 from django.db import models
@@ -42,7 +43,7 @@ class WorkspaceScopedQuerySet(models.QuerySet):
         clone._workspace_scoped = True
         return clone
 
-    def for_workspaces(self, workspaces: models.QuerySet) -> Self:
+    def for_workspaces(self, workspaces: models.QuerySet | Iterable[int]) -> Self:
         """Rows of a set of workspaces (already narrowed to what the caller may see)."""
         clone = self.filter(**{f"{self.workspace_field}__in": workspaces})
         clone._workspace_scoped = True

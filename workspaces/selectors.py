@@ -216,7 +216,7 @@ def workspace_object(
     queryset = (
         model_or_queryset
         if isinstance(model_or_queryset, QuerySet)
-        else model_or_queryset.objects.all()
+        else model_or_queryset._default_manager.all()
     )
     model = queryset.model
     noun = noun or str(model._meta.verbose_name)
@@ -226,7 +226,7 @@ def workspace_object(
             label = getattr(ref, name_field, ref.pk) if name_field else ref.pk
             raise ReferenceNotFound(f"no {noun} '{label}'", attr=attr)
         return ref
-    queryset = queryset.for_workspace(workspace_id)
+    queryset = queryset.for_workspace(workspace_id)  # type: ignore[union-attr]  # scoped managers
     if isinstance(ref, int) and not isinstance(ref, bool):
         found = queryset.filter(pk=ref).first()
         missing = f"no {noun} {ref}"

@@ -87,7 +87,7 @@ class ExperimentCreateSerializer(serializers.Serializer):
     layer = serializers.CharField(max_length=63, required=False, default="default")
     unit = serializers.ChoiceField(choices=Unit.choices, default=Unit.USER)
     primary_metric = serializers.ChoiceField(choices=Metric.choices, default=Metric.CTR)
-    guardrails = GuardrailSerializer(
+    guardrails = GuardrailSerializer(  # type: ignore[call-arg]  # many=True: a ListSerializer's max_length
         many=True, required=False, default=list, max_length=limits.MAX_GUARDRAILS
     )
     ramp_plan = serializers.ListField(
