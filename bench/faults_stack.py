@@ -282,7 +282,7 @@ class Stack:
         finally:
             conn.close()
 
-    def wait_web(self, timeout: float = 90) -> None:
+    def wait_web(self, timeout: float = 240) -> None:
         web = self.web
         if web is None:
             raise FaultError("no web server started")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,9 @@ def stack(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def scene(stack):
-    scene = faults.make_scene(slug="faults-ci")
+    # A slug of its own per test: the flush between tests deletes rows without the signals that
+    # tell the server's access cache, which would still hold the previous test's workspace.
+    scene = faults.make_scene(slug=f"faults-{uuid.uuid4().hex[:8]}")
     stack.wait_web()
     return scene
 
