@@ -660,10 +660,17 @@ def fault_gunicorn_master_kill(
 ) -> Outcome:
     """SIGKILL the gunicorn master under a predict loop, restart it; every acknowledged predict
     is in the prediction log once."""
+    from django.test.utils import override_settings
+
     from serving.models import PredictionLog
     from serving.tests.helpers import deployed, predict_body
 
-    served, _versions, deployment = deployed(scene.workspace, scene.user, versions=1, name="ranker")
+    # The latency gates measure speed on this machine (a loaded one fails them); this fault is
+    # about what a killed server loses, so they are relaxed for its one version.
+    with override_settings(SERVING_LIMITS={"p50_ms": 5000.0, "p99_ms": 20000.0, "min_rps": 0.1}):
+        served, _versions, deployment = deployed(
+            scene.workspace, scene.user, versions=1, name="ranker"
+        )
     worker = platform_worker(stack, "predict")  # flushes the prediction log (beat)
     run = uuid.uuid4().hex[:8]
     path = f"/api/v1/workspaces/{scene.workspace.slug}/predict/"

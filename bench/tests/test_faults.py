@@ -29,6 +29,8 @@ from bench.faults_stack import Stack, database_env_of, pointed_at, stack_env
 pytestmark = [
     pytest.mark.celery_worker,
     pytest.mark.django_db(transaction=True),
+    # Starting gunicorn and a worker takes most of it; a loaded machine can take minutes.
+    pytest.mark.timeout(600),
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
 ]
 
