@@ -9,7 +9,8 @@ stores counted against what the clients were told.
 
 The SIGSTOPped node agent resumed after its job moved, and the worker SIGKILLed mid-training,
 run in training/tests/test_fencing.py and training/tests/test_agent_faults.py (not repeated
-here). One stack serves the module (about a minute on a loaded 2-core machine).
+here). Each test starts its own stack: with one stack for the module, the second test's
+server answered 404 for a workspace created after the first test's flush (not yet explained).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stack(django_db_setup, django_db_blocker):
     folder = Path(tempfile.mkdtemp(prefix="rankops-faults-"))
     with django_db_blocker.unblock():
