@@ -52,6 +52,7 @@ KNOWN_AREAS: tuple[str, ...] = (
     "lineage",
     "loop",
     "quality",
+    "faults",
 )
 
 # Unit shown for a measure, read from the end of its name (longest suffix first).

@@ -29,7 +29,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from features import offline_store, online_store
@@ -718,6 +718,35 @@ def batch_ingest(
         Batch.objects.filter(pk=batch.pk, workspace=group.workspace).update(online_written=True)
         batch.online_written = True
     return IngestResult(batch=batch, replayed=False, online_rows=online_rows, files=files)
+
+
+def batch_ingest_retrying(
+    *,
+    actor: AbstractBaseUser,
+    group: FeatureGroup,
+    body: bytes,
+    format: str,
+    idempotency_key: str | None = None,
+) -> IngestResult:
+    """``batch_ingest``, sent once more on a fresh database connection when the connection was
+    lost under it (a restarted or failed-over server, ``pg_terminate_backend``).
+
+    Only with an Idempotency-Key, which makes the second try safe whatever the first did: if
+    it committed before the connection died, the second is its replay. Without one a lost
+    connection stays the producer's 503 to retry. (The ``faults`` bench terminated every
+    connection under a push loop: each push caught mid-query answered 503.)"""
+    try:
+        return batch_ingest(
+            actor=actor, group=group, body=body, format=format, idempotency_key=idempotency_key
+        )
+    except (OperationalError, InterfaceError):
+        if not idempotency_key or connection.in_atomic_block or connection.is_usable():
+            raise
+        logger.warning("database connection lost under a push; sending it once more")
+        connection.close()
+        return batch_ingest(
+            actor=actor, group=group, body=body, format=format, idempotency_key=idempotency_key
+        )
 
 
 _executor: tuple[int, ThreadPoolExecutor] | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_ready
 
 # At most one projection run is queued at a time, however many events commit (the key expires
 # in case the queued run is lost; beat's catch-up covers that too).
@@ -69,3 +70,23 @@ def audit_scan() -> int:
     from lineage.audit import audit_scan_idle
 
     return audit_scan_idle()
+
+
+@worker_ready.connect
+def catch_up_on_start(**_kwargs) -> None:
+    """A worker that starts queues one projection run at once, clearing the "one is queued"
+    mark first: the run that mark stood for may have died with a killed worker (on Redis its
+    unacked message comes back only after the visibility timeout, an hour), and beat's catch-up
+    comes up to 30 s later. Measured by the ``faults`` bench (worker_kill_push): the graph
+    caught up 25-47 s after the restart before this, against the 10 s goal."""
+    from django.core.cache import cache
+
+    from lineage.conf import setting
+
+    try:
+        cache.delete(queued_key(setting("LINEAGE_QUEUE")))
+        enqueue_projection_once()
+    except Exception:  # a worker must start even with its cache or broker down
+        import logging
+
+        logging.getLogger(__name__).warning("could not queue the lineage catch-up", exc_info=True)

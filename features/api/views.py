@@ -271,7 +271,7 @@ class BatchViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
         group = feature_group_get(workspace=self.workspace, name=name)
         body, batch_format = self._payload(request)
         try:
-            result = ingestion.batch_ingest(
+            result = ingestion.batch_ingest_retrying(
                 actor=request.user,
                 group=group,
                 body=body,

@@ -91,3 +91,24 @@ def test_a_rebuild_at_the_limit_is_deferred_to_the_queue_not_run():
         assert not TaskSlot.objects.for_workspace(workspace).exists()
     finally:
         route(routes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_slot_is_renewed_while_its_block_runs_and_a_dead_holders_lapses(workspace):
+    """The lease: a live holder's slot outlives its ttl (renewed from a thread), a holder that
+    died (no renewals) frees it after the ttl, not after the 15 minutes it used to be."""
+    import time
+
+    ttl = 0.6
+    with workspace_task_slot(workspace_id=workspace.pk, kind="k", ttl_s=ttl) as held:
+        assert held
+        first = TaskSlot.objects.for_workspace(workspace).get().expires_at
+        deadline = time.monotonic() + 10
+        while TaskSlot.objects.for_workspace(workspace).get().expires_at <= first:
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+        assert task_slot_acquire(workspace_id=workspace.pk, kind="k") is None
+    assert not TaskSlot.objects.for_workspace(workspace).exists()
+    # A holder SIGKILLed mid-task renews nothing: its default lease lapses within 30 s.
+    dead = task_slot_acquire(workspace_id=workspace.pk, kind="k")
+    assert dead.expires_at <= timezone.now() + timedelta(seconds=30)
