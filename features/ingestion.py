@@ -722,7 +722,7 @@ def batch_ingest(
 
 def batch_ingest_retrying(
     *,
-    actor: AbstractBaseUser,
+    actor: Actor,
     group: FeatureGroup,
     body: bytes,
     format: str,
