@@ -14,6 +14,7 @@ from django.urls import reverse
 from features import registry
 from features.models import Batch, FeatureGroup, FeatureGroupVersion, Lifecycle
 from features.tests.factories import make_group
+from features.tests.test_samples import builds_of
 from workspaces.models import Role
 from workspaces.testing.factories import make_member
 
@@ -442,7 +443,7 @@ def test_a_developer_builds_a_dataset_through_the_form(
     with django_capture_on_commit_callbacks(execute=True) as queued:
         response = client.post(dataset_url(workspace), dataset_post())
     assert response.status_code == 302
-    assert len(queued) == 1  # the build task, sent after the commit
+    assert len(builds_of(queued)) == 1  # the build task, sent after the commit
     dataset = Dataset.objects.for_workspace(workspace).get(name="ctr_train")
     assert response["Location"] == reverse(
         "features-dataset", kwargs={"ws": workspace.slug, "name": "ctr_train", "version": 1}

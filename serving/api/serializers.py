@@ -173,7 +173,7 @@ class RollbackSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500)
 
 
-class StopSerializer(serializers.Serializer):
+class DeploymentStopSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 

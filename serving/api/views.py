@@ -19,13 +19,13 @@ from serving.api.serializers import (
     DeploymentChangeSerializer,
     DeploymentCreateSerializer,
     DeploymentSerializer,
+    DeploymentStopSerializer,
     ModelVersionSerializer,
     QualityOverrideSerializer,
     RegisteredModelSerializer,
     ReleaseSerializer,
     RollbackSerializer,
     ScaleSerializer,
-    StopSerializer,
     VersionRegisterSerializer,
 )
 from serving.gates import version_gates_request
@@ -286,10 +286,10 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Worksp
     def scale(self, request: Request, ws: str, name: str) -> Response:
         return self._change(request, ScaleSerializer, dep_services.deployment_scale)
 
-    @extend_schema(request=StopSerializer, responses={202: ACCEPTED})
+    @extend_schema(request=DeploymentStopSerializer, responses={202: ACCEPTED})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, ws: str, name: str) -> Response:
-        return self._change(request, StopSerializer, dep_services.deployment_stop)
+        return self._change(request, DeploymentStopSerializer, dep_services.deployment_stop)
 
     @extend_schema(responses={200: OpenApiResponse(description="The published routing table.")})
     @action(detail=True, methods=["get"])

@@ -65,7 +65,8 @@ def test_a_job_past_its_workspace_wall_time_is_stopped_and_fails(workspace):
 
     workspace_policy_set(actor=None, workspace=workspace, max_job_wall_s=2)
     dataset = make_demo_dataset(workspace, scale=0.05)
-    slow = {**FAST, "epochs": 50, "batch_size": 32, "step_sleep_s": 0.05}
+    # Adam epochs (logreg's default convex fit would end in one solve, inside the limit)
+    slow = {**FAST, "solver": "adam", "epochs": 50, "batch_size": 32, "step_sleep_s": 0.05}
     job = job_create(
         actor=None, workspace=workspace, name="endless", dataset=dataset, template="logreg",
         params=slow, cpu_milli=1000, memory_mb=256,

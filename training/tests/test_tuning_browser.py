@@ -49,7 +49,8 @@ def test_tune_from_the_job_list_and_read_the_trials(page, workspace):
     space = page.locator("textarea[name=space]")
     assert '"embedding_dim"' in space.input_value()  # fine_ranking's default
     page.select_option("select[name=template]", "logreg")
-    assert '"embedding_dim"' not in space.input_value() and '"lr"' in space.input_value()
+    # logreg's default space: its convex fit's penalty and vocabulary
+    assert '"embedding_dim"' not in space.input_value() and '"l2"' in space.input_value()
     page.fill("input[name=name]", "tune-in-browser")
     page.select_option("select[name=dataset]", str(dataset.pk))
     page.fill("textarea[name=params]", FIXED)

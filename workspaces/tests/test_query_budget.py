@@ -24,6 +24,7 @@ from workspaces.models import Notification, Role
 from workspaces.services import membership_grant, quota_request_create, service_account_create
 from workspaces.testing.factories import make_member, make_workspace
 from workspaces.testing.permission_matrix import Endpoint, MatrixContext, load_endpoints
+from workspaces.tests.matrix import PUBLIC_HOOK
 
 SMALL, LARGE = 2, 6
 # Queries one GET may run whatever its rows: authentication (token, user, memberships and the
@@ -196,6 +197,30 @@ def _consumer(ctx: MatrixContext) -> dict[str, Any]:
     return {"node": "feature_group:budget"}
 
 
+def _webhook_delivery(ctx: MatrixContext) -> dict[str, Any]:
+    """One more delivery attempt logged for the same webhook (created on the first call)."""
+    from django.utils import timezone
+
+    from workspaces.models import WebhookDelivery, WebhookEndpoint
+    from workspaces.notifications import webhook_create
+
+    webhook = ctx.extra.get("webhook")
+    if webhook is None:
+        webhook, _secret = webhook_create(actor=None, workspace=ctx.workspace, url=PUBLIC_HOOK)
+        ctx.extra["webhook"] = webhook
+    assert isinstance(webhook, WebhookEndpoint)
+    n = next(_n)
+    WebhookDelivery.objects.create(
+        workspace=ctx.workspace,
+        webhook=webhook,
+        event_id=n,
+        attempt=1,
+        payload={"id": n},
+        next_attempt_at=timezone.now(),
+    )
+    return {"pk": webhook.pk}
+
+
 def _nothing(ctx: MatrixContext) -> None:
     """Routes whose rows do not live in the database (the built-in templates)."""
 
@@ -205,6 +230,7 @@ SEEDS: dict[str, Seed] = {
     "/api/v1/workspaces/": _workspace_of_the_actor,
     WS + "/": _member,  # the workspace itself: its member and quota summary
     WS + "/activity/": _event,
+    WS + "/webhooks/{pk}/deliveries/": _webhook_delivery,
     WS + "/service-accounts/": _service_account,
     "/api/v1/notifications/": _notification,
     WS + "/feature-groups/{name}/batches/": _batch,
