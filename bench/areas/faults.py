@@ -73,6 +73,7 @@ KINDS = ("acknowledged", "stored", "duplicates", "lost", "server_errors", "recov
 RECOVERY_GOAL_S = 10.0
 ROWS_PER_BATCH = 20
 SLOW_TRAINING = {
+    "solver": "adam",  # epochs and checkpoints to kill between (logreg's default is one solve)
     "epochs": 4,
     "batch_size": 32,
     "threads": 1,

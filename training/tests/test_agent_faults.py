@@ -125,7 +125,8 @@ def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoi
     workspace, tmp_path
 ):
     dataset = make_demo_dataset(workspace, scale=0.05)
-    slow = {**FAST, "epochs": 4, "batch_size": 32, "step_sleep_s": 0.05}
+    # Adam epochs with checkpoints (logreg's default convex fit is one solve)
+    slow = {**FAST, "solver": "adam", "epochs": 4, "batch_size": 32, "step_sleep_s": 0.05}
     slow["checkpoint_every_steps"] = 5
     job = job_create(
         actor=None, workspace=workspace, name="survivor", dataset=dataset, template="logreg",

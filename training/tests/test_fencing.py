@@ -94,7 +94,8 @@ def test_a_superseded_attempt_can_neither_record_progress_nor_finish_the_job(wor
 )
 def test_an_agent_woken_after_its_job_moved_stops_and_writes_nothing(workspace, tmp_path):
     dataset = make_demo_dataset(workspace, scale=0.05)
-    slow = {**FAST, "epochs": 6, "batch_size": 32, "step_sleep_s": 0.03}
+    # Adam epochs with checkpoints (logreg's default convex fit is one solve)
+    slow = {**FAST, "solver": "adam", "epochs": 6, "batch_size": 32, "step_sleep_s": 0.03}
     slow["checkpoint_every_steps"] = 5
     job = job_create(
         actor=None, workspace=workspace, name="moved", dataset=dataset, template="logreg",
