@@ -58,6 +58,7 @@ from lineage.reach import (
     reach_owner_changed,
 )
 from workspaces.models import Event, EventRef
+from workspaces.outbox import gaps_late_events, gaps_remember
 
 logger = logging.getLogger(__name__)
 
@@ -644,30 +645,21 @@ def _apply_slice(
 
 def _record_gaps(cursor: Cursor, first: int, passed: int) -> None:
     """Remember the ids ``first`` .. ``passed - 1`` the cursor is about to pass unseen."""
-    if passed <= first or cursor.last_event_id == 0:
+    if cursor.last_event_id == 0:
         return  # a fresh cursor starts at the first event it sees
-    limit = max(0, int(setting("LINEAGE_GAP_MAX")))
-    missing = range(max(first, passed - limit), passed)
-    if len(missing) < passed - first:
-        logger.warning(
-            "lineage: %d event ids missing before %d; keeping the newest %d as gaps",
-            passed - first,
-            passed,
-            len(missing),
+    if (
+        gaps_remember(
+            CursorGap.objects.filter(cursor=cursor),
+            lambda event_id, seen_at: CursorGap(cursor=cursor, event_id=event_id, seen_at=seen_at),
+            first=first,
+            passed=passed,
+            limit=max(0, int(setting("LINEAGE_GAP_MAX"))),
+            label="lineage",
         )
-    now = timezone.now()
-    if not cursor.has_gaps:
+        and not cursor.has_gaps
+    ):
         cursor.has_gaps = True
         cursor.save(update_fields=["has_gaps", "updated_at"])
-    CursorGap.objects.bulk_create(
-        [CursorGap(cursor=cursor, event_id=i, seen_at=now) for i in missing],
-        ignore_conflicts=True,
-    )
-    extra = CursorGap.objects.filter(cursor=cursor).count() - limit
-    if extra > 0:
-        oldest = CursorGap.objects.filter(cursor=cursor).order_by("event_id")[:extra]
-        CursorGap.objects.filter(pk__in=list(oldest.values_list("pk", flat=True))).delete()
-        logger.warning("lineage: forgot the %d oldest gaps (more than %d kept)", extra, limit)
 
 
 def _apply_late_events(projector: Projector, cursor: Cursor) -> int:
@@ -676,15 +668,7 @@ def _apply_late_events(projector: Projector, cursor: Cursor) -> int:
     if not cursor.has_gaps:
         return 0
     gaps = CursorGap.objects.filter(cursor=cursor)
-    forget = timezone.now() - timedelta(seconds=float(setting("LINEAGE_GAP_FORGET_SECONDS")))
-    gaps.filter(seen_at__lt=forget).delete()
-    late = list(
-        Event.objects.unscoped()
-        .filter(id__in=gaps.values("event_id"))
-        .select_related("workspace")
-        .prefetch_related("refs")
-        .order_by("id")
-    )
+    late = gaps_late_events(gaps, forget_seconds=float(setting("LINEAGE_GAP_FORGET_SECONDS")))
     for event in late:
         if event.workspace_id is not None:
             logger.info("lineage: applying event %d late", event.id)

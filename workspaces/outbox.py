@@ -32,12 +32,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import prefetch_related_objects
+from django.db.models import QuerySet, prefetch_related_objects
 from django.utils import timezone
 
 from workspaces.models import ConsumerCursor, ConsumerGap, Event
@@ -163,47 +163,74 @@ def _apply(consumer: Consumer, event: Event, batch: _Batch) -> bool:
     return True
 
 
-def _record_gaps(cursor: ConsumerCursor, first: int, passed: int) -> None:
-    """Remember the ids ``first`` .. ``passed - 1`` the cursor is about to pass unseen."""
-    if passed <= first or cursor.last_event_id == 0:
-        return  # a fresh cursor starts at the first event it sees
-    limit = max(0, int(setting("OUTBOX_GAP_MAX")))
+def gaps_remember(
+    gaps: QuerySet[Any],
+    new_gap: Callable[[int, datetime], Any],
+    *,
+    first: int,
+    passed: int,
+    limit: int,
+    label: str,
+) -> bool:
+    """Remember the ids ``first`` .. ``passed - 1`` a cursor is about to pass unseen, keeping at
+    most ``limit`` gaps (the oldest go first, logged). ``gaps`` are that cursor's gap rows and
+    ``new_gap(event_id, seen_at)`` builds an unsaved one. Shared by every reader of the log in
+    id order (the outbox consumers and the lineage projection); returns whether any was kept."""
+    if passed <= first:
+        return False
     missing = range(max(first, passed - limit), passed)
     if len(missing) < passed - first:
         logger.warning(
-            "outbox %s: %d event ids missing before %d; keeping the newest %d as gaps",
-            cursor.name,
+            "%s: %d event ids missing before %d; keeping the newest %d as gaps",
+            label,
             passed - first,
             passed,
             len(missing),
         )
-    cursor.has_gaps = True
     now = timezone.now()
-    ConsumerGap.objects.bulk_create(
-        [ConsumerGap(cursor=cursor, event_id=i, seen_at=now) for i in missing],
-        ignore_conflicts=True,
-    )
-    gaps = ConsumerGap.objects.filter(cursor=cursor)
+    gaps.model.objects.bulk_create([new_gap(i, now) for i in missing], ignore_conflicts=True)
     extra = gaps.count() - limit
     if extra > 0:
         oldest = list(gaps.order_by("event_id").values_list("pk", flat=True)[:extra])
-        ConsumerGap.objects.filter(pk__in=oldest).delete()
-        logger.warning("outbox %s: forgot the %d oldest gaps", cursor.name, extra)
+        gaps.model.objects.filter(pk__in=oldest).delete()
+        logger.warning("%s: forgot the %d oldest gaps (more than %d kept)", label, extra, limit)
+    return bool(missing)
 
 
-def _apply_late(consumer: Consumer, cursor: ConsumerCursor, batch: _Batch) -> bool:
-    """Apply the events that committed after the cursor passed their ids and forget old gaps;
-    False when a handler stopped on one (the batch ends there)."""
-    gaps = ConsumerGap.objects.filter(cursor=cursor)
-    forget = timezone.now() - timedelta(seconds=float(setting("OUTBOX_GAP_FORGET_SECONDS")))
-    gaps.filter(seen_at__lt=forget).delete()
-    late = list(
+def gaps_late_events(gaps: QuerySet[Any], *, forget_seconds: float) -> list[Event]:
+    """Forget a cursor's gaps older than ``forget_seconds`` (a rolled-back transaction's id never
+    appears) and return the events that have committed since under the remaining ids, in id
+    order, with their workspace and refs loaded."""
+    gaps.filter(seen_at__lt=timezone.now() - timedelta(seconds=forget_seconds)).delete()
+    return list(
         Event.objects.unscoped()
         .filter(id__in=gaps.values("event_id"))
         .select_related("workspace")
         .prefetch_related("refs")
         .order_by("id")
     )
+
+
+def _record_gaps(cursor: ConsumerCursor, first: int, passed: int) -> None:
+    """Remember the ids ``first`` .. ``passed - 1`` the cursor is about to pass unseen."""
+    if cursor.last_event_id == 0:
+        return  # a fresh cursor starts at the first event it sees
+    if gaps_remember(
+        ConsumerGap.objects.filter(cursor=cursor),
+        lambda event_id, seen_at: ConsumerGap(cursor=cursor, event_id=event_id, seen_at=seen_at),
+        first=first,
+        passed=passed,
+        limit=max(0, int(setting("OUTBOX_GAP_MAX"))),
+        label=f"outbox {cursor.name}",
+    ):
+        cursor.has_gaps = True
+
+
+def _apply_late(consumer: Consumer, cursor: ConsumerCursor, batch: _Batch) -> bool:
+    """Apply the events that committed after the cursor passed their ids and forget old gaps;
+    False when a handler stopped on one (the batch ends there)."""
+    gaps = ConsumerGap.objects.filter(cursor=cursor)
+    late = gaps_late_events(gaps, forget_seconds=float(setting("OUTBOX_GAP_FORGET_SECONDS")))
     done: list[int] = []
     carry_on = True
     for event in late:
