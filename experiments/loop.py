@@ -163,7 +163,7 @@ def _deployment_of(workspace: Workspace, deployment: Any) -> Any:
 def _check_joinable(workspace: Workspace, group: str, refs: list[str]) -> None:
     """400 now, not a failed first stage: the features must join the stream's label source."""
     from features.models import FeatureGroup
-    from features.samples import check_feature_refs
+    from features.selectors import check_feature_refs
     from training.pipelines import workspace_stream
 
     label_source = workspace_stream(workspace)["label_source"]
@@ -208,8 +208,7 @@ def group_from_candidate(*, actor: Actor, workspace: Workspace, evaluation: Any)
     import pyarrow.parquet as pq
     from django.conf import settings
 
-    from features import registry
-    from features.ingestion import batch_ingest
+    from features import services as feature_services
     from features.models import EntityKind, FeatureGroup
     from training.models import CandidateEvaluation, RunState
 
@@ -233,7 +232,7 @@ def group_from_candidate(*, actor: Actor, workspace: Workspace, evaluation: Any)
         if keyed is not None
         else (EntityKind.USER if key.startswith("user") else EntityKind.ITEM)
     )
-    group = registry.feature_group_register(
+    group = feature_services.feature_group_register(
         actor=actor,
         workspace=workspace,
         name=name,
@@ -251,7 +250,9 @@ def group_from_candidate(*, actor: Actor, workspace: Workspace, evaluation: Any)
     for start in range(0, table.num_rows, 100_000):
         sink = io.BytesIO()
         pq.write_table(table.slice(start, 100_000), sink)
-        batch_ingest(actor=actor, group=group, body=sink.getvalue(), format="parquet")
+        feature_services.batch_ingest(
+            actor=actor, group=group, body=sink.getvalue(), format="parquet"
+        )
     return group.name
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 
+from features.lookup import FeatureRef as FeatureRef
 from features.models import (
     Batch,
     Consumer,
@@ -14,6 +15,9 @@ from features.models import (
     FeatureGroupVersion,
     HealthCheck,
 )
+from features.samples import check_feature_refs as check_feature_refs
+from features.samples import dataset_file as dataset_file
+from features.samples import output_column as output_column
 from workspaces.models import Workspace
 
 

@@ -279,9 +279,8 @@ def artifact_path(relative: str) -> Path:
 def feature_dicts(job: TrainingJob) -> list[dict[str, Any]]:
     """The job's dataset features as the training templates read them (ref, column, dtype,
     entity, dim); reads only ``job.dataset`` and ``job.workspace_id``."""
-    from features.lookup import FeatureRef
     from features.models import Feature
-    from features.samples import output_column
+    from features.selectors import FeatureRef, output_column
 
     dataset = job.dataset
     result = []
@@ -308,7 +307,7 @@ def feature_dicts(job: TrainingJob) -> list[dict[str, Any]]:
 
 
 def build_job_spec(job: TrainingJob):
-    from features.samples import dataset_file
+    from features.selectors import dataset_file
     from training.data import JobSpec
     from training.models import EntryPoint
     from training.services import entry_point_target, job_work_dir

@@ -203,7 +203,7 @@ def compare(job_base, job_cand, *, seed: int) -> dict[str, Any]:
 
 
 def candidate_evaluate(evaluation_id: int) -> str:
-    from features.samples import dataset_file
+    from features.selectors import dataset_file
     from training.agent import feature_dicts
     from training.data import JobSpec
 

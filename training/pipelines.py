@@ -374,7 +374,7 @@ def _param(run: PipelineRun, stage: StageRun, name: str, default: Any = None) ->
 def build_samples(run: PipelineRun, stage: StageRun, context: dict) -> dict:
     """A new version of the named dataset over the newest data (same label and features), or a
     given ``dataset_id`` as is."""
-    from features import samples
+    from features import services as feature_services
     from features.models import Dataset, DatasetStatus
 
     dataset_id = _param(run, stage, "dataset_id")
@@ -389,7 +389,7 @@ def build_samples(run: PipelineRun, stage: StageRun, context: dict) -> dict:
         latest = Dataset.objects.for_workspace(run.workspace).filter(name=name).first()
         if latest is None:
             raise ValidationError({"dataset": f"no dataset '{name}'"})
-        dataset = samples.dataset_create(
+        dataset = feature_services.dataset_create(
             actor=None,
             workspace=run.workspace,
             name=name,
@@ -438,7 +438,7 @@ def workspace_stream(workspace) -> dict[str, Any]:
 
 def _build_stream(run: PipelineRun, stage: StageRun):
     """A new version of the stream's dataset over its current label source and features."""
-    from features import samples
+    from features import services as feature_services
     from features.models import FeatureGroup
 
     stream = workspace_stream(run.workspace)
@@ -455,7 +455,7 @@ def _build_stream(run: PipelineRun, stage: StageRun):
     )
     if label_group is None:
         raise ValidationError({"sample_stream": f"no feature group '{stream['label_source']}'"})
-    return samples.dataset_create(
+    return feature_services.dataset_create(
         actor=run.created_by,
         workspace=run.workspace,
         name=str(_param(run, stage, "dataset") or STREAM_DATASET),
@@ -468,7 +468,7 @@ def _build_stream(run: PipelineRun, stage: StageRun):
 def add_feature(run: PipelineRun, stage: StageRun, context: dict) -> dict:
     """Add ``features`` (a list of ``group:feature`` refs) to the workspace's sample stream
     (seeding the stream from the newest ready dataset when it has no label source yet)."""
-    from features import samples
+    from features import services as feature_services
     from workspaces.services import workspace_update
 
     refs = _param(run, stage, "features") or []
@@ -481,7 +481,7 @@ def add_feature(run: PipelineRun, stage: StageRun, context: dict) -> dict:
         template["sample_stream"] = {**current, **stream}
         run.workspace = workspace_update(actor=None, workspace=run.workspace, template=template)
     for ref in refs:
-        samples.sample_stream_add_feature(
+        feature_services.sample_stream_add_feature(
             actor=run.created_by, workspace=run.workspace, feature_ref=ref
         )
     run.workspace.refresh_from_db()

@@ -340,9 +340,9 @@ def job_create(
 
 
 def _register_consumers(*, actor: Actor, job: TrainingJob) -> None:
-    from features.lookup import FeatureRef
     from features.models import FeatureGroup
-    from features.registry import consumer_register
+    from features.selectors import FeatureRef
+    from features.services import consumer_register
 
     dataset = job.dataset
     if dataset is None:  # every submitted job has one; nothing to register without it
