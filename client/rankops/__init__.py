@@ -1,8 +1,8 @@
 """RankOps: a Python client for the RankOps MLOps platform's REST API.
 
-    import rankops
-    client = rankops.Client()          # RANKOPS_URL / RANKOPS_TOKEN, or `rankops login`
-    client.push("user_profile", frame) # a pandas DataFrame, sent as Parquet
+import rankops
+client = rankops.Client()          # RANKOPS_URL / RANKOPS_TOKEN, or `rankops login`
+client.push("user_profile", frame) # a pandas DataFrame, sent as Parquet
 """
 
 from rankops.errors import (

@@ -179,7 +179,17 @@ class RankOpsGroup(click.Group):
             ctx.exit(exit_code_for(exc))
 
 
-@click.group(cls=RankOpsGroup, epilog=__doc__.split("\n\n", 1)[1].split("\n\nShell")[0])
+EPILOG = """\b
+Exit codes: 0 ok, 1 unexpected error, 2 bad usage, 3 not configured or
+not authenticated (401), 4 forbidden (403), 5 not found (404), 6 conflict
+(409), 7 rejected input (400, 413), 8 a job/dataset/loop failed, 9 timed
+out waiting, 10 server error or unreachable.
+\b
+Completion: eval "$(_RANKOPS_COMPLETE=bash_source rankops)"
+"""
+
+
+@click.group(cls=RankOpsGroup, epilog=EPILOG)
 @click.option("--url", envvar="RANKOPS_URL", help="Server URL (RANKOPS_URL).")
 @click.option("--token", envvar="RANKOPS_TOKEN", help="API token (RANKOPS_TOKEN).")
 @click.option("-w", "--workspace", envvar="RANKOPS_WORKSPACE", help="Workspace slug.")
@@ -296,7 +306,9 @@ def features_register(
         offline=offline,
         description=description,
     )
-    emit(state, group if state.as_json else {k: group.get(k) for k in ("name", "version", "status")})
+    emit(
+        state, group if state.as_json else {k: group.get(k) for k in ("name", "version", "status")}
+    )
 
 
 @features.command("push")
@@ -456,7 +468,9 @@ def models(ctx: click.Context) -> None:
 def models_register(state: State, model, job_id) -> None:
     """Register a trained job as a new version of MODEL."""
     version = state.client.register_model(model, job_id=job_id)
-    emit(state, version if state.as_json else _pick(version, "id", "model", "version", "gate_status"))
+    emit(
+        state, version if state.as_json else _pick(version, "id", "model", "version", "gate_status")
+    )
 
 
 @main.command()
@@ -520,7 +534,10 @@ def experiments_status(state: State, key) -> None:
         return
     emit(state, _pick(exp, "key", "state", "traffic_percent", "primary_metric"))
     arms = analysis.get("arms", {})
-    rows = [{"arm": name, **{k: v for k, v in a.items() if not isinstance(v, dict)}} for name, a in arms.items()]
+    rows = [
+        {"arm": name, **{k: v for k, v in a.items() if not isinstance(v, dict)}}
+        for name, a in arms.items()
+    ]
     click.echo(table(rows))
 
 

@@ -205,11 +205,12 @@ class Client:
                 retryable = response.status_code in RETRY_STATUSES or (
                     response.status_code >= 500 and not is_write
                 )
-                if retryable and (not is_write or retry_writes or response.status_code == 429):
-                    if attempt < self.retries:
-                        attempt += 1
-                        self._sleep(attempt, response)
-                        continue
+                # A 429 was refused before anything was done: safe to resend even a write.
+                safe = not is_write or retry_writes or response.status_code == 429
+                if retryable and safe and attempt < self.retries:
+                    attempt += 1
+                    self._sleep(attempt, response)
+                    continue
                 if response.status_code >= 400:
                     raise error_for(response.status_code, _decode(response), operation=operation)
                 if raw:
@@ -427,7 +428,9 @@ class Client:
                 node = f" on {job['node']}" if job.get("node") else ""
                 yield f"state {job['state']}{node}{reason}"
                 last_state = job["state"]
-            metrics = list(self.iterate("v1_workspaces_training_jobs_metrics_list", id=job_id, ws=ws))
+            metrics = list(
+                self.iterate("v1_workspaces_training_jobs_metrics_list", id=job_id, ws=ws)
+            )
             for row in metrics[seen_metrics:]:
                 yield "metric " + " ".join(
                     f"{k}={row[k]}" for k in ("name", "step", "epoch", "value") if k in row

@@ -6,7 +6,6 @@ import json
 import sys
 
 import pandas as pd
-
 import rankops
 
 client = rankops.Client()
@@ -64,7 +63,9 @@ dataset = client.build_dataset(
 )
 frame = client.dataset_frame(dataset["id"])
 seen["dataset"] = {"id": dataset["id"], "rows": len(frame), "columns": list(frame.columns)}
-seen["paged"] = [g["name"] for g in client.iterate("v1_workspaces_feature_groups_list", page_size=1)]
+seen["paged"] = [
+    g["name"] for g in client.iterate("v1_workspaces_feature_groups_list", page_size=1)
+]
 
 job = client.train("journey", dataset=dataset["id"], template="logreg")
 log = []

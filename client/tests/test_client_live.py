@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -47,10 +48,23 @@ def client_venv(tmp_path_factory) -> Path:
     if not reuse:
         venv.create(home, with_pip=False, system_site_packages=False)
     index = ["--no-index", "--find-links", str(WHEELS)] if WHEELS.is_dir() else []
+    # Installed from a copy: setuptools writes build/ and *.egg-info beside the sources.
+    source = tmp_path_factory.mktemp("client-src") / "client"
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("tests", "build", "*.egg-info"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-         "--disable-pip-version-check", *index, *(["--force-reinstall", "--no-deps"] if reuse else []),
-         str(CLIENT)],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            *index,
+            *(["--force-reinstall", "--no-deps"] if reuse else []),
+            str(source),
+        ],
         check=True,
         timeout=300,
     )
@@ -97,7 +111,10 @@ def test_the_installed_client_and_cli_drive_a_live_server(client_venv, live_serv
         assert seen["job"]["state"] == "succeeded"
         assert seen["job"]["log"][-1].startswith("result ")
         assert any(line.startswith("state running") for line in seen["job"]["log"])
-        assert seen["experiment"]["state"] == "running" and "arms" in seen["experiment"]["analysis_keys"]
+        assert (
+            seen["experiment"]["state"] == "running"
+            and "arms" in seen["experiment"]["analysis_keys"]
+        )
         exp = Experiment.objects.for_workspace(workspace).get(key="journey-ab")
         assert exp.state == ExperimentState.RUNNING
         assert exp.arms[1]["version_id"] == seen["versions"][1]
@@ -143,7 +160,9 @@ def test_the_installed_client_and_cli_drive_a_live_server(client_venv, live_serv
             "--key", "user_id", "--from-file", str(recency),
         )  # fmt: skip
         assert registered.returncode == 0, registered.stderr
-        pushed = run(client_venv, env, "rankops", "--json", "features", "push", "recency", str(recency))
+        pushed = run(
+            client_venv, env, "rankops", "--json", "features", "push", "recency", str(recency)
+        )
         assert pushed.returncode == 0 and json.loads(pushed.stdout)["rows"] == 12, pushed.stderr
         looped = run(client_venv, env, "rankops", "--json", "loop", "recency", timeout=600)
         assert looped.returncode == 0, looped.stderr[-3000:]

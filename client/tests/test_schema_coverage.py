@@ -17,7 +17,9 @@ CLIENT = Path(__file__).resolve().parents[1]
 def _load(name: str):
     """A module of the client package, loaded from the repository (the platform's virtualenv
     has no httpx; these two modules need none)."""
-    spec = importlib.util.spec_from_file_location(f"rankops.{name}", CLIENT / "rankops" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"rankops.{name}", CLIENT / "rankops" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
@@ -30,7 +32,9 @@ def test_every_schema_operation_is_in_the_clients_table(client):
     served = _load("codegen").operations_from_schema(schema)
     table = _load("operations").OPERATIONS
     missing = sorted(set(served) - set(table))
-    assert missing == [], f"operations the client cannot reach (run python -m rankops.codegen): {missing}"
+    assert missing == [], (
+        f"operations the client cannot reach (run python -m rankops.codegen): {missing}"
+    )
     assert sorted(set(table) - set(served)) == [], "client operations the server no longer has"
     changed = [op for op in served if served[op] != table[op]]
     assert changed == [], f"operations whose method, path or parameters changed: {changed}"
