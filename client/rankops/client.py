@@ -466,7 +466,7 @@ class Client:
             ):
                 if on_log:
                     on_log(line)
-                job = self._last_job = self.job(job_id, ws=ws)
+                job = self.job(job_id, ws=ws)
                 share = job.get("progress") or 0.0
                 bar.n = min(float(share), 1.0)
                 loss = f" loss={job['loss']:.4g}" if isinstance(job.get("loss"), float) else ""
