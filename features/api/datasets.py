@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import FileResponse, Http404
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
@@ -13,10 +13,10 @@ from rest_framework.response import Response
 
 from features import samples
 from features.lookup import MAX_FEATURES
-from features.models import Dataset, FeatureGroup
+from features.models import Dataset, DatasetStatus, FeatureGroup
 from features.selectors import datasets_of, feature_groups_of
 from workspaces.api.viewsets import WorkspaceScopedViewSet
-from workspaces.exceptions import ReferenceNotFound
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Role
 
 
@@ -187,6 +187,25 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
             "coverage": preview.coverage,
         }
         return Response(DatasetPreviewSerializer(body).data)
+
+    @extend_schema(
+        responses={(200, "application/vnd.apache.parquet"): bytes},
+        description="The dataset's Parquet file (its `columns`, in order), for clients that load "
+        "it as a DataFrame. 409 while the dataset is not `ready`.",
+    )
+    @action(detail=True, methods=["get"])
+    def file(self, request: Request, ws: str, pk: str) -> FileResponse:
+        dataset = self.get_object()
+        if dataset.status != DatasetStatus.READY:
+            raise ConflictError(f"dataset is {dataset.status}, not ready", attr="status")
+        path = samples.dataset_file(dataset)
+        if not path.exists():
+            raise ConflictError("the dataset's file is missing on this server", attr="path")
+        return FileResponse(
+            path.open("rb"),
+            content_type="application/vnd.apache.parquet",
+            filename=f"{dataset.name}-v{dataset.version}.parquet",
+        )
 
 
 class SampleStreamFeaturesViewSet(WorkspaceScopedViewSet):

@@ -69,5 +69,6 @@ ENDPOINTS = [
     Endpoint("POST", WS + "/datasets/", role=Role.DEVELOPER, success=202, body=_create_body),
     Endpoint("POST", WS + "/datasets/preview/", role=Role.DEVELOPER, body=_create_body),
     Endpoint("GET", WS + "/datasets/{pk}/", role=Role.VIEWER, setup=_dataset, has_object=True),
+    Endpoint("GET", WS + "/datasets/{pk}/file/", role=Role.VIEWER, setup=_dataset, has_object=True),
     Endpoint("POST", WS + "/sample-stream/features/", role=Role.DEVELOPER, body=_stream_body),
 ]

@@ -1,0 +1,3 @@
+from rankops.cli import main
+
+main()
