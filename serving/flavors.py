@@ -24,6 +24,7 @@ mapped inputs in signature order (raw values: mean 0, std 1), and gives logits, 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,12 @@ import numpy as np
 
 from training.bundle import WEIGHTS_FILE, BundleSpec, register_template
 
-SAFE_FLAVORS = ("sklearn (skops)", "onnx", "lightgbm (Booster text)", "pytorch (state dict)")
+SAFE_FLAVORS: tuple[str, ...] = (
+    "sklearn (skops)",
+    "onnx",
+    "lightgbm (Booster text)",
+    "pytorch (state dict)",
+)
 if importlib.util.find_spec("xgboost") is not None:  # pragma: no cover (not installed here)
     SAFE_FLAVORS = (*SAFE_FLAVORS, "xgboost (json/ubj)")
 SAFE_FLAVORS_TEXT = ", ".join(SAFE_FLAVORS)
@@ -46,7 +52,11 @@ TEMPLATE_SKLEARN = "mlflow-sklearn"
 TEMPLATE_ONNX = "mlflow-onnx"
 TEMPLATE_LIGHTGBM = "mlflow-lightgbm"
 TEMPLATE_MLP = "mlflow-mlp"
-FILES = {TEMPLATE_SKLEARN: "model.skops", TEMPLATE_ONNX: "model.onnx", TEMPLATE_LIGHTGBM: "model.lgb"}
+FILES = {
+    TEMPLATE_SKLEARN: "model.skops",
+    TEMPLATE_ONNX: "model.onnx",
+    TEMPLATE_LIGHTGBM: "model.lgb",
+}
 
 
 def to_logits(scores: np.ndarray, output: str):
@@ -116,9 +126,7 @@ class OnnxModel(FileModel):
     def open(self, path: Path) -> None:
         import onnxruntime
 
-        self.session = onnxruntime.InferenceSession(
-            str(path), providers=["CPUExecutionProvider"]
-        )
+        self.session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0]
 
     def scores(self, dense: np.ndarray) -> np.ndarray:
@@ -149,7 +157,7 @@ def build_mlp(spec: BundleSpec):
         spec.hparams.get("activation") or "relu"
     ]
     layers: list[nn.Module] = []
-    for index, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+    for index, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         if index < len(sizes) - 2:
             layers.append(activation())
@@ -186,7 +194,11 @@ def mlp_layers(state: dict[str, Any]) -> list[int]:
         for key, value in state.items()
         if key.endswith(".weight") and key.split(".")[0].isdigit()
     )
-    extra = [k for k in state if not (k.split(".")[0].isdigit() and k.split(".")[-1] in ("weight", "bias"))]
+    extra = [
+        k
+        for k in state
+        if not (k.split(".")[0].isdigit() and k.split(".")[-1] in ("weight", "bias"))
+    ]
     if not weights or extra:
         raise ValueError(
             "the mlp architecture takes a state dict of nn.Sequential Linear layers "

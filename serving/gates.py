@@ -91,7 +91,7 @@ def mapping_check(version: ModelVersion, mapping: dict[str, str]) -> dict[str, A
             "input_mapping": mapping,
             "detail": "the input mapping names features but no training dataset to compare against",
         }
-    declared = set(version.dataset.feature_refs or [])
+    declared = set(version.dataset.feature_refs or []) if version.dataset else set()
     outside = [ref for ref in refs if ref not in declared]
     if outside:
         return {

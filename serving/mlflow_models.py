@@ -181,14 +181,20 @@ def input_features(
 
 
 def _dtypes(workspace, refs: list[str]) -> dict[str, str]:
+    """Each ``group:feature`` ref's dtype in the workspace ('' for an unknown feature)."""
     from features.models import Feature
 
-    wanted = {tuple(r.split("@")[0].split(":", 1)) if "@" not in r else (r.split("@")[0], r.split(":")[-1]) for r in refs}
-    found = Feature.objects.for_workspace(workspace).filter(
-        group__name__in={g for g, _ in wanted}
+    def pair(ref: str) -> tuple[str, str]:
+        group, _, name = ref.partition(":")
+        return group.split("@")[0], name
+
+    found = (
+        Feature.objects.for_workspace(workspace)
+        .filter(group__name__in={pair(r)[0] for r in refs})
+        .select_related("group")
     )
-    by_pair = {(f.group.name, f.name): f.dtype for f in found.select_related("group")}
-    return {r: by_pair.get((r.split(":")[0].split("@")[0], r.split(":")[-1]), "") for r in refs}
+    by_pair = {(f.group.name, f.name): f.dtype for f in found}
+    return {ref: by_pair.get(pair(ref), "") for ref in refs}
 
 
 def stage_flavor_bundle(
@@ -208,7 +214,9 @@ def stage_flavor_bundle(
     if output not in flavors.OUTPUTS:
         raise refuse(f"use one of {', '.join(flavors.OUTPUTS)}", "output")
     mlmodel = read_mlmodel(local)
-    state_file = next((local / n for n in ("state_dict.pth", WEIGHTS_FILE) if (local / n).is_file()), None)
+    state_file = next(
+        (local / n for n in ("state_dict.pth", WEIGHTS_FILE) if (local / n).is_file()), None
+    )
     if mlmodel is None and state_file is None:
         pickles = [n for n in PICKLE_FILES if any(local.rglob(n))]
         if pickles:
@@ -228,7 +236,7 @@ def stage_flavor_bundle(
         arch = architecture if isinstance(architecture, dict) else {}
         if arch.get("kind") != "mlp":
             raise refuse(
-                "a state dict needs its architecture: {\"kind\": \"mlp\", \"activation\": "
+                'a state dict needs its architecture: {"kind": "mlp", "activation": '
                 f"one of {', '.join(flavors.ACTIVATIONS)}}}",
                 "architecture",
             )
@@ -245,7 +253,9 @@ def stage_flavor_bundle(
                 f"state dict refused (tensors only): {type(exc).__name__}: {str(exc)[:200]}"
             ) from exc
         if layers[0] != len(features):
-            raise refuse(f"the state dict takes {layers[0]} inputs, {len(features)} mapped", "inputs")
+            raise refuse(
+                f"the state dict takes {layers[0]} inputs, {len(features)} mapped", "inputs"
+            )
         spec = BundleSpec(
             template=flavors.TEMPLATE_MLP,
             features=features,
@@ -281,8 +291,9 @@ def stage_flavor_bundle(
 def write_pyfunc_mlmodel(folder: Path, spec: dict[str, Any]) -> None:
     """An ``MLmodel`` beside a version's bundle: the ``python_function`` flavor loads it with
     ``serving.mlflow_pyfunc`` (tensors-only, as the platform does), and ``rankops`` names it."""
-    import mlflow
     import platform as host
+
+    import mlflow
 
     flavor_conf = {
         "loader_module": "serving.mlflow_pyfunc",

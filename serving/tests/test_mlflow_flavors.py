@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from serving import registry
 from serving.models import Deployment, GateStatus, ModelVersion
@@ -246,7 +247,7 @@ def test_onnx_and_lightgbm_models_import_and_serve_the_models_scores(workspace, 
     # An xgboost model is refused while xgboost is not installed, naming the safe flavors.
     (root / "xgb").mkdir()
     (root / "xgb" / "MLmodel").write_text("flavors:\n  xgboost: {data: model.xgb}\n")
-    with pytest.raises(Exception) as refused:
+    with pytest.raises(ValidationError) as refused:
         registry.model_version_import_mlflow(
             actor=actor, workspace=workspace, name="x", source=(root / "xgb").as_uri(), inputs=refs,
             dataset=scene.dataset,
