@@ -175,7 +175,9 @@ def test_stock_client_sklearn_and_pytorch_models_import_gate_deploy_predict_and_
 
 
 @pytest.mark.django_db
-def test_onnx_and_lightgbm_models_import_and_serve_the_models_scores(workspace, members):
+def test_onnx_and_lightgbm_models_import_and_serve_and_the_registry_page_imports(
+    workspace, members, client
+):
     import lightgbm
     import mlflow.lightgbm
     import mlflow.onnx
@@ -253,6 +255,38 @@ def test_onnx_and_lightgbm_models_import_and_serve_the_models_scores(workspace, 
             dataset=scene.dataset,
         )  # fmt: skip
     assert "xgboost is not installed" in str(refused.value) and "skops" in str(refused.value)
+
+    # The registry page's import form: field errors name the allowed values, then it imports.
+    import mlflow.sklearn
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+
+    frame = pd.DataFrame(x, columns=["age", "ctr", "price"])
+    estimator = LogisticRegression().fit(frame, (x[:, 2] > 15).astype(int))
+    mlflow.sklearn.save_model(
+        estimator, root / "sk", input_example=frame.head(2), pip_requirements=[]
+    )
+    client.force_login(actor)
+    page = f"/w/{workspace.slug}/models/"
+    assert b'data-testid="import-form"' in client.get(page).content
+    form = {
+        "model": "from-page",
+        "source": (root / "sk").as_uri(),
+        "dataset": "999999",
+        "inputs": f"age = {refs[0]}\nctr = {refs[1]}",
+        "output": "probability",
+    }
+    answer = client.post(f"{page}import/", form)
+    assert answer.status_code == 400
+    errors = answer.context["import_form"].errors
+    assert str(scene.dataset.pk) in errors["dataset"][0]
+    answer = client.post(f"{page}import/", {**form, "dataset": str(scene.dataset.pk)})
+    assert answer.status_code == 400
+    assert "age, ctr, price" in answer.context["import_form"].errors["inputs"][0]
+    form.update(dataset=str(scene.dataset.pk), inputs=form["inputs"] + f"\nprice = {refs[2]}")
+    answer = client.post(f"{page}import/", form)
+    assert answer.status_code == 302, answer.context["import_form"].errors
+    assert answer["Location"] == f"/w/{workspace.slug}/models/from-page/v1/"
 
 
 def registry_gates(actor, workspace, version):
