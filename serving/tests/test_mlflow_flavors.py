@@ -185,14 +185,12 @@ def test_onnx_and_lightgbm_models_import_and_serve_and_the_registry_page_imports
     from onnx import TensorProto, helper
 
     from serving.inference import MODELS
-    from serving.tests.helpers import workspace_experiment
 
     actor = members[Role.MAINTAINER]
     scene = make_scene(workspace, actor, labels=30)
     u, i = scene.users.name, scene.items.name
     refs = [f"{u}:age", f"{u}:ctr", f"{i}:price"]
     root = Path(settings.MLFLOW_ARTIFACT_ROOT) / workspace.slug / uuid.uuid4().hex
-    workspace_experiment(workspace)
 
     # ONNX: a logistic model built by hand (a tensor signature: inputs in order).
     weights = np.array([[0.05], [2.0], [-0.1]], dtype=np.float32)
