@@ -42,9 +42,11 @@ SAFE_FLAVORS: tuple[str, ...] = (
 if importlib.util.find_spec("xgboost") is not None:  # pragma: no cover (not installed here)
     SAFE_FLAVORS = (*SAFE_FLAVORS, "xgboost (json/ubj)")
 SAFE_FLAVORS_TEXT = ", ".join(SAFE_FLAVORS)
-# skops refuses to build any type outside ``trusted``: these module prefixes are trusted, and a
-# model file naming another type is refused with the type named.
-SKOPS_TRUSTED = ("sklearn.", "numpy.", "scipy.sparse.", "builtins.")
+# skops refuses to build any type outside ``trusted``. Beyond skops' own default-trusted types
+# (sklearn's estimators, numpy arrays and scalars), only scikit-learn's own types are trusted
+# (e.g. ``sklearn.tree._tree.Tree`` inside a forest); a file naming any other type (a builtin
+# such as ``builtins.eval``, a numpy or user function) is refused with the type named.
+SKOPS_TRUSTED = ("sklearn.",)
 OUTPUTS = ("probability", "logit")
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
 
