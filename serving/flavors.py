@@ -45,7 +45,7 @@ SAFE_FLAVORS_TEXT = ", ".join(SAFE_FLAVORS)
 # skops refuses to build any type outside ``trusted``. Beyond skops' own default-trusted types
 # (sklearn's estimators, numpy arrays and scalars), only scikit-learn's own types are trusted
 # (e.g. ``sklearn.tree._tree.Tree`` inside a forest); a file naming any other type (a builtin
-# such as ``builtins.eval``, a numpy or user function) is refused with the type named.
+# such as ``operator.neg`` or ``builtins.eval``, a user function) is refused, the type named.
 SKOPS_TRUSTED = ("sklearn.",)
 OUTPUTS = ("probability", "logit")
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
