@@ -8,7 +8,7 @@ class ServingConfig(AppConfig):
     verbose_name = "Serving"
 
     def ready(self) -> None:
-        from serving import demo, pipeline
+        from serving import demo, flavors, pipeline  # noqa: F401  (flavors: imported templates)
         from workspaces.demo import register_demo_step
 
         register_demo_step(30, "serving", demo.run_serving_demo)

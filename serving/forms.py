@@ -53,3 +53,54 @@ class DeployForm(forms.Form):
             .filter(model=version.model)
             .select_related("model", "version")
         }
+
+
+ACTIVATIONS = [("", "no state dict (a flavor's model)"), ("relu", "relu"), ("tanh", "tanh"),
+               ("sigmoid", "sigmoid")]  # fmt: skip
+OUTPUTS = [("probability", "probability"), ("logit", "logit")]
+
+
+class MlflowImportForm(forms.Form):
+    """Import a model logged with the stock MLflow client (``model_version_import_mlflow``): its
+    source, the dataset its inputs come from and the input mapping, one input per line as
+    ``column = group:feature`` (a column signature) or ``group:feature`` in input order (a tensor
+    or a state dict); a name without ``:`` is a plain input the request supplies."""
+
+    model = forms.CharField(label="Model name", max_length=63)
+    source = forms.CharField(
+        max_length=1000,
+        help_text="runs:/<run id>/<path>, models:/m-<id> or models:/<ws>.<name>/<v>",
+    )
+    dataset = forms.ChoiceField(label="Training dataset", required=False)
+    inputs = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="column = group:feature per line, or group:feature per line in input order",
+    )
+    activation = forms.ChoiceField(
+        choices=ACTIVATIONS, required=False, label="State dict architecture (mlp activation)"
+    )
+    output = forms.ChoiceField(choices=OUTPUTS, initial="probability")
+
+    def __init__(self, *args, workspace, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from features.selectors import datasets_of
+
+        datasets = datasets_of(workspace=workspace).filter(status="ready")[:100]
+        choices = [("", "none (plain inputs only)")] + [
+            (str(d.pk), f"{d.name} v{d.version}") for d in datasets
+        ]
+        self.fields["dataset"].choices = choices  # type: ignore[attr-defined]
+        for name in ("dataset", "activation", "output"):
+            field = self.fields[name]
+            field.error_messages.update(_choice_messages(field.choices))  # type: ignore[attr-defined]
+
+    def clean_inputs(self) -> dict[str, str] | list[str]:
+        lines = [line.strip() for line in self.cleaned_data["inputs"].splitlines() if line.strip()]
+        pairs = [line.partition("=") for line in lines]
+        if all(sep for _, sep, _ in pairs):
+            return {left.strip(): right.strip() for left, _, right in pairs}
+        if any(sep for _, sep, _ in pairs):
+            raise forms.ValidationError(
+                "Use one form for every line: 'column = group:feature', or 'group:feature' alone."
+            )
+        return lines

@@ -74,10 +74,44 @@ def _sample_rows(version: ModelVersion, sample: int) -> list[dict[str, Any]]:
     return rows[-sample:] if len(rows) > sample else rows
 
 
+def mapping_check(version: ModelVersion, mapping: dict[str, str]) -> dict[str, Any] | None:
+    """An imported model's input mapping against its declared dataset: a verdict when the
+    mapping decides the gate (plain inputs only: passed, nothing to compare; a feature outside
+    the dataset or no dataset: failed), else None (compare the two paths as for any bundle)."""
+    refs = [ref for ref in mapping.values() if ":" in ref]
+    if not refs:
+        return {
+            "status": GateStatus.PASSED,
+            "input_mapping": mapping,
+            "detail": "plain inputs from the request: no feature to compare",
+        }
+    if version.dataset_id is None:
+        return {
+            "status": GateStatus.FAILED,
+            "input_mapping": mapping,
+            "detail": "the input mapping names features but no training dataset to compare against",
+        }
+    declared = set(version.dataset.feature_refs or []) if version.dataset else set()
+    outside = [ref for ref in refs if ref not in declared]
+    if outside:
+        return {
+            "status": GateStatus.FAILED,
+            "input_mapping": mapping,
+            "detail": f"the input mapping names features outside dataset {version.dataset}: "
+            + ", ".join(outside),
+        }
+    return None
+
+
 def consistency_check(version: ModelVersion, *, sample: int = 50) -> dict[str, Any]:
     from serving.inference import build_plan, serving_columns
     from serving.registry import load_version
 
+    mapping = ((version.spec or {}).get("extra") or {}).get("input_mapping")
+    if mapping is not None:
+        refused = mapping_check(version, mapping)
+        if refused is not None:
+            return refused
     if version.dataset_id is None:
         return {"status": GateStatus.FAILED, "detail": "no training dataset to compare against"}
     bundle = load_version(version)

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    import serving.flavors  # noqa: F401  (registers the imported-model templates)
     from training.bundle import load_bundle
 
     bundle = load_bundle(args.path)

@@ -24,7 +24,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
-from serving import artifacts
+from serving import artifacts, mlflow_models
 from serving.models import ModelVersion, RegisteredModel, VersionSource, name_validator
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
@@ -134,19 +134,48 @@ def _sync_mlflow(version: ModelVersion) -> None:
         except Exception:  # noqa: BLE001 (mlflow raises RestException/MlflowException)
             client.create_registered_model(name, tags={"rankops.workspace": version.workspace.slug})
         path = artifacts.resolve_artifact(version.artifact_path)
-        mv = client.create_model_version(
-            name,
-            source=path.as_uri(),
-            run_id=version.mlflow_run_id or None,
-            tags={"rankops.version_id": str(version.pk), "rankops.version": str(version.version)},
-            description=version.description[:500],
-        )
+        tags = {"rankops.version_id": str(version.pk), "rankops.version": str(version.version)}
+        if urlsplit(str(client.tracking_uri)).scheme in ("http", "https"):
+            mv = _mirror_over_http(client, name, version, path, tags)
+        else:
+            mv = client.create_model_version(
+                name,
+                source=path.as_uri(),
+                run_id=version.mlflow_run_id or None,
+                tags=tags,
+                description=version.description[:500],
+            )
         ModelVersion.objects.for_workspace(version.workspace).filter(pk=version.pk).update(
             mlflow_version=str(mv.version)
         )
         version.mlflow_version = str(mv.version)
     except Exception:
         log.exception("could not register %s in MLflow", version)
+
+
+def _mirror_over_http(client, name: str, version: ModelVersion, path: Path, tags: dict):
+    """An HTTP MLflow server cannot read the platform's files (a ``file://`` source is refused as
+    ``Invalid model version source``): upload the version's folder (bundle and ``MLmodel``) as a
+    logged model of the workspace's experiment and register that."""
+    experiment_name = f"rankops/{version.workspace.slug}"
+    experiment = client.get_experiment_by_name(experiment_name)
+    experiment_id = (
+        experiment.experiment_id
+        if experiment is not None
+        else client.create_experiment(experiment_name)
+    )
+    logged = client.create_logged_model(
+        experiment_id=experiment_id, name=version.model.name, tags=tags
+    )
+    client.log_model_artifacts(logged.model_id, str(path))
+    client.finalize_logged_model(logged.model_id, "READY")
+    return client.create_model_version(
+        name,
+        source=f"models:/{logged.model_id}",
+        model_id=logged.model_id,
+        tags=tags,
+        description=version.description[:500],
+    )
 
 
 def _sync_mlflow_alias(model: RegisteredModel, alias: str, version: ModelVersion | None) -> None:
@@ -274,6 +303,7 @@ def _register_locked(
     if target.exists():
         shutil.rmtree(target)
     os.replace(staging, target)
+    mlflow_models.write_pyfunc_mlmodel(target, spec.to_json())
     try:
         return _record_version(
             actor=actor, workspace=workspace, model=model, name=name, number=number,
@@ -482,6 +512,11 @@ def _run_dir(workspace: Workspace, run, path: str) -> Path:
 
 def _owned_model_version_dir(workspace: Workspace, rest: str) -> tuple[Path, Any]:
     """``models:/<slug>.<name>/<version>`` or ``...@<alias>``: its files and its run (or None)."""
+    if re.fullmatch(r"m-[0-9a-f]{8,64}/?", rest):  # MLflow 3's logged model, as log_model says
+        model_id = rest.strip("/")
+        folder = _owned_logged_model_dir(workspace, model_id)
+        run_id = mlflow_client().get_logged_model(model_id).source_run_id
+        return folder, _owned_run(workspace, run_id) if run_id else None
     match = _MODEL_URI.fullmatch(rest)
     if match is None:
         raise ValidationError(
@@ -549,7 +584,16 @@ def _find(root: Path, names: tuple[str, ...]) -> Path | None:
 
 
 def model_version_import_mlflow(
-    *, actor: Actor, workspace: Workspace, name: str, source: str, description: str = ""
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    name: str,
+    source: str,
+    description: str = "",
+    inputs: Any = None,
+    dataset=None,
+    architecture: dict | None = None,
+    output: str = "probability",
 ) -> ModelVersion:
     """Import a model logged with the stock MLflow client.
 
@@ -557,22 +601,44 @@ def model_version_import_mlflow(
     ``mlflow.log_dict(spec, "model/spec.json")``)
     plus a state dict (``mlflow.pytorch.log_state_dict`` -> ``state_dict.pth``, or ``weights.pt``),
     loaded with ``weights_only=True``; for a ``lightgbm`` spec, LightGBM's text model
-    (``model.txt``). A pickled model (the pytorch flavour's ``model.pth``, a
-    cloudpickle pyfunc) cannot be loaded safely and is refused with 400; it is never unpickled.
+    (``model.txt``). Without a spec: a model of one of the safe flavors (``serving.flavors``:
+    sklearn by skops, onnx, a LightGBM Booster, a pytorch state dict with its declared
+    ``architecture``) with its ``inputs`` mapping (signature -> feature refs of ``dataset``, or
+    plain names), see ``serving.mlflow_models``. A pickled model (the pytorch flavour's
+    ``model.pth``, a cloudpickle pyfunc) cannot be loaded safely and is refused with 400 naming
+    the safe flavors; it is never unpickled.
     """
     import torch
 
     from training.bundle import WEIGHTS_FILE, BundleSpec, build_model, model_file, save_bundle
 
+    if dataset is not None and dataset.workspace_id != workspace.pk:
+        raise ReferenceNotFound("No such dataset in this workspace.", attr="dataset")
     local, run = _owned_source(workspace, source)
     spec_file = _find(local, ("spec.json",))
+    staging = (
+        artifacts.artifact_root()
+        / str(workspace.pk)
+        / "imports"
+        / next(tempfile._get_candidate_names())
+    )
     if spec_file is None:
-        raise ValidationError(
-            {
-                "source": "no spec.json: log the bundle spec with mlflow.log_dict; pickled "
-                "models without a spec are not loaded"
-            }
-        )
+        try:
+            mlflow_models.stage_flavor_bundle(
+                workspace=workspace,
+                local=local,
+                staging=staging,
+                inputs=inputs,
+                dataset=dataset,
+                architecture=architecture,
+                output=output,
+            )
+            return _register_import(
+                actor=actor, workspace=workspace, name=name, staging=staging, run=run,
+                source=source, description=description, dataset=dataset,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     try:
         spec = BundleSpec.from_json(json.loads(spec_file.read_text()))
     except Exception as exc:
@@ -605,24 +671,29 @@ def model_version_import_mlflow(
                 f"{type(exc).__name__}: {str(exc)[:200]}"
             }
         ) from exc
-    staging = (
-        artifacts.artifact_root()
-        / str(workspace.pk)
-        / "imports"
-        / next(tempfile._get_candidate_names())
-    )
     save_bundle(staging, model, spec)
-    metrics = dict(run.data.metrics) if run is not None else {}
     try:
-        return model_version_register(
-            actor=actor,
-            workspace=workspace,
-            name=name,
-            bundle_path=staging,
-            source=VersionSource.MLFLOW_IMPORT,
-            metrics=metrics,
-            description=description or f"Imported from {source}",
-            mlflow_run_id=run.info.run_id if run is not None else "",
-        )
+        return _register_import(
+            actor=actor, workspace=workspace, name=name, staging=staging, run=run,
+            source=source, description=description, dataset=dataset,
+        )  # fmt: skip
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _register_import(
+    *, actor: Actor, workspace: Workspace, name: str, staging: Path, run, source: str,
+    description: str, dataset,
+) -> ModelVersion:  # fmt: skip
+    metrics = dict(run.data.metrics) if run is not None else {}
+    return model_version_register(
+        actor=actor,
+        workspace=workspace,
+        name=name,
+        bundle_path=staging,
+        source=VersionSource.MLFLOW_IMPORT,
+        metrics=metrics,
+        description=description or f"Imported from {source}",
+        mlflow_run_id=run.info.run_id if run is not None else "",
+        dataset=dataset,
+    )

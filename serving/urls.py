@@ -8,6 +8,7 @@ urlpatterns: list = [
     path("metrics", views.metrics, name="metrics"),
     path("w/<slug:ws>/models/", views.model_list, name="serving-models"),
     path("w/<slug:ws>/models/register/", views.version_register, name="serving-version-register"),
+    path("w/<slug:ws>/models/import/", views.version_import, name="serving-version-import"),
     path(
         "w/<slug:ws>/models/<str:name>/compare/",
         views.version_compare,

@@ -17,13 +17,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from serving import presentation, registry
 from serving.controllers import deployment_status
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
-from serving.forms import DeployForm, VersionRegisterForm
+from serving.forms import DeployForm, MlflowImportForm, VersionRegisterForm
 from serving.gates import version_gates_request
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
 from serving.routing import routing_table
 from training import mlflow_server
-from workspaces.exceptions import ConflictError
+from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Role
 from workspaces.selectors import role_at_least
 from workspaces.views import WorkspaceRequest, page_context, workspace_page
@@ -52,7 +52,9 @@ def _put_errors(form, exc: Exception, fields: dict[str, str]) -> None:
 
 
 @workspace_page()
-def model_list(request: WorkspaceRequest, workspace, register_form=None) -> HttpResponse:
+def model_list(
+    request: WorkspaceRequest, workspace, register_form=None, import_form=None
+) -> HttpResponse:
     models = RegisteredModel.objects.for_workspace(workspace).annotate(
         latest=Max("versions__version")
     )
@@ -81,8 +83,11 @@ def model_list(request: WorkspaceRequest, workspace, register_form=None) -> Http
             versions=versions,
             can_register=role_at_least(request.workspace_role, Role.DEVELOPER),
             register_form=register_form or VersionRegisterForm(workspace=workspace),
+            import_form=import_form or MlflowImportForm(workspace=workspace),
         ),
-        status=400 if register_form is not None and register_form.errors else 200,
+        status=400
+        if any(f is not None and f.errors for f in (register_form, import_form))
+        else 200,
     )
 
 
@@ -114,6 +119,46 @@ def version_register(request: WorkspaceRequest, workspace) -> HttpResponse:
                 version=version.version,
             )
     return model_list(request, workspace.slug, register_form=form)
+
+
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def version_import(request: WorkspaceRequest, workspace) -> HttpResponse:
+    """Import a stock-client MLflow model with its input mapping
+    (``model_version_import_mlflow``); its errors land on the fields they name."""
+    from features.selectors import datasets_of
+
+    form = MlflowImportForm(request.POST, workspace=workspace)
+    if form.is_valid():
+        data = form.cleaned_data
+        dataset = (
+            datasets_of(workspace=workspace).get(pk=int(data["dataset"]))
+            if data["dataset"]
+            else None
+        )
+        activation = data["activation"]
+        try:
+            version = registry.model_version_import_mlflow(
+                actor=request.user,
+                workspace=workspace,
+                name=data["model"],
+                source=data["source"],
+                inputs=data["inputs"],
+                dataset=dataset,
+                architecture={"kind": "mlp", "activation": activation} if activation else None,
+                output=data["output"],
+            )
+        except (ValidationError, ConflictError, ReferenceNotFound) as exc:
+            _put_errors(form, exc, {"name": "model", "architecture": "activation"})
+        else:
+            messages.success(request, f"Imported {version.model.name} v{version.version}.")
+            return redirect(
+                "serving-version",
+                ws=workspace.slug,
+                name=version.model.name,
+                version=version.version,
+            )
+    return model_list(request, workspace.slug, import_form=form)
 
 
 def _version_or_404(workspace, name: str, version: int) -> ModelVersion:

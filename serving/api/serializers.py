@@ -81,6 +81,25 @@ class VersionRegisterSerializer(serializers.Serializer):
     job_id = serializers.IntegerField(required=False)
     source = serializers.CharField(max_length=1000, required=False, help_text="runs:/ or models:/")
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    inputs = serializers.JSONField(
+        required=False,
+        help_text="An imported model's input mapping: {signature column: 'group:feature' or a "
+        "plain name}, or a list in input order for a tensor or a state dict.",
+    )
+    dataset_id = serializers.IntegerField(
+        required=False, help_text="The training dataset the mapped features come from."
+    )
+    architecture = serializers.JSONField(
+        required=False,
+        help_text='A state dict\'s architecture: {"kind": "mlp", "activation": "relu", '
+        '"output": "logit"}.',
+    )
+    output = serializers.ChoiceField(
+        choices=["probability", "logit"],
+        required=False,
+        default="probability",
+        help_text="What the imported model's score is.",
+    )
     run_gates = serializers.BooleanField(required=False, default=False)
     auto_deploy = serializers.CharField(
         max_length=63,

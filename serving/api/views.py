@@ -149,12 +149,27 @@ class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Work
                 description=data.get("description", ""),
             )
         else:
+            dataset = None
+            if "dataset_id" in data:
+                from features.models import Dataset
+
+                dataset = workspace_object(
+                    Dataset,
+                    workspace=self.workspace,
+                    ref=data["dataset_id"],
+                    attr="dataset_id",
+                    name_field=None,
+                )
             version = registry.model_version_import_mlflow(
                 actor=request.user,
                 workspace=self.workspace,
                 name=data["model"],
                 source=data["source"],
                 description=data.get("description", ""),
+                inputs=data.get("inputs"),
+                dataset=dataset,
+                architecture=data.get("architecture"),
+                output=data.get("output") or "probability",
             )
         if data.get("run_gates") or data.get("auto_deploy"):
             from serving.pipeline import gates_and_deploy
