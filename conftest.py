@@ -11,6 +11,26 @@ from rest_framework.test import APIClient
 from workspaces.models import Role
 from workspaces.testing.factories import UserFactory, make_member, make_workspace, token_for
 
+ONE_PASS_MARKERS = ("browser", "one_backend")
+
+
+def pytest_collection_modifyitems(config, items):
+    """CI runs the suite twice, on PostgreSQL and Redis and on the embedded defaults. A test
+    marked ``browser`` or ``one_backend`` checks what the database under it does not change
+    (pages in Chromium over the API both passes test; an HTTP client of the API; processes that
+    run on the embedded defaults whatever the suite's settings, such as gunicorn's recycling or
+    ``make run``), so it runs once, in the embedded-defaults pass, and the server pass reports it
+    skipped, saying so. ``RANKOPS_TEST_EVERY_PASS=1`` runs them in both."""
+    if not os.environ.get("DATABASE_URL") or os.environ.get("RANKOPS_TEST_EVERY_PASS") == "1":
+        return
+    once = pytest.mark.skip(
+        reason="runs once, in the embedded-defaults pass (the database does not change what it "
+        "checks); RANKOPS_TEST_EVERY_PASS=1 runs it here too"
+    )
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ONE_PASS_MARKERS):
+            item.add_marker(once)
+
 
 @pytest.fixture
 def workspace(db):

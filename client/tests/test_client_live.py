@@ -28,7 +28,12 @@ from training.tests.workers import node_worker
 from workspaces.models import Role
 from workspaces.testing.factories import make_member, make_workspace, token_for
 
-pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+# An HTTP client of the API: the server side of every call is tested on both backends.
+pytestmark = [
+    pytest.mark.celery_worker,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_backend,
+]
 
 CLIENT = Path(__file__).resolve().parents[1]
 # The platform's wheels, offline: the configured registry is a local file index.

@@ -112,6 +112,7 @@ def _client(port: int, failures: list[str], served: list[int]) -> None:
     conn.close()
 
 
+@pytest.mark.one_backend  # gunicorn serves /healthz on the embedded defaults in both passes
 def test_recycled_workers_finish_every_request(gunicorn):
     port, log_path = gunicorn
     failures: list[str] = []

@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "platform" / "run-local.sh"
 
-pytestmark = pytest.mark.celery_worker
+pytestmark = [pytest.mark.celery_worker, pytest.mark.one_backend]  # make run is embedded
 
 
 def _free_port() -> int:
