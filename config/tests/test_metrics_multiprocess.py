@@ -1,6 +1,7 @@
-"""Prometheus under gunicorn: a real server with the project's config and two workers, predict requests naming deployments that do not exist, and scrapes
-of /metrics answered by any worker that all give one count, equal to the requests sent, under one
-bounded label value; /metrics wants the bearer token the environment names."""
+"""Prometheus under gunicorn: a real server with the project's config and two workers, predict
+requests naming deployments that do not exist, and scrapes of /metrics answered by any worker
+that all give one count, equal to the requests sent, under one bounded label value; /metrics
+wants the bearer token the environment names."""
 
 from __future__ import annotations
 
