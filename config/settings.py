@@ -491,6 +491,12 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The plain Django views (predict/, /v2/, /metrics, probes), typed free-JSON bodies and an
+    # example per operation (config/openapi.py), after the enum names are settled.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.openapi.postprocess_complete",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "WorkspaceRoleEnum": "workspaces.models.Role",
         "ServiceAccountRoleEnum": ["viewer", "developer", "maintainer"],
