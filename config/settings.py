@@ -10,6 +10,7 @@ with DEBUG on.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -48,6 +49,30 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+
+
+def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
+    """A JSON object from the environment (``SERVING_LIMITS='{"p99_ms": 200}'``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object, got {raw!r}") from exc
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object, got {raw!r}")
+    return value
 
 
 DJANGO_ENV = os.environ.get("DJANGO_ENV", "development").strip().lower()
@@ -170,7 +195,7 @@ else:
             "NAME": str(VAR_DIR / "db.sqlite3"),
             # WAL and a busy timeout let the web server and the worker share the file.
             "OPTIONS": {
-                "timeout": 20,
+                "timeout": env_int("SQLITE_BUSY_TIMEOUT_S", 20),
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
@@ -187,10 +212,10 @@ CACHE_KEY_PREFIX = (
 # A cache that is down must fail a request fast (503 within a second), never hang it: short
 # connect and read timeouts and no retries (redis-py's pool default), so one attempt per call.
 REDIS_CACHE_OPTIONS = {
-    "socket_connect_timeout": float(os.environ.get("REDIS_CONNECT_TIMEOUT", "0.25")),
-    "socket_timeout": float(os.environ.get("REDIS_SOCKET_TIMEOUT", "0.5")),
+    "socket_connect_timeout": env_float("REDIS_CONNECT_TIMEOUT", 0.25),
+    "socket_timeout": env_float("REDIS_SOCKET_TIMEOUT", 0.5),
     # Dead pooled connections (a restarted Redis) are found before a command is sent on them.
-    "health_check_interval": 30,
+    "health_check_interval": env_int("REDIS_HEALTH_CHECK_INTERVAL", 30),
 }
 if REDIS_URL:
     CACHES = {
@@ -251,7 +276,9 @@ MLFLOW_UI_URL = os.environ.get(
 # filesystem transport with atomic writes and claimed, recoverable unacked messages).
 if REDIS_URL:
     CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
+        "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600)
+    }
     CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
 else:
     _broker_dir = VAR_DIR / "broker"
@@ -285,7 +312,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_RESULT_EXPIRES = 3600
+CELERY_RESULT_EXPIRES = env_int("CELERY_RESULT_EXPIRES", 3600)
 # /readyz fails once no worker heartbeat (beat sends one every 15 s) is this recent; 0: no check.
 READYZ_WORKER_MAX_AGE_S = env_int("READYZ_WORKER_MAX_AGE_S", 60)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
@@ -348,8 +375,34 @@ if TESTING:
 SERVING_MLFLOW_ASYNC = env_bool("SERVING_MLFLOW_ASYNC", not TESTING)
 SERVING_PREDLOG_FLUSH_THREAD = env_bool("SERVING_PREDLOG_FLUSH_THREAD", not TESTING)
 WSGI_GC_FREEZE = env_bool("WSGI_GC_FREEZE", not TESTING)
-LINEAGE_GAP_WAIT_SECONDS = 0.0 if TESTING else float(os.environ.get("LINEAGE_GAP_WAIT_SECONDS", 5))
-OUTBOX_GAP_WAIT_SECONDS = 0.0 if TESTING else float(os.environ.get("OUTBOX_GAP_WAIT_SECONDS", 5))
+LINEAGE_GAP_WAIT_SECONDS = 0.0 if TESTING else env_float("LINEAGE_GAP_WAIT_SECONDS", 5)
+OUTBOX_GAP_WAIT_SECONDS = 0.0 if TESTING else env_float("OUTBOX_GAP_WAIT_SECONDS", 5)
+
+# Settings the apps read (each with the default the app falls back to), from the environment.
+# Serving: how often a gateway process polls for changed routing tables; the interval of the
+# prediction-log flusher; torch threads per model; where candidate versions are sandboxed for
+# the gates ("process" or "inprocess") and for how long; the serving gate limits on top of the
+# defaults (a JSON object: {"p50_ms": ..., "p99_ms": ..., "min_rps": ...}).
+SERVING_ROUTING_POLL_S = env_float("SERVING_ROUTING_POLL_S", 0.2)
+SERVING_PREDLOG_FLUSH_S = env_float("SERVING_PREDLOG_FLUSH_S", 1.0)
+SERVING_TORCH_THREADS = env_int("SERVING_TORCH_THREADS", 1)
+SERVING_SANDBOX = os.environ.get("SERVING_SANDBOX", "process")
+SERVING_SANDBOX_SECONDS = env_float("SERVING_SANDBOX_SECONDS", 1.0)
+SERVING_LIMITS = env_json_object("SERVING_LIMITS", {})
+# Training scheduler: its queue, slice pricing of GPUs, when a silent node counts as lost, after
+# how many failures a node is cordoned, how long a reclaimed lent GPU is held.
+SCHEDULER_QUEUE = os.environ.get("SCHEDULER_QUEUE", "celery")
+SCHEDULER_SLICE_PRICING = env_bool("SCHEDULER_SLICE_PRICING", True)
+SCHEDULER_NODE_LOST_AFTER_S = env_int("SCHEDULER_NODE_LOST_AFTER_S", 30)
+SCHEDULER_CORDON_AFTER_FAILURES = env_int("SCHEDULER_CORDON_AFTER_FAILURES", 3)
+SCHEDULER_RECLAIM_HOLD_S = env_int("SCHEDULER_RECLAIM_HOLD_S", 1800)
+# Platform-wide workspace policy defaults over workspaces.selectors.POLICY_DEFAULTS (JSON object).
+WORKSPACE_POLICY_DEFAULTS = env_json_object("WORKSPACE_POLICY_DEFAULTS", {})
+
+# Prometheus: /metrics answers 401 without `Authorization: Bearer <METRICS_TOKEN>` when set.
+# Under gunicorn the counters of all workers are summed (multiprocess mode, files in
+# PROMETHEUS_MULTIPROC_DIR: platform/gunicorn.conf.py sets one up when it is not given).
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
@@ -390,7 +443,7 @@ API_BODY_LIMITS = [
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES)
 # Uploaded files stay in memory up to this size (a batch is read whole anyway).
 FILE_UPLOAD_MAX_MEMORY_SIZE = FEATURE_BATCH_MAX_BYTES
-API_MAX_PAGE_SIZE = 500
+API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 500)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -408,7 +461,7 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.CappedLimitOffsetPagination",
-    "PAGE_SIZE": 50,
+    "PAGE_SIZE": env_int("API_PAGE_SIZE", 50),
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "workspaces.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "workspaces.api.errors.error_envelope_handler",
@@ -438,6 +491,12 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The plain Django views (predict/, /v2/, /metrics, probes), typed free-JSON bodies and an
+    # example per operation (config/openapi.py), after the enum names are settled.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.openapi.postprocess_complete",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "WorkspaceRoleEnum": "workspaces.models.Role",
         "ServiceAccountRoleEnum": ["viewer", "developer", "maintainer"],

@@ -20,11 +20,16 @@ Environment:
                         workers do not recycle together
   GUNICORN_LOG_LEVEL    default info
   FORWARDED_ALLOW_IPS   proxies trusted for X-Forwarded-* (default 127.0.0.1,::1)
+  PROMETHEUS_MULTIPROC_DIR  where the workers write their Prometheus values so that /metrics
+                        sums them (default: a fresh folder under /dev/shm, removed on exit; a
+                        given one is emptied at start)
 """
 
 import contextlib
 import os
 import selectors
+import shutil
+import tempfile
 import time
 from concurrent import futures
 from functools import partial
@@ -231,3 +236,37 @@ access_log_format = (
 # Don't fork with an open database connection: the app is imported per worker.
 preload_app = False
 proc_name = "rankops-web"
+
+
+# Prometheus multiprocess mode: every worker writes its counters to files in one folder and
+# /metrics (serving.metrics.exposition) sums them, so a scrape answered by any worker gives the
+# server's count. The folder is named in the environment before the first worker forks (never
+# at load time: loading this file must not switch the loading process's metrics) and before
+# prometheus_client is imported here, since it picks its value store at import.
+_created_metrics_dir: list[str] = []
+
+
+def on_starting(server) -> None:
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
+    if given:
+        os.makedirs(given, exist_ok=True)
+        for name in os.listdir(given):  # the files of a previous run would be summed in
+            if name.endswith(".db"):
+                os.unlink(os.path.join(given, name))
+        return
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    created = tempfile.mkdtemp(prefix="rankops-prometheus-", dir=base)
+    _created_metrics_dir.append(created)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+
+
+def child_exit(server, worker) -> None:
+    """A worker that left (recycled or killed): its live gauges go; its counters stay summed."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    for folder in _created_metrics_dir:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -4,6 +4,8 @@ a rollback button; ``/metrics``."""
 
 from __future__ import annotations
 
+import hmac
+
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -12,13 +14,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving import presentation, registry
 from serving.controllers import deployment_status
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
 from serving.forms import DeployForm, MlflowImportForm, VersionRegisterForm
 from serving.gates import version_gates_request
+from serving.metrics import exposition
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
 from serving.routing import routing_table
@@ -30,11 +32,16 @@ from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus exposition of this process (set METRICS_TOKEN to require a bearer token)."""
+    """Prometheus exposition, summed over the server's processes under gunicorn (set
+    METRICS_TOKEN to require ``Authorization: Bearer <token>``)."""
     token = getattr(settings, "METRICS_TOKEN", "")
-    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
-        return HttpResponse(status=401)
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+    given = request.headers.get("Authorization", "")
+    if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        response = HttpResponse(status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    body, content_type = exposition()
+    return HttpResponse(body, content_type=content_type)
 
 
 def _put_errors(form, exc: Exception, fields: dict[str, str]) -> None:

@@ -97,7 +97,7 @@ def ordered_stages(stages: Any) -> list[dict[str, Any]]:
             raise ValidationError({f"stages.{index}": "each stage needs a name"})
         if stage["name"] in names:
             raise ValidationError({f"stages.{index}": f"duplicate stage {stage['name']!r}"})
-        if stage.get("kind") not in _HANDLERS:
+        if not isinstance(stage.get("kind"), str) or stage["kind"] not in _HANDLERS:
             raise ValidationError(
                 {f"stages.{index}.kind": f"unknown stage kind; use one of {stage_kinds()}"}
             )
