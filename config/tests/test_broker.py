@@ -72,7 +72,9 @@ def test_a_worker_skips_empty_and_half_written_files_and_runs_the_next_message()
     half = _queue_file(queue, b'{"body": "eyJ0YXNrIjog", "headers": {')
     cache.delete(WORKER_HEARTBEAT_KEY)
     quarantine = Path(_options()["quarantine_folder"])
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+    ):
         worker_heartbeat.apply_async(queue=queue)
         # Stock kombu: the empty file raised JSONDecodeError and the worker stopped (kombu#1551).
         assert _poll(lambda: cache.get(WORKER_HEARTBEAT_KEY) is not None, 30), "never ran"

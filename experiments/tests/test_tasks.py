@@ -66,7 +66,9 @@ def test_check_running_on_a_real_worker_stops_a_breaching_experiment(workspace, 
         ],
     )
     queue = f"test-{uuid.uuid4().hex[:12]}"
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+    ):
         tasks.check_running.apply_async(queue=queue)
         wait_until(
             lambda: Experiment.objects.for_workspace(workspace).get(pk=exp.pk).state == "stopped",

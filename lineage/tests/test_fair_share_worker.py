@@ -63,7 +63,9 @@ def test_a_huge_event_is_projected_in_slices_while_another_workspaces_job_is_pla
     # Committing it queues the projection on ``queue`` (the post-commit hook).
     event = openlineage_event_record(actor=None, workspace=noisy, parsed=parsed)
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+        with start_worker(
+            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+        ):
             # The worker's one slot is busy with the event ...
             _poll(
                 lambda: (c := _cursor()) is not None and c.partial_event_id == event.pk,

@@ -26,7 +26,9 @@ def test_a_committed_event_is_projected_by_the_worker(settings):
     queue = f"test-{uuid.uuid4().hex[:12]}"  # a queue no other worker (e.g. `make run`'s) reads
     workspace = make_workspace(slug="worker-ws")
     settings.LINEAGE_QUEUE = queue
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+    ):
         record(
             workspace,
             "serving.deployment.created",

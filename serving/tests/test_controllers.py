@@ -260,7 +260,11 @@ def test_a_real_worker_reconciles_after_the_commit(workspace, members, settings)
     settings.SERVING_CONTROLLER_QUEUE = f"test-{uuid.uuid4().hex[:12]}"  # nobody else reads it
     actor = members[Role.MAINTAINER]
     with start_worker(
-        app, pool="solo", perform_ping_check=False, queues=[settings.SERVING_CONTROLLER_QUEUE]
+        app,
+        pool="solo",
+        perform_ping_check=False,
+        shutdown_timeout=120,
+        queues=[settings.SERVING_CONTROLLER_QUEUE],
     ):
         _, (v1, v2), dep = deployed(workspace, actor)  # the task is enqueued at the commit
         wait_until(

@@ -26,7 +26,9 @@ def test_demo_step_trains_a_model_on_the_demo_data(live_server, monkeypatch):
     monkeypatch.setattr(demo, "PLACE_AFTER_S", 0.0)
     out = io.StringIO()
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+        with start_worker(
+            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+        ):
             demo.run_training_demo(live_server.url, out)
     finally:
         agent.HEARTBEATS.shutdown()

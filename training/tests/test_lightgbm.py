@@ -376,7 +376,9 @@ def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(
     name = f"t{uuid.uuid4().hex[:10]}"
     queue = f"node.{name}"
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+        with start_worker(
+            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+        ):
             node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
             place(job, node)
             run_job.apply_async(args=[job.pk], queue=queue)

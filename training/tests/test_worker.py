@@ -44,7 +44,9 @@ def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
 
 
 def _run_on_worker(job, name, queue):
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+    ):
         node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
         assert node.queue == queue and node.cpu_milli > 0 and node.memory_mb > 0
         place(job, node)

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.celery_worker
 def test_heartbeat_runs_on_a_real_worker_and_readyz_reports_it(client):
     queue = f"test-{uuid.uuid4().hex[:12]}"  # a queue no other worker (e.g. `make run`'s) reads
     cache.delete(WORKER_HEARTBEAT_KEY)
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+    ):
         worker_heartbeat.apply_async(queue=queue)
         beat = wait_until(
             lambda: cache.get(WORKER_HEARTBEAT_KEY), timeout=30, what="the worker to run the task"

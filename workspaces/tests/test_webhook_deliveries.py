@@ -283,7 +283,9 @@ def test_a_real_worker_drains_the_log_and_retries_until_delivered(
     with FlakyReceiver([500, 200]) as receiver:
         webhook, _ = webhook_create(actor=alice, workspace=workspace, url=receiver.url)
         _notify(workspace, alice)
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+        with start_worker(
+            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
+        ):
             deadline = time.monotonic() + 30
             while not receiver.processed and time.monotonic() < deadline:
                 outbox_drain.apply_async(queue=queue)  # what beat sends, more often

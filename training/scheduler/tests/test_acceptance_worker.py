@@ -58,7 +58,13 @@ def _state(job) -> TrainingJob:
 def _node_worker():
     name = f"s{uuid.uuid4().hex[:10]}"
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[f"node.{name}"]):
+        with start_worker(
+            app,
+            pool="solo",
+            perform_ping_check=False,
+            shutdown_timeout=120,
+            queues=[f"node.{name}"],
+        ):
             node = _wait(
                 lambda: Node.objects.filter(name=name).first(), timeout=30, what="node", tick=False
             )
