@@ -221,7 +221,7 @@ def parse_event(body: Any) -> dict[str, Any]:
     if job is None and not isinstance(dataset, dict):
         raise ValidationError({"job": "Give a job (RunEvent/JobEvent) or a dataset."})
     event_type = body.get("eventType") or "OTHER"
-    if event_type not in EVENT_TYPES:
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
         raise ValidationError({"eventType": f"Use one of {', '.join(sorted(EVENT_TYPES))}."})
     event_time = _event_time(body.get("eventTime"))
     run_id = _run_id(body)

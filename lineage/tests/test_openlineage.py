@@ -89,6 +89,8 @@ def test_intake_checks_role_namespace_and_body(workspace, members, client_for):
     assert bad.status_code == 400 and bad.json()["attr"] == "job"
     bad = developer.post(URL, {**body, "outputs": [{"name": "no namespace"}]}, format="json")
     assert bad.status_code == 400 and bad.json()["attr"] == "outputs"
+    bad = developer.post(URL, {**body, "eventType": [None, None]}, format="json")  # was a 500
+    assert bad.status_code == 400 and bad.json()["attr"] == "eventType"
     assert developer.post(URL, body, format="json").status_code == 201
     assert client_for(None).post(URL, body, format="json").status_code == 401
 
