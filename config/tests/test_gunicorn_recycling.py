@@ -4,93 +4,32 @@ recycled every few dozen requests (GUNICORN_MAX_REQUESTS), keep-alive clients th
 from __future__ import annotations
 
 import http.client
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+
+from config.tests.gunicorn_server import gunicorn_server, server_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 8
 REQUESTS_PER_CLIENT = 50
 
-pytestmark = pytest.mark.timeout(240)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_serving(port: int, server: subprocess.Popen, within: float = 90.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        if server.poll() is not None:
-            raise RuntimeError("gunicorn exited while starting")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"gunicorn not serving within {within} s")
-        time.sleep(0.1)  # polling a starting process, with a deadline
+pytestmark = pytest.mark.timeout(420)  # a ceiling: ten worker boots on a loaded 2-core runner
 
 
 @pytest.fixture
 def gunicorn(tmp_path):
-    port = _free_port()
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_ENV", "PYTEST_CURRENT_TEST"}
-    }
-    env.update(
+    env = server_env(
         {
             "RANKOPS_VAR_DIR": str(tmp_path / "var"),
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
             "WEB_CONCURRENCY": "2",
             "GUNICORN_THREADS": "4",
             "GUNICORN_MAX_REQUESTS": "40",
         }
     )
-    log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--config",
-            str(ROOT / "platform" / "gunicorn.conf.py"),
-            "config.wsgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_until_serving(port, server)
+    with gunicorn_server(env, tmp_path / "gunicorn.log") as port:
         yield port, tmp_path / "gunicorn.log"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 def _client(port: int, failures: list[str], served: list[int]) -> None:

@@ -6,12 +6,7 @@ wants the bearer token the environment names."""
 from __future__ import annotations
 
 import http.client
-import os
-import signal
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import orjson
 import pytest
@@ -19,13 +14,12 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.tests.test_gunicorn_recycling import _free_port, _wait_until_serving
+from config.tests.gunicorn_server import gunicorn_server, server_env
 from serving.metrics import UNKNOWN_DEPLOYMENT
 from workspaces.models import Role
 from workspaces.testing.factories import make_member, make_workspace, token_for
 from workspaces.testing.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 METRICS_TOKEN = "scrape-" + uuid.uuid4().hex
 
 pytestmark = pytest.mark.timeout(180)
@@ -45,21 +39,12 @@ def _database_url() -> str:
 
 @pytest.fixture
 def server(tmp_path):
-    port = _free_port()
     metrics_dir = tmp_path / "prometheus"
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_ENV", "PYTEST_CURRENT_TEST"}
-        and not key.startswith("PROMETHEUS_")
-    }
-    env.update(
+    env = server_env(
         {
             "RANKOPS_VAR_DIR": str(tmp_path / "var"),
             "DATABASE_URL": _database_url(),
             "CACHE_KEY_PREFIX": f"metrics-test-{uuid.uuid4().hex[:8]}",
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
             "WEB_CONCURRENCY": "2",
             "GUNICORN_THREADS": "2",
             "GUNICORN_GRACEFUL_TIMEOUT": "5",
@@ -67,38 +52,15 @@ def server(tmp_path):
             "METRICS_TOKEN": METRICS_TOKEN,
             "SERVING_PREDLOG_FLUSH_THREAD": "0",
             "SERVING_MLFLOW_ASYNC": "0",
-        }
+        },
+        drop_prefixes=["PROMETHEUS_"],
     )
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
     metrics_dir.mkdir()
     (metrics_dir / "counter_1.db").write_bytes(b"stale")  # a previous run's: emptied at start
-    log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--config",
-            str(ROOT / "platform" / "gunicorn.conf.py"),
-            "config.wsgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_until_serving(port, process)
+    with gunicorn_server(env, tmp_path / "gunicorn.log") as port:
         yield port, metrics_dir
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def _request(port: int, method: str, path: str, body=None, headers=None) -> tuple[int, bytes]:
