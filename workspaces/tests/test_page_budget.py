@@ -208,7 +208,11 @@ PAGES = [
     ),
     ("queue", lambda ws, n: reverse("scheduler-queue", kwargs={"ws": ws.slug}), 11),
     ("pipelines", lambda ws, n: reverse("training-pipelines", kwargs={"ws": ws.slug}), 10),
-    ("models", lambda ws, n: reverse("serving-models", kwargs={"ws": ws.slug}), 8),
+    (
+        "models",
+        lambda ws, n: reverse("serving-models", kwargs={"ws": ws.slug}),
+        9,  # 8, plus the MLflow import form's dataset choices (one query, whatever the count)
+    ),
     (
         "model version",
         lambda ws, n: reverse(
