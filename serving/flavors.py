@@ -222,8 +222,9 @@ def _register() -> None:
         (TEMPLATE_ONNX, OnnxModel),
         (TEMPLATE_LIGHTGBM, LightGBMBoosterModel),
     ):
-        register_template(template, params={}, model_file=FILES[template])(model_class)
-    register_template(TEMPLATE_MLP, params={})(build_mlp)
+        register_template(template, model_file=FILES[template])(model_class)
+    # No param schema: these load imported models; they are not templates a job trains.
+    register_template(TEMPLATE_MLP)(build_mlp)
 
 
 _register()

@@ -242,6 +242,12 @@ def model_version_register(
         f"{workspace.pk}/models/{name}/.staging-{uuid.uuid4().hex}"
     )
     files = artifacts.copy_bundle(source_dir, staging)
+    # The MLmodel (mlflow.pyfunc.load_model opens the version) is one of its checksummed files.
+    mlflow_models.write_pyfunc_mlmodel(staging, spec.to_json())
+    mlmodel = staging / mlflow_models.MLMODEL
+    files.append(
+        {"name": mlmodel.name, "size": mlmodel.stat().st_size, "sha256": artifacts.sha256(mlmodel)}
+    )
     target: Path | None = None
     try:
         with transaction.atomic():
@@ -303,7 +309,6 @@ def _register_locked(
     if target.exists():
         shutil.rmtree(target)
     os.replace(staging, target)
-    mlflow_models.write_pyfunc_mlmodel(target, spec.to_json())
     try:
         return _record_version(
             actor=actor, workspace=workspace, model=model, name=name, number=number,
