@@ -21,8 +21,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.faults_stack import drop_celery_pools
-from config.celery import app as celery_app
 from experiments.models import Experiment, ExperimentState
 from features.models import FeatureGroup
 from training.models import JobState, TrainingJob
@@ -98,9 +96,6 @@ def test_the_installed_client_and_cli_drive_a_live_server(client_venv, live_serv
         "RANKOPS_TOKEN": token_for(engineer),
         "RANKOPS_WORKSPACE": workspace.slug,
     }
-    # Start from fresh broker pools: a fault test earlier in the session swaps the broker and
-    # closes the app's pools, and a publish through a stale one fails ("Acquire on closed pool").
-    drop_celery_pools(celery_app)
     with node_worker(platform=True):
         script = run(client_venv, env, "python", str(CLIENT / "tests" / "journey_script.py"))
         assert script.returncode == 0, script.stderr[-4000:]
