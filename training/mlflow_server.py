@@ -41,6 +41,8 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,9 +281,37 @@ def mlflow_app():
             os.environ["MLFLOW_SERVER_DISABLE_SECURITY_MIDDLEWARE"] = "true"
             from mlflow.server import app, handlers
 
+            with _process_uris_kept():
+                # MLflow's server sets the process-wide tracking and registry URIs (and their
+                # environment variables, which child processes inherit) to the backend store
+                # when it first opens each store; opened here, once, they are put back, so that
+                # the platform's other MLflow clients and its subprocesses keep their own.
+                handlers._get_tracking_store()
+                handlers._get_model_registry_store()
             server_state["app"] = app
             server_state["handlers"] = handlers
         return server_state["app"]
+
+
+@contextmanager
+def _process_uris_kept() -> Iterator[None]:
+    """Restore MLflow's process-wide tracking and registry URIs, and the variables naming them,
+    as they were before the block."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    saved_env = {name: os.environ.get(name) for name in names}
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def tracking_store():

@@ -403,7 +403,7 @@ def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(
     assert f"best logloss at round {best}, all rounds ran" in html
 
     version = model_version_register(actor=None, workspace=workspace, name="gbdt", job=job)
-    assert sorted(a["name"] for a in version.artifacts) == ["model.txt", "spec.json"]
+    assert sorted(a["name"] for a in version.artifacts) == ["MLmodel", "model.txt", "spec.json"]
     bundle = load_version(version)
     assert isinstance(bundle.model, lightgbm.LightGBMModel)
     assert bundle.model.num_trees == job.metrics["trees"]

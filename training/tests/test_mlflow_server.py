@@ -309,3 +309,28 @@ def test_graphql_reads_only_the_workspaces_runs(client):
     versions = '{ mlflowSearchModelVersions(input: {filter: ""}) { modelVersions { name } } }'
     assert ask({"query": versions}).status_code == 404
     assert ask({"query": "{ mlflowGetRun("}).status_code == 400
+
+
+def test_mounting_the_server_leaves_the_process_mlflow_uris_as_they_were(monkeypatch):
+    """MLflow's server points the process-wide URIs (and MLFLOW_*_URI, which child processes
+    inherit) at the backend store when it opens its stores; the mount puts them back, so a
+    client built afterwards without a registry URI still registers where its tracking URI says."""
+    import mlflow
+    from mlflow.server import handlers
+    from mlflow.tracking._model_registry import utils as registry_utils
+
+    monkeypatch.setattr(handlers, "_tracking_store", None)
+    monkeypatch.setattr(handlers, "_model_registry_store", None)
+    monkeypatch.setattr(mlflow_server, "server_state", {})
+    monkeypatch.setattr(registry_utils, "_registry_uri", None)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = mlflow.get_tracking_uri()
+
+    mlflow_server.mlflow_app()
+    mlflow_server.tracking_store()
+
+    assert "MLFLOW_REGISTRY_URI" not in os.environ and "MLFLOW_TRACKING_URI" not in os.environ
+    assert mlflow.get_tracking_uri() == before
+    client = mlflow.MlflowClient(tracking_uri="http://127.0.0.1:9/mlflow")
+    assert client._registry_uri == "http://127.0.0.1:9/mlflow"
