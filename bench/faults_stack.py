@@ -406,13 +406,21 @@ def pointed_at(stack: Stack) -> Iterator[None]:
 
 def drop_celery_pools(app: Any) -> None:
     """Close the Celery app's connection and producer pools, so the next publish connects to
-    the broker the app's configuration names now (Celery builds both once and keeps them)."""
+    the broker the app's configuration names now (Celery builds both once and keeps them).
+
+    Celery's producer pool lives in kombu's process-wide registry, keyed by the connection's
+    parameters: closed but left there, it came back, closed, as soon as the broker URL was put
+    back ("Acquire on closed pool" in every later publish). ``kombu.pools.reset`` closes and
+    forgets them all."""
+    from kombu import pools
+
     for holder, attribute in ((app.amqp, "_producer_pool"), (app, "_pool")):
         pool = getattr(holder, attribute, None)
         if pool is not None:
             with contextlib.suppress(Exception):
                 pool.force_close_all()
             setattr(holder, attribute, None)
+    pools.reset()
 
 
 def stack_env(workdir: Path, *, database: Mapping[str, str], cache_prefix: str) -> dict[str, str]:

@@ -154,11 +154,11 @@ def test_a_transaction_that_took_its_id_first_and_commits_last_is_projected(work
         assert project(gap_wait=0) == 1
     else:
         record(workspace, "dataset.created", [Ref("dataset", 101, "fast")])
-        ids = dict(
-            Event.objects.for_workspace(workspace)
-            .filter(refs__object_id__in=["100", "101"])
-            .values_list("refs__object_id", "id")
-        )
+        events = Event.objects.for_workspace(workspace)
+        ids = {
+            object_id: events.get(refs__kind="dataset", refs__object_id=object_id).pk
+            for object_id in ("100", "101")
+        }
         assert ids["101"] > ids["100"]  # commit order
         assert project(gap_wait=0) == 2
     assert nodes.filter(object_id="100").exists() and nodes.filter(object_id="101").exists()
