@@ -15,6 +15,7 @@ from features.tests.factories import make_group
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 from workspaces.testing.factories import make_member
+from workspaces.testing.sqlite import sqlite_busy_timeout
 
 
 def _waiting_on_a_lock() -> bool:
@@ -52,7 +53,7 @@ def test_a_consumer_registered_while_the_group_retires_is_refused(workspace):
         finally:
             connections.close_all()
 
-    with transaction.atomic():
+    with sqlite_busy_timeout(0.5), transaction.atomic():
         registry.feature_group_set_status(actor=admin, group=group, status=Lifecycle.RETIRED)
         thread = threading.Thread(target=register)
         thread.start()

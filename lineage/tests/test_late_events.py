@@ -20,6 +20,7 @@ from lineage.projection import project
 from lineage.tests.helpers import record
 from workspaces.events import Ref
 from workspaces.models import Event
+from workspaces.testing.sqlite import sqlite_busy_timeout
 
 
 @pytest.fixture(autouse=True)
@@ -144,7 +145,7 @@ def test_a_transaction_that_took_its_id_first_and_commits_last_is_projected(work
         assert not nodes.filter(object_id="100").exists()
         release.set()
     else:
-        with pytest.raises(OperationalError, match="locked"):
+        with sqlite_busy_timeout(0.5), pytest.raises(OperationalError, match="locked"):
             record(workspace, "dataset.created", [Ref("dataset", 101, "fast")])
         release.set()
     assert done.wait(timeout=30)

@@ -153,7 +153,7 @@ def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoi
         work = job_work_dir(job)
         wait_for(
             lambda: "resumed from checkpoint at step" in (work / agent.LOG_FILE).read_text(),
-            timeout=30,
+            timeout=90,  # a worker's start (Django, torch) takes tens of seconds on a busy box
             what="the resumed attempt",
         )
         wait_for(lambda: _job(job.pk).is_terminal, timeout=120, what="the job to finish")

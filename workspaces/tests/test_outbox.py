@@ -17,6 +17,7 @@ from workspaces import outbox
 from workspaces.events import Ref, event_record
 from workspaces.models import ConsumerCursor, ConsumerGap, Event, Notification, Role
 from workspaces.testing.factories import make_member
+from workspaces.testing.sqlite import sqlite_busy_timeout
 
 NAME = "test.recorder"
 
@@ -250,7 +251,7 @@ def test_a_transaction_that_took_its_id_first_and_commits_last_is_consumed(works
         assert fast.pk in recorder.seen() and slow_id[0] not in recorder.seen()
         release.set()
     else:
-        with pytest.raises(OperationalError, match="locked"):
+        with sqlite_busy_timeout(0.5), pytest.raises(OperationalError, match="locked"):
             record(workspace)
         release.set()
     assert done.wait(timeout=30)
