@@ -251,6 +251,17 @@ TRAINING_SANDBOX_ROOT = Path(
     )
 )
 ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
+# Notebooks (training.notebooks): a JupyterLab server per member and workspace, started from
+# the workspace page, as its own uid, its kernels holding a short-lived token for that workspace.
+NOTEBOOK_PYTHON = os.environ.get("NOTEBOOK_PYTHON", sys.executable)
+NOTEBOOK_BIND = os.environ.get("NOTEBOOK_BIND", "127.0.0.1")
+# The host a browser reaches the servers on ("" = the host the platform's page was asked on).
+NOTEBOOK_PUBLIC_HOST = os.environ.get("NOTEBOOK_PUBLIC_HOST", "")
+# The platform's URL as a notebook's client calls it ("" = the URL the page was asked on).
+NOTEBOOK_PLATFORM_URL = os.environ.get("NOTEBOOK_PLATFORM_URL", "")
+NOTEBOOK_IDLE_TIMEOUT_S = env_int("NOTEBOOK_IDLE_TIMEOUT_S", 3600)
+NOTEBOOK_TOKEN_TTL_S = env_int("NOTEBOOK_TOKEN_TTL_S", 12 * 3600)
+NOTEBOOK_START_TIMEOUT_S = env_int("NOTEBOOK_START_TIMEOUT_S", 120)
 if TESTING:
     TEST_STATE_DIR.mkdir(parents=True, exist_ok=True)
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

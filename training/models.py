@@ -8,6 +8,7 @@ Placement policy (which node, preemption) belongs to the scheduler (``training.s
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -524,3 +525,59 @@ class TuningTrial(WorkspaceOwnedCascade):
 
     def __str__(self) -> str:
         return f"trial {self.number} of {self.tuning_job_id}"
+
+
+class NotebookState(models.TextChoices):
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+    FAILED = "failed", "Failed to start"
+
+
+NOTEBOOK_LIVE = (NotebookState.STARTING, NotebookState.RUNNING)
+
+
+class NotebookServer(WorkspaceOwned):
+    """A JupyterLab server one member started for themself in one workspace (X1): a process
+    under a uid of its own (``training.sandbox.notebook_uid``) whose kernels hold an API token
+    narrowed to this workspace and short-lived, and nothing of the platform's. It stops itself
+    after ``idle_timeout_s`` without activity (``training.notebooks``)."""
+
+    event_kind = "notebook_server"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    state = models.CharField(
+        max_length=10, choices=NotebookState.choices, default=NotebookState.STARTING
+    )
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    secret = models.CharField(
+        max_length=64, editable=False, help_text="Jupyter's own token; only its user sees it."
+    )
+    api_token = models.ForeignKey(
+        "workspaces.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    folder = models.CharField(max_length=500, blank=True)
+    isolation = models.CharField(max_length=10, blank=True)
+    idle_timeout_s = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "user"],
+                condition=models.Q(state__in=["starting", "running"]),
+                name="notebook_one_live_per_user",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"notebook {self.pk} of {self.user_id}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in NOTEBOOK_LIVE

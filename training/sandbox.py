@@ -200,7 +200,7 @@ class Scratch:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _new_scratch(prefix: str, uid: int) -> Scratch:
+def _new_scratch(prefix: str, uid: int, *, exact: bool = False) -> Scratch:
     root = sandbox_root()
     root.mkdir(parents=True, exist_ok=True)
     info = root.lstat()
@@ -213,7 +213,7 @@ def _new_scratch(prefix: str, uid: int) -> Scratch:
         os.chmod(folder, 0o711)  # noqa: S103 - the children traverse it; nobody lists it
     harden_state_dirs()
     possible, why = uid_switch_possible()
-    path = root / f"{prefix}-{secrets.token_hex(12)}"
+    path = root / (prefix if exact else f"{prefix}-{secrets.token_hex(12)}")
     path.mkdir(mode=0o700)
     (path / SCRATCH_INPUTS).mkdir(mode=0o700)
     (path / "tmp").mkdir(mode=0o700)
@@ -249,6 +249,37 @@ def prepare_server(bundle: Path, *, owner_id: int) -> tuple[Scratch, Path]:
     except BaseException:
         scratch.remove()
         raise
+
+
+def notebook_uid(workspace_id: int, user_id: int) -> int:
+    """Notebook servers run as uids of their own, above every model server's: one per user and
+    workspace, so a user's notebooks in one workspace cannot read those in another."""
+    base = int(_setting("TRAINING_SANDBOX_UID_BASE", 200_000))
+    span = int(_setting("TRAINING_SANDBOX_UID_SPAN", 100_000))
+    return base + 2 * span + (int(user_id) * 7919 + int(workspace_id)) % span
+
+
+def prepare_notebook(workspace_id: int, user_id: int) -> Scratch:
+    """The lasting folder of a user's notebooks in one workspace (``notebook-w<ws>-u<user>``
+    under the sandbox root, made on first use and kept across servers so that saved work stays),
+    owned by the notebook's uid and closed to everyone else."""
+    uid = notebook_uid(workspace_id, user_id)
+    name = f"notebook-w{int(workspace_id)}-u{int(user_id)}"
+    path = sandbox_root() / name
+    if not path.is_dir():
+        scratch = _new_scratch(name, uid, exact=True)
+    else:
+        harden_state_dirs()
+        possible, why = uid_switch_possible()
+        scratch = Scratch(
+            path=path,
+            uid=uid if possible else None,
+            isolation=ISOLATION_UID if possible else ISOLATION_ENV,
+            why_not_uid=why,
+        )
+    (path / "tmp").mkdir(mode=0o700, exist_ok=True)
+    scratch.own(path / "tmp")
+    return scratch
 
 
 def server_popen_args(scratch: Scratch) -> dict:

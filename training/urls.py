@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from training import tuning_views, views
+from training import notebook_views, tuning_views, views
 
 urlpatterns = [
     path("w/<slug:ws>/training/", views.job_list, name="training-jobs"),
@@ -30,6 +30,13 @@ urlpatterns = [
         "w/<slug:ws>/training/tuning/<int:pk>/cancel/",
         tuning_views.tuning_cancel,
         name="training-tuning-cancel",
+    ),
+    path("w/<slug:ws>/notebook/", notebook_views.notebook_page, name="training-notebook"),
+    path("w/<slug:ws>/notebook/open/", notebook_views.notebook_open, name="training-notebook-open"),
+    path(
+        "w/<slug:ws>/notebook/<int:pk>/stop/",
+        notebook_views.notebook_stop,
+        name="training-notebook-stop",
     ),
     path("w/<slug:ws>/training/pipelines/", views.pipeline_list, name="training-pipelines"),
     path("w/<slug:ws>/training/pipelines/new/", views.pipeline_new, name="training-pipeline-new"),

@@ -1025,6 +1025,52 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "query": [],
         "summary": "Registered models of a workspace with their aliases.",
     },
+    "v1_workspaces_notebooks_create": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/notebooks/",
+        "path_params": ["ws"],
+        "query": [],
+        "summary": "The caller's JupyterLab servers in the workspace "
+        "(X1). ``POST`` opens one (or answers the",
+    },
+    "v1_workspaces_notebooks_list": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": True,
+        "path": "/api/v1/workspaces/{ws}/notebooks/",
+        "path_params": ["ws"],
+        "query": ["limit", "offset"],
+        "summary": "The caller's JupyterLab servers in the workspace "
+        "(X1). ``POST`` opens one (or answers the",
+    },
+    "v1_workspaces_notebooks_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/notebooks/{id}/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "The caller's JupyterLab servers in the "
+        "workspace (X1). ``POST`` opens one (or answers "
+        "the",
+    },
+    "v1_workspaces_notebooks_stop_create": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/notebooks/{id}/stop/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "The caller's JupyterLab servers in the "
+        "workspace (X1). ``POST`` opens one (or "
+        "answers the",
+    },
     "v1_workspaces_online_features_create": {
         "content_types": [
             "application/json",

@@ -8,6 +8,7 @@ from training.models import (
     CandidateEvaluation,
     EntryPoint,
     JobMetric,
+    NotebookServer,
     Pipeline,
     PipelineRun,
     PriorityClass,
@@ -411,3 +412,41 @@ class TuningJobCreateSerializer(serializers.Serializer):
                 'Give an object: {"param": {"low": .., "high": ..} or {"choices": [..]}}.'
             )
         return space
+
+
+class NotebookServerSerializer(serializers.ModelSerializer):
+    """A member's JupyterLab server; ``url`` (with Jupyter's token) is its member's alone."""
+
+    url = serializers.SerializerMethodField(
+        help_text="Where the browser opens JupyterLab, once running ('' before and after)."
+    )
+    log_tail = serializers.SerializerMethodField(help_text="The server's last log lines.")
+
+    class Meta:
+        model = NotebookServer
+        fields = [
+            "id",
+            "state",
+            "url",
+            "isolation",
+            "idle_timeout_s",
+            "created_at",
+            "started_at",
+            "stopped_at",
+            "stop_reason",
+            "log_tail",
+        ]
+        read_only_fields = fields
+
+    def get_url(self, obj: NotebookServer) -> str:
+        from training.notebooks import notebook_url
+
+        request = self.context.get("request")
+        if obj.state != "running" or request is None or request.user.pk != obj.user_id:
+            return ""
+        return notebook_url(obj, request.get_host())
+
+    def get_log_tail(self, obj: NotebookServer) -> str:
+        from training.notebooks import log_tail
+
+        return log_tail(obj) if obj.state == "failed" else ""

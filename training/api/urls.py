@@ -14,6 +14,7 @@ router.register(
 router.register(rf"{WS}/tuning-jobs", views.TuningJobViewSet, basename="training-tuning-job")
 router.register(rf"{WS}/entry-points", views.EntryPointViewSet, basename="training-entry-point")
 router.register(rf"{WS}/pipelines", views.PipelineViewSet, basename="training-pipeline")
+router.register(rf"{WS}/notebooks", views.NotebookServerViewSet, basename="training-notebook")
 router.register(rf"{WS}/pipeline-runs", views.PipelineRunViewSet, basename="training-pipeline-run")
 
 router.register(

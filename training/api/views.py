@@ -13,12 +13,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from features.models import Dataset
-from training import candidates, pipelines, services, tuning
+from training import candidates, notebooks, pipelines, services, tuning
 from training.api import serializers as s
 from training.models import (
     CandidateEvaluation,
     EntryPoint,
     JobMetric,
+    NotebookServer,
     Pipeline,
     PipelineRun,
     TrainingJob,
@@ -334,3 +335,50 @@ class TuningJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspa
         tuning.tuning_job_cancel(actor=request.user, tuning_job=self.get_object())
         fresh = self.get_workspace_queryset().get(pk=pk)
         return Response(s.TuningJobDetailSerializer(fresh).data)
+
+
+class NotebookServerViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, WorkspaceScopedViewSet
+):
+    """The caller's JupyterLab servers in the workspace (X1). ``POST`` opens one (or answers the
+    live one, 200); its kernels get the ``rankops`` client set up with a short-lived token
+    narrowed to this workspace. ``stop`` ends it and revokes that token; an idle server stops
+    itself after ``idle_timeout_s``."""
+
+    serializer_class = s.NotebookServerSerializer
+    lookup_value_regex = r"\d+"
+    action_roles = {"create": Role.VIEWER, "stop": Role.VIEWER}
+
+    def get_workspace_queryset(self) -> QuerySet:
+        return NotebookServer.objects.for_workspace(self.workspace).filter(
+            user_id=self.request.user.pk
+        )
+
+    def list(self, request: Request, ws: str) -> Response:
+        notebooks.notebooks_of(self.workspace, request.user)
+        return super().list(request, ws)
+
+    def retrieve(self, request: Request, ws: str, pk: str) -> Response:
+        server = self.get_object()
+        notebooks.notebook_refresh(server)
+        return Response(self.get_serializer(server).data)
+
+    @extend_schema(
+        request=None, responses={200: s.NotebookServerSerializer, 201: s.NotebookServerSerializer}
+    )
+    def create(self, request: Request, ws: str) -> Response:
+        server, started = notebooks.notebook_open(
+            actor=request.user,
+            workspace=self.workspace,
+            platform_url=request.build_absolute_uri("/"),
+        )
+        return Response(
+            self.get_serializer(server).data,
+            status=status.HTTP_201_CREATED if started else status.HTTP_200_OK,
+        )
+
+    @extend_schema(request=None, responses={200: s.NotebookServerSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, ws: str, pk: str) -> Response:
+        server = notebooks.notebook_stop(actor=request.user, server=self.get_object())
+        return Response(self.get_serializer(server).data)

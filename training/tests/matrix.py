@@ -116,6 +116,35 @@ def _tuning_job(ctx: MatrixContext) -> dict:
     return {"pk": tj.pk}
 
 
+def _notebook(ctx: MatrixContext, *, pid: int | None) -> dict:
+    """A starting server of the caller's (no process is started: a live pid that answers
+    nothing keeps it starting, and ``None`` lets stop() end it without signalling anything)."""
+    from django.utils import timezone
+
+    from training.models import NotebookServer
+
+    server = NotebookServer.objects.create(
+        workspace=ctx.workspace,
+        user=ctx.actor or ctx.new_user(),
+        secret="matrix",
+        port=1,
+        pid=pid,
+        idle_timeout_s=60,
+        started_at=timezone.now(),
+    )
+    return {"pk": server.pk}
+
+
+def _live_notebook(ctx: MatrixContext) -> dict:
+    import os
+
+    return _notebook(ctx, pid=os.getpid())
+
+
+def _stoppable_notebook(ctx: MatrixContext) -> dict:
+    return _notebook(ctx, pid=None)
+
+
 ENDPOINTS = [
     Endpoint("GET", WS + "/tuning-jobs/", role=Role.VIEWER),
     Endpoint("POST", WS + "/tuning-jobs/", role=Role.DEVELOPER, success=201, body=_tuning_body),
@@ -192,6 +221,18 @@ ENDPOINTS = [
         WS + "/pipeline-runs/{pk}/retry/",
         role=Role.DEVELOPER,
         setup=_failed_run,
+        has_object=True,
+    ),
+    Endpoint("GET", WS + "/notebooks/", role=Role.VIEWER),
+    # The caller's live server is answered (200), so no Jupyter process starts per principal;
+    # starting one for real is training/tests/test_notebooks.py's.
+    Endpoint("POST", WS + "/notebooks/", role=Role.VIEWER, setup=_live_notebook),
+    Endpoint("GET", WS + "/notebooks/{pk}/", setup=_stoppable_notebook, has_object=True),
+    Endpoint(
+        "POST",
+        WS + "/notebooks/{pk}/stop/",
+        role=Role.VIEWER,
+        setup=_stoppable_notebook,
         has_object=True,
     ),
 ]
