@@ -27,7 +27,7 @@ from serving.routing import routing_table
 from training import mlflow_server
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Role
-from workspaces.selectors import role_at_least
+from workspaces.selectors import role_at_least, workspace_object
 from workspaces.views import WorkspaceRequest, page_context, workspace_page
 
 
@@ -138,13 +138,18 @@ def version_import(request: WorkspaceRequest, workspace) -> HttpResponse:
     form = MlflowImportForm(request.POST, workspace=workspace)
     if form.is_valid():
         data = form.cleaned_data
-        dataset = (
-            datasets_of(workspace=workspace).get(pk=int(data["dataset"]))
-            if data["dataset"]
-            else None
-        )
         activation = data["activation"]
         try:
+            # The one resolver of references (a dataset gone since the form was drawn is the
+            # field's error, as an outside one is in the API).
+            dataset = (
+                workspace_object(
+                    datasets_of(workspace=workspace), workspace=workspace,
+                    ref=int(data["dataset"]), attr="dataset", noun="dataset",
+                )
+                if data["dataset"]
+                else None
+            )  # fmt: skip
             version = registry.model_version_import_mlflow(
                 actor=request.user,
                 workspace=workspace,

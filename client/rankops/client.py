@@ -416,9 +416,11 @@ class Client:
         timeout: float = 3600,
         ws: str | None = None,
     ) -> Iterator[str]:
-        """The job's log: its state changes and every metric it reports, as lines; with
-        ``follow`` keep reading until the job ends (like ``tail -f``)."""
+        """The job's log: its state changes, what its node agent and training child wrote (the
+        log file, read on from where the last read ended) and every metric it reports, as
+        lines; with ``follow`` keep reading until the job ends (like ``tail -f``)."""
         seen_metrics = 0
+        offset = 0
         last_state = None
         deadline = time.monotonic() + timeout
         while True:
@@ -428,6 +430,21 @@ class Client:
                 node = f" on {job['node']}" if job.get("node") else ""
                 yield f"state {job['state']}{node}{reason}"
                 last_state = job["state"]
+            while True:
+                chunk = self.call(
+                    "v1_workspaces_training_jobs_log_retrieve",
+                    id=job_id,
+                    params={"offset": offset},
+                    ws=ws,
+                )
+                for line in chunk["text"].splitlines():
+                    if line.strip():
+                        yield line
+                read_to = chunk["next_offset"]
+                if read_to == offset or read_to >= chunk["size"]:
+                    offset = read_to
+                    break
+                offset = read_to
             metrics = list(
                 self.iterate("v1_workspaces_training_jobs_metrics_list", id=job_id, ws=ws)
             )

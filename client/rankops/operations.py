@@ -1350,6 +1350,18 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "summary": "Training jobs: a template or entry point, a "
         "dataset, resources and a priority class.",
     },
+    "v1_workspaces_training_jobs_log_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/training-jobs/{id}/log/",
+        "path_params": ["id", "ws"],
+        "query": ["offset"],
+        "summary": "The job's log from ``offset`` (at most "
+        "256 KiB of whole lines): poll with the "
+        "answer's",
+    },
     "v1_workspaces_training_jobs_metrics_list": {
         "content_types": [],
         "idempotent_key": False,

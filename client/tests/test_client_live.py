@@ -116,6 +116,8 @@ def test_the_installed_client_and_cli_drive_a_live_server(client_venv, live_serv
         assert seen["job"]["state"] == "succeeded"
         assert seen["job"]["log"][-1].startswith("result ")
         assert any(line.startswith("state running") for line in seen["job"]["log"])
+        # The job's log file itself, read through the log endpoint: the agent's own lines.
+        assert any(line.startswith("--- attempt 1 at ") for line in seen["job"]["log"])
         assert (
             seen["experiment"]["state"] == "running"
             and "arms" in seen["experiment"]["analysis_keys"]

@@ -139,6 +139,17 @@ class TrainingTemplateSerializer(serializers.Serializer):
     )
 
 
+class JobLogSerializer(serializers.Serializer):
+    """A chunk of a job's log (what the node agent and the training child wrote, in order)."""
+
+    offset = serializers.IntegerField(help_text="The byte offset this chunk starts at.")
+    next_offset = serializers.IntegerField(help_text="Ask for this offset to read on.")
+    size = serializers.IntegerField(help_text="The log's size in bytes now.")
+    text = serializers.CharField(help_text="The chunk, decoded as UTF-8 (bad bytes replaced).")
+    done = serializers.BooleanField(help_text="The job has ended: the log grows no more.")
+    state = serializers.CharField()
+
+
 class JobMetricSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobMetric

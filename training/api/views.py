@@ -33,6 +33,7 @@ from workspaces.models import Role
 from workspaces.selectors import workspace_object
 
 MAX_METRIC_ROWS = 5000
+MAX_LOG_CHUNK = 256 * 1024
 
 
 def check_dataset_params(workspace, params, *, attr: str) -> None:
@@ -112,6 +113,24 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
         return Response(s.TrainingJobSerializer(fresh).data)
 
     @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "offset", int, description="Byte offset to read from (next_offset of the last)."
+            )
+        ],
+        responses={200: s.JobLogSerializer},
+    )
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def log(self, request: Request, ws: str, pk: str) -> Response:
+        """The job's log from ``offset`` (at most 256 KiB of whole lines): poll with the answer's
+        ``next_offset`` until ``done`` to follow it (``rankops jobs logs -f``)."""
+        job = self.get_object()
+        raw = request.query_params.get("offset", "0")
+        if not raw.isdigit():
+            raise ValidationError({"offset": "a byte offset: a whole number, 0 or more"})
+        return Response(_log_chunk(job, int(raw)))
+
+    @extend_schema(
         parameters=[OpenApiParameter("name", str, description="Only this metric (e.g. loss).")],
         responses={200: s.JobMetricSerializer(many=True)},
     )
@@ -124,6 +143,33 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
             rows = rows.filter(name=name)
         rows = rows.order_by("name", "step", "id")[:MAX_METRIC_ROWS]
         return Response(s.JobMetricSerializer(rows, many=True).data)
+
+
+def _log_chunk(job: TrainingJob, offset: int) -> dict:
+    from training.agent import LOG_FILE
+
+    path = services.job_work_dir(job) / LOG_FILE
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    start = min(offset, size)
+    data = b""
+    if start < size:
+        with path.open("rb") as log:
+            log.seek(start)
+            data = log.read(MAX_LOG_CHUNK)
+        cut = data.rfind(b"\n")
+        if 0 <= cut < len(data) - 1 and start + len(data) < size:
+            data = data[: cut + 1]  # whole lines, unless one line is longer than a chunk
+    return {
+        "offset": start,
+        "next_offset": start + len(data),
+        "size": size,
+        "text": data.decode("utf-8", errors="replace"),
+        "done": job.is_terminal and start + len(data) >= size,
+        "state": job.state,
+    }
 
 
 class TrainingTemplateViewSet(WorkspaceScopedViewSet):

@@ -170,6 +170,7 @@ ENDPOINTS = [
     Endpoint("POST", WS + "/training-jobs/", role=Role.DEVELOPER, success=201, body=_job_body),
     Endpoint("GET", WS + "/training-jobs/{pk}/", setup=_job, has_object=True),
     Endpoint("GET", WS + "/training-jobs/{pk}/metrics/", setup=_job, has_object=True),
+    Endpoint("GET", WS + "/training-jobs/{pk}/log/", setup=_job, has_object=True),
     Endpoint(
         "POST",
         WS + "/training-jobs/{pk}/cancel/",

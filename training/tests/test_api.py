@@ -205,3 +205,34 @@ def test_pipeline_dataset_params_of_the_wrong_type_are_400_and_unknown_ones_404(
     assert response.status_code == status, response.content
     assert response.json()["attr"] == f"params.{next(iter(params))}"
     assert not PipelineRun.objects.for_workspace(workspace).exists()
+
+
+def test_the_job_log_reads_on_from_an_offset_in_whole_lines(workspace, dev, dataset, monkeypatch):
+    from training.agent import LOG_FILE
+    from training.api import views
+    from training.services import job_work_dir
+
+    job = job_create(actor=None, workspace=workspace, name="l", dataset=dataset, template="logreg")
+    url = _url(workspace, f"training-jobs/{job.pk}/log/")
+    empty = dev.get(url).json()
+    assert empty == {
+        "offset": 0, "next_offset": 0, "size": 0, "text": "", "done": False, "state": "pending"
+    }  # fmt: skip
+    folder = job_work_dir(job)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"line {n} {'é' * (n % 3)}" for n in range(40)]
+    (folder / LOG_FILE).write_bytes(("\n".join(lines) + "\n").encode())
+    monkeypatch.setattr(views, "MAX_LOG_CHUNK", 100)
+    text, offset, chunks = "", 0, 0
+    while True:
+        chunk = dev.get(url, {"offset": offset}).json()
+        assert chunk["offset"] == offset and chunk["text"].endswith("\n")
+        text += chunk["text"]
+        chunks += 1
+        if chunk["next_offset"] >= chunk["size"]:
+            break
+        offset = chunk["next_offset"]
+    assert text.splitlines() == lines and chunks > 3
+    assert dev.get(url, {"offset": 10**9}).json()["text"] == ""
+    refused = dev.get(url, {"offset": "-1"})
+    assert refused.status_code == 400 and refused.json()["attr"] == "offset"
