@@ -266,6 +266,14 @@ MODEL_PARAM = {
     "description": "`<workspace slug>.<deployment name>`, e.g. `feed-pctr.ranker`.",
     "example": "feed-pctr.ranker",
 }
+VERSION_PARAM = {
+    "name": "version",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "The model version's number (the deployment's production version).",
+    "example": "1",
+}
 GATEWAY_COMPONENTS: dict[str, dict[str, Any]] = {
     "PredictRequest": {
         "type": "object",
@@ -492,7 +500,7 @@ def _gateway_paths() -> dict[str, dict[str, Any]]:
         "parameters": [MODEL_PARAM],
         "tags": ["inference"],
     }
-    return {
+    paths: dict[str, dict[str, Any]] = {
         "/api/v1/workspaces/{ws}/predict/": {
             "post": {
                 "operationId": "predict",
@@ -600,6 +608,28 @@ def _gateway_paths() -> dict[str, dict[str, Any]]:
                 },
             }
         },
+        "/v2": {
+            "get": {
+                "operationId": "v2_server_metadata",
+                "summary": "Open Inference Protocol: server metadata (name, version, extensions)",
+                "tags": ["inference"],
+                "security": [],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string"},
+                                "version": {"type": "string"},
+                                "extensions": {"type": "array", "items": {"type": "string"}},
+                            },
+                            "required": ["name", "version", "extensions"],
+                        },
+                        "The server, and `binary_tensor_data` among its extensions.",
+                    )
+                },
+            }
+        },
         "/metrics": {
             "get": {
                 "operationId": "metrics",
@@ -648,6 +678,17 @@ def _gateway_paths() -> dict[str, dict[str, Any]]:
             }
         },
     }
+    # The same model routes for one version: /v2/models/{name}/versions/{version}[/ready|/infer]
+    # (the production version's number; another answers 404).
+    for tail in ("", "/ready", "/infer"):
+        for method, operation in paths[f"/v2/models/{{name}}{tail}"].items():
+            versioned = {
+                **operation,
+                "operationId": operation["operationId"] + "_version",
+                "parameters": [*operation["parameters"], VERSION_PARAM],
+            }
+            paths[f"/v2/models/{{name}}/versions/{{version}}{tail}"] = {method: versioned}
+    return paths
 
 
 # ---------------------------------------------------------------------------------------------

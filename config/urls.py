@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from serving.gateway import oip_server
 from training import mlflow_server
 from workspaces import health
 
@@ -32,6 +33,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include((api_v1, "api"), namespace="v1")),
+    path("v2", oip_server, name="oip-server-root"),  # GET /v2 as the protocol spells it
     path("v2/", include("serving.oip_urls")),
     # MLflow's tracking server (its own Flask app) behind the platform's tokens and workspaces.
     re_path(

@@ -40,6 +40,8 @@ from workspaces.selectors import workspace_access
 
 MAX_CANDIDATES = 1000
 MAX_BODY = 1024 * 1024
+# OIP infer: 10,000 rows of a few hundred inputs, as the README documents (10 MiB).
+MAX_INFER_BODY = 10 * 1024 * 1024
 READ_PERMISSION = "view_workspace"
 _auth = ApiTokenAuthentication()
 
@@ -272,28 +274,78 @@ def _oip_target(request, name: str):
     return workspace, deployment, table
 
 
+def oip_error(status: int, code: str, detail: str, attr: str | None = None) -> HttpResponse:
+    """The protocol's error body (``{"error": "<message>"}``, what tritonclient reads) inside
+    the API's envelope, so either kind of client finds its field."""
+    response = error_response(status, code, detail, attr)
+    return _with_error(response)
+
+
+def _with_error(response: HttpResponse) -> HttpResponse:
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response
+    if isinstance(body, dict) and "error" not in body:
+        body["error"] = str(body.get("detail") or body.get("code") or response.status_code)
+        response.content = orjson.dumps(body)
+    return response
+
+
+def _oip_version(loaded, version: str | None) -> None:
+    if version is not None and version != str(loaded.number):
+        raise _Refused(
+            oip_error(
+                404, "not_found", f"version {version} is not served (it serves {loaded.number})"
+            )
+        )
+
+
 @csrf_exempt
-def oip_infer(request, name: str) -> HttpResponse:
+def oip_infer(request, name: str, version: str | None = None) -> HttpResponse:
     started = time.perf_counter()
     if request.method != "POST":
-        return error_response(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+        return oip_error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
     try:
         workspace, deployment, table = _oip_target(request, name)
         if table.get("stopped"):
-            return error_response(
-                409, "conflict", f"deployment '{deployment}' is stopped", "deployment"
-            )
-        payload = _body(request)
-        columns, n, request_id = oip.decode_inputs(payload)
+            return oip_error(409, "conflict", f"deployment '{deployment}' is stopped", "deployment")
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        if length > MAX_INFER_BODY:
+            return oip_error(413, "too_large", f"body over {MAX_INFER_BODY} bytes")
+        header, binary = oip.split_binary(
+            request.body, request.headers.get("Inference-Header-Content-Length")
+        )
+        try:
+            payload = orjson.loads(header)
+        except orjson.JSONDecodeError:
+            return oip_error(400, "parse_error", "the body (its JSON header) is not valid JSON")
         loaded = MODELS.get(table["production"])
+        _oip_version(loaded, version)
+        columns, n, request_id = oip.decode_inputs(payload, binary)
+        oip.check_outputs(payload)
+        columns = oip.check_against(columns, n, oip.model_inputs(loaded.bundle.spec.features))
         scores = loaded.predict(columns, n)
     except _Refused as refused:
-        return refused.response
+        return _with_error(refused.response)
     except ValueError as exc:
-        return error_response(400, "invalid", str(exc), "inputs")
+        return oip_error(400, "invalid", str(exc), "inputs")
     REQUESTS.labels(workspace.slug, deployment, str(loaded.number), "ok").inc()
     LATENCY.labels(workspace.slug, deployment).observe(time.perf_counter() - started)
-    return _json(oip.encode_outputs(name, str(loaded.number), request_id, scores))
+    body, raw = oip.encode_outputs(
+        name, str(loaded.number), request_id, scores, binary=oip.wants_binary(payload)
+    )
+    if not raw:
+        return _json(body)
+    head = orjson.dumps(body)
+    response = HttpResponse(head + raw, content_type="application/octet-stream")
+    response["Inference-Header-Content-Length"] = str(len(head))
+    return response
+
+
+def oip_server(request) -> HttpResponse:
+    """Server metadata (``GET /v2``): name, version and the extensions spoken."""
+    return _json(oip.SERVER)
 
 
 def oip_live(request) -> HttpResponse:
@@ -306,48 +358,39 @@ def oip_ready(request) -> HttpResponse:
     try:
         connection.ensure_connection()
     except Exception:  # noqa: BLE001
-        return _json({"ready": False}, 503)
+        return _json({"ready": False, "error": "the database is not answering"}, 503)
     return _json({"ready": True})
 
 
-def oip_model(request, name: str) -> HttpResponse:
+def oip_model(request, name: str, version: str | None = None) -> HttpResponse:
     try:
         _, _, table = _oip_target(request, name)
         loaded = MODELS.get(table["production"])
+        _oip_version(loaded, version)
     except _Refused as refused:
-        return refused.response
-    inputs = []
-    for f in loaded.bundle.spec.features:
-        if f.dtype == "embedding":
-            inputs.append({"name": f.column, "datatype": "FP32", "shape": [-1, f.dim]})
-        elif f.dtype in ("categorical", "string"):
-            inputs.append({"name": f.column, "datatype": "BYTES", "shape": [-1]})
-        elif f.dtype == "categorical_list":
-            # Each row's items, null-padded to the slots the model reads.
-            inputs.append({"name": f.column, "datatype": "BYTES", "shape": [-1, f.slots]})
-        elif f.dtype == "bool":
-            inputs.append({"name": f.column, "datatype": "BOOL", "shape": [-1]})
-        else:
-            inputs.append({"name": f.column, "datatype": "FP64", "shape": [-1]})
+        return _with_error(refused.response)
     return _json(
         {
             "name": name,
             "versions": [str(loaded.number)],
             "platform": "pytorch",
-            "inputs": inputs,
-            "outputs": [{"name": "score", "datatype": "FP64", "shape": [-1]}],
+            "inputs": oip.model_inputs(loaded.bundle.spec.features),
+            "outputs": oip.OUTPUTS,
         }
     )
 
 
-def oip_model_ready(request, name: str) -> HttpResponse:
+def oip_model_ready(request, name: str, version: str | None = None) -> HttpResponse:
     try:
         _, _, table = _oip_target(request, name)
         if table.get("stopped"):
-            return _json({"name": name, "ready": False}, 503)  # a stopped deployment serves none
-        MODELS.get(table["production"])
+            return _json(
+                {"name": name, "ready": False, "error": "the deployment is stopped"}, 503
+            )  # a stopped deployment serves none
+        loaded = MODELS.get(table["production"])
+        _oip_version(loaded, version)
     except _Refused as refused:
-        return refused.response
+        return _with_error(refused.response)
     return _json({"name": name, "ready": True})
 
 

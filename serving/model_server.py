@@ -82,28 +82,54 @@ def sandbox(bundle, *, candidates: int, seconds: float, windows: int = 3) -> dic
 
 def oip_app(bundle, name: str, version: str = "1"):
     """A minimal WSGI app speaking OIP v2 JSON for one bundle."""
-    from serving.oip import decode_inputs, encode_outputs
+    from serving import oip
+
+    inputs = oip.model_inputs(bundle.spec.features)
+    metadata = {
+        "name": name,
+        "versions": [version],
+        "platform": "pytorch",
+        "inputs": inputs,
+        "outputs": oip.OUTPUTS,
+    }
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
-        status, body = "404 Not Found", {"error": "not found"}
+        status, body, raw = "404 Not Found", {"error": "not found"}, b""
+        extra: list[tuple[str, str]] = []
         if path in ("/v2/health/live", "/v2/health/ready"):
             status, body = "200 OK", {"live": True, "ready": True}
-        elif path == f"/v2/models/{name}" and method == "GET":
-            status, body = "200 OK", {"name": name, "versions": [version], "platform": "pytorch"}
-        elif path == f"/v2/models/{name}/infer" and method == "POST":
+        elif path in ("/v2", "/v2/") and method == "GET":
+            status, body = "200 OK", oip.SERVER
+        elif path in (f"/v2/models/{name}", f"/v2/models/{name}/versions/{version}"):
+            status, body = "200 OK", metadata
+        elif path in (f"/v2/models/{name}/infer", f"/v2/models/{name}/versions/{version}/infer"):
             try:
                 size = int(environ.get("CONTENT_LENGTH") or 0)
-                payload = json.loads(environ["wsgi.input"].read(size) or b"{}")
-                columns, n, request_id = decode_inputs(payload)
+                header, binary = oip.split_binary(
+                    environ["wsgi.input"].read(size),
+                    environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"),
+                )
+                payload = json.loads(header or b"{}")
+                columns, n, request_id = oip.decode_inputs(payload, binary)
+                oip.check_outputs(payload)
+                columns = oip.check_against(columns, n, inputs)
                 scores = bundle.predict(columns, n)
-                status, body = "200 OK", encode_outputs(name, version, request_id, scores)
+                body, raw = oip.encode_outputs(
+                    name, version, request_id, scores, binary=oip.wants_binary(payload)
+                )
+                status = "200 OK"
             except ValueError as exc:
                 status, body = "400 Bad Request", {"error": str(exc)}
         data = json.dumps(body).encode()
+        if raw:
+            extra.append(("Inference-Header-Content-Length", str(len(data))))
+            data += raw
+        content_type = "application/octet-stream" if raw else "application/json"
         start_response(
-            status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+            status,
+            [("Content-Type", content_type), ("Content-Length", str(len(data))), *extra],
         )
         return [data]
 

@@ -13,4 +13,15 @@ urlpatterns: list = [
     path("models/<str:name>", gateway.oip_model, name="oip-model"),
     path("models/<str:name>/ready", gateway.oip_model_ready, name="oip-model-ready"),
     path("models/<str:name>/infer", gateway.oip_infer, name="oip-infer"),
+    path("models/<str:name>/versions/<str:version>", gateway.oip_model, name="oip-model-version"),
+    path(
+        "models/<str:name>/versions/<str:version>/ready",
+        gateway.oip_model_ready,
+        name="oip-model-version-ready",
+    ),
+    path(
+        "models/<str:name>/versions/<str:version>/infer",
+        gateway.oip_infer,
+        name="oip-infer-version",
+    ),
 ]
