@@ -54,11 +54,12 @@ SERVER = {"name": "rankops", "version": "0.1.0", "extensions": ["binary_tensor_d
 
 def split_binary(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON header and the binary tail of a request (all JSON without the header)."""
-    if header_length in (None, ""):
+    if header_length is None or header_length == "":
         return body, b""
-    if not str(header_length).isdigit() or int(header_length) > len(body):
+    text = str(header_length)
+    if not text.isdigit() or int(text) > len(body):
         raise ValueError("Inference-Header-Content-Length must be the JSON header's byte count")
-    cut = int(header_length)
+    cut = int(text)
     return body[:cut], body[cut:]
 
 
