@@ -30,7 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 
 from serving import oip
-from serving.inference import MODELS, serving_columns
+from serving.inference import MODELS, context_refusal, serving_columns
 from serving.metrics import CANDIDATES, LATENCY, REQUESTS
 from serving.predlog import predlog_write
 from serving.routing import TABLES, route, table_version_ids
@@ -166,6 +166,21 @@ def _validate_predict(data: dict) -> tuple[str, str, object, dict, list]:
     return request_id, deployment, user, context, candidates
 
 
+def _keys_of(value, names: list[str]) -> dict:
+    if isinstance(value, dict):
+        return value
+    return {names[0]: value} if len(names) == 1 else {}
+
+
+def _key_rows(plan, user, candidates: list, context: dict) -> list[dict]:
+    """Per candidate, the entity keys the request names: the context's scalar values, the user's
+    keys and the candidate's (a bare key is the entity's one key column)."""
+    scalars = {k: v for k, v in context.items() if isinstance(v, (str, int, float, bool))}
+    user_keys = _keys_of(user, plan.keys.get("user") or ["user_id"])
+    item_names = plan.keys.get("item") or ["item_id"]
+    return [{**scalars, **user_keys, **_keys_of(item, item_names)} for item in candidates]
+
+
 def _count_error(workspace_id: int, deployment: str) -> None:
     key = f"serving:errors:{workspace_id}:{deployment}:{int(time.time() // 60)}"
     try:
@@ -197,8 +212,17 @@ def predict(request, ws: str) -> HttpResponse:
         for entity in loaded.plan.lookups:
             if entity not in entities and entity in context:
                 entities[entity] = [context[entity]]
+        key_rows = _key_rows(loaded.plan, user, candidates, context)
+        refusal = context_refusal(loaded.plan, context, key_rows)
+        if refusal:
+            raise ValidationError({"context": refusal})
         columns = serving_columns(
-            workspace=workspace, plan=loaded.plan, entities=entities, context=context, n=n
+            workspace=workspace,
+            plan=loaded.plan,
+            entities=entities,
+            context=context,
+            n=n,
+            key_rows=key_rows,
         )
         scores = loaded.predict(columns, n)
         latency_ms = (time.perf_counter() - started) * 1000

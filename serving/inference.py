@@ -42,6 +42,9 @@ class ServingPlan:
     context: list[tuple[str, str, str]] = field(default_factory=list)
     # entity kind -> key columns (for the gate, which reads keys from dataset rows)
     keys: dict[str, list[str]] = field(default_factory=dict)
+    # context groups kept online: group name -> (its entity keys, its refs the model reads); a
+    # request that names the keys (in its context, user or candidates) gets their values
+    context_groups: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
     transforms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -58,6 +61,11 @@ def build_plan(workspace_id: int, spec) -> ServingPlan:
         entity = feature.entity or (group.entity if group else EntityKind.CONTEXT)
         if group is None or entity == EntityKind.CONTEXT:
             plan.context.append((feature.ref, feature.column, feature.ref.split(":")[-1]))
+            if group is not None and group.online and group.entity_keys:
+                keys, refs = plan.context_groups.setdefault(
+                    group.name, (list(group.entity_keys), [])
+                )
+                refs.append(feature.ref)
             continue
         plan.lookups.setdefault(entity, []).append(feature.ref)
         keys = (spec.entity_keys or {}).get(entity) or list(group.entity_keys)
@@ -83,12 +91,15 @@ def serving_columns(
     entities: dict[str, list[Any]],
     context: dict[str, Any] | list[dict[str, Any]],
     n: int,
+    key_rows: list[dict[str, Any]] | None = None,
 ) -> dict[str, list]:
     """Raw feature values by ref for ``n`` rows, fetched from the online store.
 
     ``entities`` maps an entity kind to its keys: one key (broadcast to all rows, e.g. the user
     of a request) or ``n`` keys (one per row, e.g. the candidates). ``context`` is one dict for
-    all rows or one per row.
+    all rows or one per row. ``key_rows`` (one dict per row: the keys the request names for that
+    row) lets a context group kept online be looked up by its keys; a value the context gives
+    for a feature wins over the stored one.
     """
     from features.lookup import online_lookup
 
@@ -106,13 +117,57 @@ def serving_columns(
             if len(values) == 1 and n != 1:
                 values = values * n
             columns[ref] = values
+    stored: dict[str, list] = {}
+    if key_rows is not None:
+        for keys, refs in plan.context_groups.values():
+            wanted = [
+                {k: row[k] for k in keys} if all(k in row for k in keys) else None
+                for row in key_rows
+            ]
+            known = [w for w in wanted if w is not None]
+            if not known:
+                continue
+            found = online_lookup(workspace=workspace, entities=known, features=refs)
+            values = iter(found["rows"])
+            rows_of = [next(values) if w is not None else None for w in wanted]
+            for index, ref in enumerate(refs):
+                stored[ref] = [None if r is None else r[index] for r in rows_of]
     for ref, column, name in plan.context:
         if isinstance(context, list):
-            columns[ref] = [_context_value(c, ref, column, name) for c in context]
+            given = [_context_value(c, ref, column, name) for c in context]
         else:
-            columns[ref] = [_context_value(context, ref, column, name)] * n
+            given = [_context_value(context, ref, column, name)] * n
+        if ref in stored:
+            given = [g if g is not None else v for g, v in zip(given, stored[ref], strict=True)]
+        columns[ref] = given
     _apply_transforms(columns, plan.transforms)
     return columns
+
+
+def context_refusal(plan: ServingPlan, context: dict[str, Any], key_rows: list[dict]) -> str:
+    """Why a request's context does not fit the model ("" when it does): a key the model reads
+    nothing from, or a context feature neither given nor reachable by its group's keys."""
+    allowed: set[str] = set(plan.lookups)
+    for ref, column, name in plan.context:
+        allowed |= {ref, column, name}
+    for keys, _refs in plan.context_groups.values():
+        allowed |= set(keys)
+    unknown = sorted(set(context) - allowed)
+    if unknown:
+        return (
+            f"unknown context key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; this "
+            f"model reads {', '.join(sorted(allowed)) or 'no context'}"
+        )
+    for ref, column, name in plan.context:
+        if _context_value(context, ref, column, name) is not None:
+            continue
+        group = ref.split(":")[0].split("@")[0]
+        keys = plan.context_groups.get(group, ([], []))[0]
+        if keys and all(all(k in row for k in keys) for row in key_rows):
+            continue
+        how = f" or its group's key{'s' if len(keys) > 1 else ''} {', '.join(keys)}" if keys else ""
+        return f"the context misses {name} ({ref}): give it{how}"
+    return ""
 
 
 def _context_value(context: Any, ref: str, column: str, name: str) -> Any:
