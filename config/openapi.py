@@ -869,5 +869,33 @@ def postprocess_complete(result, generator, request, public):
             },
             "Not recorded (`status: ignored`, `detail` says why).",
         )
+    _idempotency_headers(result)
     _add_examples(result)
     return result
+
+
+IDEMPOTENCY_PARAM = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+    "description": "Send a write again with the same key to get its first answer, not a second "
+    "write (workspaces.idempotency); the key with another request is a 409.",
+}
+
+
+def _idempotency_headers(result: dict[str, Any]) -> None:
+    """Every write under /api/v1/ honours Idempotency-Key (the middleware, or the view itself)."""
+    for path, item in result.get("paths", {}).items():
+        if not path.startswith("/api/v1/"):
+            continue
+        for method, operation in item.items():
+            if method not in ("post", "put", "patch", "delete"):
+                continue
+            parameters = operation.setdefault("parameters", [])
+            if not any(p.get("name") == "Idempotency-Key" for p in parameters):
+                parameters.append(copy.deepcopy(IDEMPOTENCY_PARAM))
+            # A key over 200 characters is a 400; a key reused or still running, a 409.
+            responses = operation.setdefault("responses", {})
+            for code, response in _errors("400", "409").items():
+                responses.setdefault(code, response)

@@ -621,3 +621,29 @@ class TaskSlot(WorkspaceOwnedCascade):
 
     def __str__(self) -> str:
         return f"slot {self.slot} of {self.workspace_id} ({self.kind})"
+
+
+class IdempotentRequest(models.Model):
+    """A write sent with an ``Idempotency-Key`` and what it answered, kept for
+    ``IDEMPOTENCY_TTL_S`` (``workspaces.idempotency``): the same key from the same caller
+    replays the answer instead of doing the write again; with another request it is a 409."""
+
+    principal = models.CharField(max_length=64, help_text="A digest of who sent it.")
+    key = models.CharField(max_length=200)
+    method = models.CharField(max_length=10)
+    path = models.CharField(max_length=500)
+    body_sha256 = models.CharField(max_length=64)
+    done = models.BooleanField(default=False)
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    content_type = models.CharField(max_length=100, blank=True)
+    response = models.BinaryField(blank=True, default=b"")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["principal", "key"], name="idempotent_request_key")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotent_request_age")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} ({self.key})"

@@ -223,6 +223,9 @@ class RawBatchParser(BaseParser):
 class BatchViewSet(mixins.ListModelMixin, WorkspaceScopedViewSet):
     """Producer pushes into a group: JSON rows, or a CSV or Parquet file (body or multipart)."""
 
+    # A batch's Idempotency-Key is its identity in the offline store (features.ingestion).
+    handles_idempotency_key = True
+
     serializer_class = BatchSerializer
     action_roles = {"create": Role.DEVELOPER}
     parser_classes = [MultiPartParser, RawBatchParser]
