@@ -337,6 +337,9 @@ SERVING_CONTROLLER_QUEUE = os.environ.get("SERVING_CONTROLLER_QUEUE", "celery")
 # The serving cluster of the Kubernetes backend (a kubeconfig path; '' = none configured).
 SERVING_KUBECONFIG = os.environ.get("SERVING_KUBECONFIG", "")
 SERVING_K8S_NAMESPACE = os.environ.get("SERVING_K8S_NAMESPACE", "rankops")
+# Idempotency-Key answers are kept this long (workspaces.idempotency), up to this size each.
+IDEMPOTENCY_TTL_S = env_int("IDEMPOTENCY_TTL_S", 24 * 3600)
+IDEMPOTENCY_MAX_BYTES = env_int("IDEMPOTENCY_MAX_BYTES", 1024 * 1024)
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "workspaces.tasks.worker_heartbeat", "schedule": 15.0},
     "feature-health": {"task": "features.tasks.health_check_all", "schedule": 60.0},
@@ -345,6 +348,7 @@ CELERY_BEAT_SCHEDULE = {
     # sends delivery retries once their backoff has passed).
     "outbox-drain": {"task": "workspaces.tasks.outbox_drain", "schedule": 10.0},
     "feature-sweep": {"task": "features.tasks.sweep_uncommitted_files", "schedule": 3600.0},
+    "idempotency-sweep": {"task": "workspaces.tasks.idempotency_sweep", "schedule": 3600.0},
 }
 
 for _folder in (

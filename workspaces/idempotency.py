@@ -13,8 +13,9 @@ stored in the row. A later request with the key:
 * another request: 409 naming ``Idempotency-Key``.
 
 A 5xx answer is not kept (the write did not happen; the retry runs it). Rows older than
-``IDEMPOTENCY_TTL_S`` (24 h) are forgotten. Views that give the key their own meaning (a feature
-batch's key is the batch's identity in the offline store) set ``handles_idempotency_key``.
+``IDEMPOTENCY_TTL_S`` (24 h) are forgotten (hourly, ``workspaces.tasks.idempotency_sweep``).
+Views that give the key their own meaning (a feature batch's key is the batch's identity in the
+offline store) set ``handles_idempotency_key``.
 
 Written here: DRF and Django have no idempotency layer, and the packages that add one keep
 answers in a cache (lost on a restart; an acknowledged write would then repeat) rather than the
@@ -41,6 +42,12 @@ PREFIX = "/api/v1/"
 
 def _ttl() -> timedelta:
     return timedelta(seconds=int(getattr(settings, "IDEMPOTENCY_TTL_S", 24 * 3600)))
+
+
+def forget_expired() -> int:
+    """Delete the rows past the TTL (the hourly ``workspaces.tasks.idempotency_sweep``)."""
+    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=timezone.now() - _ttl()).delete()
+    return deleted
 
 
 def _principal(request: HttpRequest) -> str:

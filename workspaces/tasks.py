@@ -68,3 +68,11 @@ def deliveries_send() -> dict[str, int]:
     from workspaces import notifications
 
     return notifications.deliveries_send()
+
+
+@shared_task(name="workspaces.tasks.idempotency_sweep", ignore_result=True)
+def idempotency_sweep() -> int:
+    """Forget the kept answers of Idempotency-Keys older than IDEMPOTENCY_TTL_S."""
+    from workspaces.idempotency import forget_expired
+
+    return forget_expired()

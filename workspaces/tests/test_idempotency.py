@@ -85,3 +85,22 @@ def test_keys_are_the_caller_s_own_and_a_running_one_is_a_conflict(workspace, cl
     # Reads and keyless writes are untouched.
     assert client.get(url, HTTP_IDEMPOTENCY_KEY="read").status_code == 200
     assert not IdempotentRequest.objects.filter(key="read").exists()
+
+
+def test_kept_answers_past_the_ttl_are_forgotten(settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workspaces.tasks import idempotency_sweep
+
+    old = IdempotentRequest.objects.create(
+        principal="p", key="old", method="POST", path="/api/v1/x/", body_sha256="x",
+        created_at=timezone.now() - timedelta(seconds=settings.IDEMPOTENCY_TTL_S + 5),
+    )  # fmt: skip
+    fresh = IdempotentRequest.objects.create(
+        principal="p", key="new", method="POST", path="/api/v1/x/", body_sha256="x"
+    )
+    assert idempotency_sweep() == 1
+    assert not IdempotentRequest.objects.filter(pk=old.pk).exists()
+    assert IdempotentRequest.objects.filter(pk=fresh.pk).exists()
