@@ -337,6 +337,17 @@ SERVING_CONTROLLER_QUEUE = os.environ.get("SERVING_CONTROLLER_QUEUE", "celery")
 # The serving cluster of the Kubernetes backend (a kubeconfig path; '' = none configured).
 SERVING_KUBECONFIG = os.environ.get("SERVING_KUBECONFIG", "")
 SERVING_K8S_NAMESPACE = os.environ.get("SERVING_K8S_NAMESPACE", "rankops")
+# OpenLineage: export (lineage.openlineage) from the environment, and where intake's external
+# namespaces land ("ns=workspace-slug,...").
+OPENLINEAGE_URL = os.environ.get("OPENLINEAGE_URL", "")
+OPENLINEAGE_API_KEY = os.environ.get("OPENLINEAGE_API_KEY", "")
+OPENLINEAGE_NAMESPACES = {
+    name.strip(): slug.strip()
+    for name, _, slug in (
+        part.partition("=") for part in os.environ.get("OPENLINEAGE_NAMESPACES", "").split(",")
+    )
+    if name.strip() and slug.strip()
+}
 # Idempotency-Key answers are kept this long (workspaces.idempotency), up to this size each.
 IDEMPOTENCY_TTL_S = env_int("IDEMPOTENCY_TTL_S", 24 * 3600)
 IDEMPOTENCY_MAX_BYTES = env_int("IDEMPOTENCY_MAX_BYTES", 1024 * 1024)

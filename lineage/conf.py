@@ -57,6 +57,12 @@ DEFAULTS: dict[str, Any] = {
     "OPENLINEAGE_URL": "",
     "OPENLINEAGE_API_KEY": "",
     "OPENLINEAGE_NAMESPACE_PREFIX": "rankops",
+    # External namespaces and the workspace (slug) each one's events land in, e.g. an Airflow
+    # deployment's "default": {"default": "feed-pctr"}; from the environment as
+    # OPENLINEAGE_NAMESPACES="default=feed-pctr,airflow-prod=feed-pctr".
+    "OPENLINEAGE_NAMESPACES": {},
+    # The most bytes an intake body may inflate to (gzip).
+    "OPENLINEAGE_MAX_INFLATED_BYTES": 4 * 1024 * 1024,
 }
 
 RESOURCE_KEYS = ("cpu_hours", "gpu_hours", "memory_gb_hours", "storage_gb")

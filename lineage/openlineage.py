@@ -21,6 +21,7 @@ node of that feature group.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -230,6 +231,12 @@ def parse_event(body: Any) -> dict[str, Any]:
     else:
         # A DatasetEvent describes one dataset; it has no inputs or outputs to link.
         inputs, outputs = [], _datasets({"dataset": [dataset]}, "dataset")
+    for key in ("producer", "schemaURL"):
+        value = body.get(key)
+        if not isinstance(value, str) or not _is_uri(value):
+            raise ValidationError(
+                {key: f"The spec requires {key} as a URI (e.g. https://github.com/OpenLineage)."}
+            )
     return {
         "event_type": event_type,
         "event_time": event_time,
@@ -238,20 +245,67 @@ def parse_event(body: Any) -> dict[str, Any]:
         "inputs": inputs,
         "outputs": outputs,
         "producer": str(body.get("producer", ""))[:300],
+        "schema_url": str(body.get("schemaURL", ""))[:300],
+        "facets": _facets(body, job),
     }
 
 
+def _is_uri(value: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    return bool(parts.scheme and (parts.netloc or parts.path)) and len(value) <= 2000
+
+
+MAX_FACET_BYTES = 64 * 1024
+
+
+def _facets(body: dict[str, Any], job: Any) -> dict[str, Any]:
+    """The event's facets as sent (run, job, and each dataset's by ``namespace/name``), kept in
+    the event's payload; over 64 KiB in all, a 400 (``facets``) rather than a silent cut."""
+    kept: dict[str, Any] = {}
+    run = body.get("run")
+    if isinstance(run, dict) and isinstance(run.get("facets"), dict) and run["facets"]:
+        kept["run"] = run["facets"]
+    if isinstance(job, dict) and isinstance(job.get("facets"), dict) and job["facets"]:
+        kept["job"] = job["facets"]
+    for key, facet_key in (("inputs", "facets"), ("outputs", "facets")):
+        for item in body.get(key) or []:
+            if not isinstance(item, dict):
+                continue
+            facets = {
+                **(item.get(facet_key) or {}),
+                **(item.get("inputFacets") or {}),
+                **(item.get("outputFacets") or {}),
+            }
+            if facets:
+                kept.setdefault("datasets", {})[f"{item.get('namespace')}/{item.get('name')}"] = (
+                    facets
+                )
+    if len(json.dumps(kept, default=str)) > MAX_FACET_BYTES:
+        raise ValidationError({"facets": f"Facets over {MAX_FACET_BYTES} bytes in all."})
+    return kept
+
+
+def mapped_namespace(namespace: str) -> str:
+    """The workspace slug an external namespace lands in (``OPENLINEAGE_NAMESPACES``), else the
+    namespace itself (a namespace named after a workspace)."""
+    mapping = setting("OPENLINEAGE_NAMESPACES") or {}
+    return str(mapping.get(namespace, namespace))
+
+
 def namespace_workspace_slug(parsed: dict[str, Any]) -> str:
-    """The workspace an event belongs to: its job's namespace, else its first output's."""
+    """The workspace an event belongs to: its job's namespace, else its first output's, each
+    through the configured mapping."""
     if parsed["job"]:
-        return parsed["job"][0]
-    return parsed["outputs"][0][0] if parsed["outputs"] else ""
+        return mapped_namespace(parsed["job"][0])
+    return mapped_namespace(parsed["outputs"][0][0]) if parsed["outputs"] else ""
 
 
 def _slug_named_by(namespace: str) -> str:
     """The workspace slug a dataset namespace names: ``<slug>`` or our ``<prefix>/<slug>``."""
     prefix = f"{setting('OPENLINEAGE_NAMESPACE_PREFIX')}/"
-    return namespace[len(prefix) :] if namespace.startswith(prefix) else namespace
+    return namespace[len(prefix) :] if namespace.startswith(prefix) else mapped_namespace(namespace)
 
 
 def openlineage_scope_check(*, workspace: Workspace, parsed: dict[str, Any]) -> None:
@@ -307,6 +361,8 @@ def openlineage_event_record(
             "run_id": parsed["run_id"],
             "event_time": parsed["event_time"],
             "producer": parsed["producer"],
+            "schema_url": parsed.get("schema_url", ""),
+            "facets": parsed.get("facets") or {},
             "job": "/".join(parsed["job"]) if parsed["job"] else "",
             "inputs": ["/".join(d) for d in parsed["inputs"]],
             "outputs": ["/".join(d) for d in parsed["outputs"]],

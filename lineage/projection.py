@@ -298,12 +298,14 @@ def openlineage_rule(event: Event, refs: list[R], p: Projector) -> None:
         for src in inputs:
             for dst in outputs:
                 p.edge(event, src, dst, EdgeType.DERIVED_FROM)
+    from lineage.openlineage import mapped_namespace
+
     slug = event.workspace.slug if event.workspace_id else ""
     for ref in refs:
         if ref.role != "output" or ref.kind != "external_dataset":
             continue
         namespace, _, name = ref.label.partition("/")
-        if namespace != slug:
+        if mapped_namespace(namespace) != slug:  # the workspace's own, or one mapped to it
             continue
         group = (
             Node.objects.for_workspace(event.workspace_id)
@@ -526,9 +528,13 @@ class Projector:
 
     def _link_external_datasets(self, event: Event, group: Node) -> None:
         """An external dataset announced before its feature group existed."""
-        label = f"{event.workspace.slug}/{group.label}"
+        slug = event.workspace.slug
+        mapped = setting("OPENLINEAGE_NAMESPACES") or {}
+        labels = [
+            f"{ns}/{group.label}" for ns in [slug, *(n for n, s in mapped.items() if s == slug)]
+        ]
         for dataset in Node.objects.for_workspace(event.workspace_id).filter(
-            kind="external_dataset", label=label
+            kind="external_dataset", label__in=labels
         ):
             self.edge(event, dataset, group, EdgeType.DERIVED_FROM)
 

@@ -144,6 +144,37 @@ class LineageViewSet(WorkspaceScopedViewSet):
         return Response(summary)
 
 
+def _event_body(request: Request):
+    """The event, inflated first when sent gzip-compressed (``Content-Encoding: gzip``, what
+    openlineage-python's HTTP transport sends with ``compression: gzip``); an inflated body
+    over ``OPENLINEAGE_MAX_INFLATED_BYTES`` is a 413, bytes that are not gzip or JSON a 400."""
+    import gzip
+    import io
+    import json
+    import zlib
+
+    from rest_framework.exceptions import ParseError
+
+    from lineage.conf import setting
+
+    if request.headers.get("Content-Encoding", "").lower() != "gzip":
+        return request.data
+    limit = int(setting("OPENLINEAGE_MAX_INFLATED_BYTES"))
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(request.body)) as stream:
+            raw = stream.read(limit + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ParseError("The body is not gzip data.") from exc
+    if len(raw) > limit:
+        from django.core.exceptions import RequestDataTooBig
+
+        raise RequestDataTooBig(f"The event inflates to over {limit} bytes.")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ParseError("The inflated body is not JSON.") from exc
+
+
 class OpenLineageIntakeView(APIView):
     """``POST /api/v1/lineage``: the OpenLineage HTTP transport's endpoint (Marquez-compatible).
 
@@ -159,14 +190,18 @@ class OpenLineageIntakeView(APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:
-        parsed = parse_event(request.data)
+        parsed = parse_event(_event_body(request))
         slug = namespace_workspace_slug(parsed)
         token = request_token(request)
         try:
             workspace, perms = workspace_access(user=request.user, slug=slug, token=token)
         except Http404:
             return Response(
-                {"status": "ignored", "detail": f"namespace '{slug}' is no workspace of yours"},
+                {
+                    "status": "ignored",
+                    "detail": f"namespace '{slug}' is no workspace of yours; map an external "
+                    "namespace to a workspace with OPENLINEAGE_NAMESPACES (ns=workspace-slug)",
+                },
                 status=status.HTTP_200_OK,
             )
         if ROLE_PERMISSION[Role.DEVELOPER] not in perms:

@@ -42,7 +42,8 @@ def _openlineage(ctx: MatrixContext) -> dict:
         "job": {"namespace": "not-a-workspace-anywhere", "name": "etl"},
         "inputs": [],
         "outputs": [{"namespace": "not-a-workspace-anywhere", "name": "table"}],
-        "producer": "matrix",
+        "producer": "https://example.com/matrix",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
     }
 
 

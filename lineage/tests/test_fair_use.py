@@ -26,6 +26,7 @@ def body(namespace: str, *, inputs=(), outputs=("out",), **overrides) -> dict:
         "run": {"runId": str(uuid.uuid4())},
         "job": {"namespace": namespace, "name": "spark.job"},
         "producer": "https://example.com/spark",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
         "inputs": [
             i if isinstance(i, dict) else {"namespace": namespace, "name": i} for i in inputs
         ],

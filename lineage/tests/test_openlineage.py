@@ -194,3 +194,61 @@ def test_a_failing_lineage_server_gets_the_event_again_later(workspace, settings
     assert not run.failed
     assert [body["eventType"] for _, _, body in received] == ["START"]
     assert ConsumerCursor.objects.get(name=CONSUMER).last_event_id >= running.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gzip_events_of_a_mapped_namespace_land_with_their_facets(live_server, settings):
+    from openlineage.client.facet_v2 import schema_dataset
+    from openlineage.client.transport.http import HttpCompression
+
+    workspace = make_workspace(slug="feed-gz")
+    developer = make_member(workspace, Role.DEVELOPER)
+    users = group(workspace, "user_stats", ["ctr"], actor=developer)
+    settings.OPENLINEAGE_NAMESPACES = {"default": workspace.slug}  # Airflow's namespace
+    config = HttpConfig(
+        url=live_server.url,
+        auth=ApiKeyTokenProvider({"apiKey": token_for(developer)}),
+        retry={"total": 0},
+        compression=HttpCompression.GZIP,
+    )
+    client = OpenLineageClient(transport=HttpTransport(config))
+    event = run_event("default", "user_stats")
+    fields = [schema_dataset.SchemaDatasetFacetFields(name="ctr", type="double")]
+    event.outputs[0].facets = {"schema": schema_dataset.SchemaDatasetFacet(fields=fields)}
+    client.emit(event)
+    late = group(workspace, "late_stats", ["x"], actor=developer)
+    client.emit(run_event("default", "late_stats"))
+    project()
+
+    recorded = Event.objects.for_workspace(workspace).filter(verb="lineage.openlineage.complete")
+    assert recorded.count() == 2
+    kept = recorded.order_by("id").first().payload["facets"]["datasets"]["default/user_stats"]
+    assert [(f["name"], f["type"]) for f in kept["schema"]["fields"]] == [("ctr", "double")]
+    assert kept["schema"]["_producer"] and kept["schema"]["_schemaURL"]
+    for grp in (users, late):
+        node = Node.objects.for_workspace(workspace).get(kind="feature_group", object_id=grp.pk)
+        up = traverse(workspace=workspace, node=node, direction="upstream", depth=2)
+        assert ("external_dataset", f"default/{grp.name}") in {
+            (n["kind"], n["label"]) for n in up["nodes"]
+        }
+
+
+@pytest.mark.django_db
+def test_spec_invalid_and_broken_gzip_events_are_refused(workspace, members, client_for):
+    import gzip
+
+    developer = client_for(members[Role.DEVELOPER])
+    body = json.loads(Serde.to_json(run_event(workspace.slug, "t")))
+    for key in ("producer", "schemaURL"):
+        refused = developer.post(URL, {**body, key: "not a uri"}, format="json")
+        assert refused.status_code == 400 and refused.json()["attr"] == key
+    assert not Event.objects.for_workspace(workspace).filter(verb__startswith="lineage.").exists()
+    broken = developer.generic(
+        "POST", URL, b"not gzip", content_type="application/json", HTTP_CONTENT_ENCODING="gzip"
+    )
+    assert broken.status_code == 400
+    packed = gzip.compress(json.dumps(body).encode())
+    accepted = developer.generic(
+        "POST", URL, packed, content_type="application/json", HTTP_CONTENT_ENCODING="gzip"
+    )
+    assert accepted.status_code == 201, accepted.content

@@ -137,4 +137,6 @@ NO_REFERENCES = {
     "POST " + WS + "/tuning-jobs/{pk}/cancel/": "no body; the tuning job is in the URL",
     "POST " + WS + "/entry-points/": "a name and code only",
     "POST " + WS + "/pipeline-runs/{pk}/retry/": "no body; the run is in the URL",
+    "POST " + WS + "/notebooks/": "no body; the server is the caller's in the URL's workspace",
+    "POST " + WS + "/notebooks/{pk}/stop/": "no body; the server is in the URL",
 }

@@ -123,9 +123,14 @@ def _notebook(ctx: MatrixContext, *, pid: int | None) -> dict:
 
     from training.models import NotebookServer
 
+    user = ctx.actor or ctx.new_user()
+    # One live server per member and workspace: an earlier call's row is ended first.
+    NotebookServer.objects.for_workspace(ctx.workspace).filter(
+        user=user, state__in=["starting", "running"]
+    ).update(state="stopped")
     server = NotebookServer.objects.create(
         workspace=ctx.workspace,
-        user=ctx.actor or ctx.new_user(),
+        user=user,
         secret="matrix",
         port=1,
         pid=pid,

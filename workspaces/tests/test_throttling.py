@@ -30,6 +30,7 @@ def _event(namespace: str) -> dict:
         "run": {"runId": str(uuid.uuid4())},
         "job": {"namespace": namespace, "name": "job"},
         "producer": "https://example.com",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
         "inputs": [],
         "outputs": [{"namespace": namespace, "name": "out"}],
     }
