@@ -85,13 +85,13 @@ class IdempotencyMiddleware:
         view_class = getattr(view_func, "cls", None) or getattr(view_func, "view_class", None)
         if getattr(view_class, "handles_idempotency_key", False):
             return None
-        if len(key) > 200:
+        if len(key) > 200 or not key.isprintable() or not key.isascii():
             from workspaces.api.errors import error_body
 
             body = error_body(
                 status_code=400,
                 code="invalid",
-                detail="give a key of 1-200 characters",
+                detail="give a key of 1-200 printable ASCII characters",
                 attr=HEADER,
             )
             return JsonResponse(body, status=400)

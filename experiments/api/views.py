@@ -204,6 +204,8 @@ class FeedbackViewSet(WorkspaceScopedViewSet):
 
     action_roles = {"create": Role.DEVELOPER}
     serializer_class = FeedbackBatchSerializer
+    # The key names the batch's events (``<key>:<i>``): a retry reports them as duplicates.
+    handles_idempotency_key = True
 
     def get_workspace_queryset(self) -> QuerySet:  # write-only
         raise Http404
