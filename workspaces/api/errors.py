@@ -16,6 +16,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError
 from django.db import InterfaceError as DatabaseInterfaceError
 from django.db import OperationalError as DatabaseOperationalError
 from django.http import Http404, HttpRequest, JsonResponse
@@ -173,6 +174,16 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         )
     if isinstance(exc, DjangoValidationError):
         exc = _django_validation_to_drf(exc)
+    if isinstance(exc, DataError):
+        # A value the database cannot store (PostgreSQL: a NUL character in text or JSON).
+        return Response(
+            error_body(
+                status_code=400,
+                code="invalid",
+                detail="The body holds a value the database cannot store (a NUL character?).",
+            ),
+            status=status.HTTP_400_BAD_REQUEST,
+        )
     if isinstance(exc, RequestDataTooBig):
         return Response(
             error_body(status_code=413, code="too_large", detail=str(exc)),
