@@ -44,6 +44,26 @@ def _ttl() -> timedelta:
     return timedelta(seconds=int(getattr(settings, "IDEMPOTENCY_TTL_S", 24 * 3600)))
 
 
+def _take(principal: str, key: str, method: str, path: str, digest: str):
+    """The new row for this key, or None when a live one holds it.
+
+    An expired row (the hourly sweep has not reached it yet) is replaced here, on the
+    conflict path, so a write with a fresh key costs one INSERT and no DELETE."""
+    for _ in range(2):
+        try:
+            with transaction.atomic():
+                return IdempotentRequest.objects.create(
+                    principal=principal, key=key, method=method, path=path, body_sha256=digest
+                )
+        except IntegrityError:
+            gone, _n = IdempotentRequest.objects.filter(
+                principal=principal, key=key, created_at__lt=timezone.now() - _ttl()
+            ).delete()
+            if not gone:
+                return None
+    return None
+
+
 def forget_expired() -> int:
     """Delete the rows past the TTL (the hourly ``workspaces.tasks.idempotency_sweep``)."""
     deleted, _ = IdempotentRequest.objects.filter(created_at__lt=timezone.now() - _ttl()).delete()
@@ -99,19 +119,8 @@ class IdempotencyMiddleware:
         if not principal:
             return None  # the view answers 401; nothing to replay
         digest = hashlib.sha256(request.body).hexdigest()
-        IdempotentRequest.objects.filter(
-            principal=principal, key=key, created_at__lt=timezone.now() - _ttl()
-        ).delete()
-        try:
-            with transaction.atomic():
-                row = IdempotentRequest.objects.create(
-                    principal=principal,
-                    key=key,
-                    method=request.method,
-                    path=request.path[:500],
-                    body_sha256=digest,
-                )
-        except IntegrityError:
+        row = _take(principal, key, request.method, request.path[:500], digest)
+        if row is None:
             found = IdempotentRequest.objects.filter(principal=principal, key=key).first()
             if found is None:
                 return _conflict("a request with this Idempotency-Key just ended; send it again")

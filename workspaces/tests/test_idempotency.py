@@ -104,3 +104,25 @@ def test_kept_answers_past_the_ttl_are_forgotten(settings):
     assert idempotency_sweep() == 1
     assert not IdempotentRequest.objects.filter(pk=old.pk).exists()
     assert IdempotentRequest.objects.filter(pk=fresh.pk).exists()
+
+
+def test_a_key_past_the_ttl_runs_again_before_the_sweep(workspace, client_for, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    member = make_member(workspace, Role.DEVELOPER)
+    client = client_for(member)
+    url = f"/api/v1/workspaces/{workspace.slug}/feature-groups/"
+    first = client.post(url, group_body("g1"), format="json", HTTP_IDEMPOTENCY_KEY="k-old")
+    assert first.status_code == 201
+    row = IdempotentRequest.objects.get(key="k-old")
+    IdempotentRequest.objects.filter(pk=row.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.IDEMPOTENCY_TTL_S + 5)
+    )
+    # The expired answer is not replayed: another request under the key runs and is kept.
+    second = client.post(url, group_body("g2"), format="json", HTTP_IDEMPOTENCY_KEY="k-old")
+    assert second.status_code == 201 and "Idempotent-Replayed" not in second
+    assert FeatureGroup.objects.for_workspace(workspace).filter(name="g2").count() == 1
+    kept = IdempotentRequest.objects.get(key="k-old")
+    assert kept.pk != row.pk and kept.done and kept.status == 201
