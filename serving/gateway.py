@@ -348,7 +348,7 @@ def oip_infer(request, name: str, version: str | None = None) -> HttpResponse:
         _oip_version(loaded, version)
         columns, n, request_id = oip.decode_inputs(payload, binary)
         oip.check_outputs(payload)
-        columns = oip.check_against(columns, n, oip.model_inputs(loaded.bundle.spec.features))
+        columns = oip.check_against(columns, n, loaded.oip_inputs)
         scores = loaded.predict(columns, n)
     except _Refused as refused:
         return _with_error(refused.response)
@@ -398,7 +398,7 @@ def oip_model(request, name: str, version: str | None = None) -> HttpResponse:
             "name": name,
             "versions": [str(loaded.number)],
             "platform": "pytorch",
-            "inputs": oip.model_inputs(loaded.bundle.spec.features),
+            "inputs": loaded.oip_inputs,
             "outputs": oip.OUTPUTS,
         }
     )

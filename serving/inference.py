@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
+from serving import oip
 from workspaces.models import Workspace
 
 MAX_LOADED = 32
@@ -190,6 +191,7 @@ class LoadedVersion:
         self.workspace_id = version.workspace_id
         self.bundle = load_version(version)
         self.plan = build_plan(version.workspace_id, self.bundle.spec)
+        self.oip_inputs = oip.model_inputs(self.bundle.spec.features)  # OIP metadata, per version
         self.lock = threading.Lock()
         self.warm()
 

@@ -14,7 +14,8 @@ from serving.deployments import deployment_release
 from serving.models import Deployment
 from serving.tests.helpers import deployed, predict_body
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace, token_for
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member, make_workspace, token_for
 
 pytestmark = pytest.mark.browser
 SCREENSHOT = Path("/tmp/deployment-page.png")
@@ -36,10 +37,7 @@ def test_deployment_page_charts_and_rollback_in_a_browser(page):
         assert response.status_code == 200, response.content
         assert response.json()["version"] == second.version
 
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "mara")
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, "mara")
     page.goto(f"/w/{workspace.slug}/deployments/")
     page.get_by_role("link", name=dep.name, exact=True).first.click()
     production = page.get_by_test_id("production")

@@ -14,7 +14,8 @@ from playwright.sync_api import expect
 from serving.models import ModelVersion
 from serving.tests.factories import make_scene
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member, make_workspace
 
 pytestmark = pytest.mark.browser
 
@@ -44,10 +45,7 @@ def test_an_engineer_imports_an_mlflow_model_from_the_registry_page(page):
     from serving import registry
 
     registry.mlflow_client()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "ines")
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, "ines")
     page.goto(f"/w/{workspace.slug}/models/")
     form = page.get_by_test_id("import-form")
     form.locator("input[name=model]").fill("imported")
