@@ -15,7 +15,8 @@ from experiments.models import Experiment
 from experiments.tests.factories import log_predictions, make_deployment
 from serving.routing import route, routing_table
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member, make_workspace
 
 pytestmark = pytest.mark.browser
 SCREENSHOT = Path("/tmp/experiment-page.png")
@@ -63,10 +64,7 @@ def test_experiment_page_in_a_browser(page):
             ],
         )
         services.snapshot_take(experiment=exp)
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "dora")
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, "dora")
     page.goto(f"/w/{workspace.slug}/experiments/")
     page.get_by_role("link", name="thumbs").click()
     expect(page.get_by_test_id("state")).to_have_text("Running")
@@ -107,10 +105,7 @@ def test_creating_an_experiment_through_the_form(page):
         layer=layer,
     )
     services.experiment_submit(actor=dev, experiment=holder)
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "erin")
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, "erin")
     page.goto(f"/w/{workspace.slug}/experiments/")
     page.get_by_role("button", name="New experiment").click()
     expect(page.get_by_role("heading", name="New experiment")).to_be_visible()

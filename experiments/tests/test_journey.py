@@ -18,7 +18,8 @@ from serving.tests.factories import T0, make_scene
 from serving.tests.helpers import passing_version
 from training.tests.workers import node_worker
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -42,10 +43,7 @@ def test_engineer_goes_from_a_new_feature_to_a_running_experiment_in_the_browser
         actions += 1
         locator.click()
 
-    page.goto("/accounts/login/")
-    page.fill("#id_username", engineer.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, engineer.username)
 
     # Register the group.
     page.goto(f"/w/{workspace.slug}/features/")

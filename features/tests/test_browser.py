@@ -10,7 +10,8 @@ from playwright.sync_api import expect
 
 from features.models import Batch, FeatureGroup
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -27,10 +28,7 @@ def test_register_a_group_and_upload_a_csv_through_the_pages(page, workspace):
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
 
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, user.username)
 
     page.goto(f"/w/{workspace.slug}/features/")
     page.get_by_role("link", name="New feature group").first.click()
@@ -124,10 +122,7 @@ def test_preview_then_build_a_dataset_and_watch_its_progress(page, workspace, mo
         tasks.dataset_build_task, "apply_async", lambda args, **kw: queued.append(args[0])
     )
 
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, user.username)
     page.goto(f"/w/{workspace.slug}/features/datasets/new/")
     page.fill("#id_name", "ctr_sample")
     page.select_option("#id_label_source", "clicks")

@@ -11,7 +11,8 @@ from playwright.sync_api import expect
 from lineage.projection import project
 from lineage.tests.helpers import build_scene
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member, make_workspace
 
 pytestmark = pytest.mark.browser
 
@@ -35,13 +36,6 @@ def scene(allow_orm_beside_playwright, transactional_db, settings, tmp_path):
     user = make_member(workspace, Role.VIEWER, username="vic")
     developer = make_member(workspace, Role.DEVELOPER)
     return {"workspace": workspace, "user": user, **build_scene(workspace, developer)}
-
-
-def log_in(page, username):
-    page.goto("/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
 
 
 COLUMNS = [

@@ -13,7 +13,8 @@ from training.models import TrainingJob
 from training.services import job_create
 from training.tests.factories import FAST, make_demo_dataset, make_node, place
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -33,10 +34,7 @@ def test_live_progress_and_curves(chromium, live_server, workspace):
     context = chromium.new_context(base_url=live_server.url)
     context.set_default_timeout(30_000)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, user.username)
 
     def run() -> None:
         from django.db import connection

@@ -15,7 +15,8 @@ from training.models import JobState, TrainingJob
 from training.scheduler.recommend import recommend
 from training.tests.factories import make_demo_dataset
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -36,10 +37,7 @@ def test_developer_submits_a_job_through_the_form(page, workspace):
     api_calls: list[str] = []
     page.on("request", lambda r: api_calls.append(r.url) if "/api/" in r.url else None)
 
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, user.username)
     page.goto(f"/w/{workspace.slug}/training/")
     page.get_by_test_id("new-job").click()
 

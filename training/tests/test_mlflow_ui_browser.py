@@ -11,7 +11,8 @@ from playwright.sync_api import expect
 
 from training import mlflow_server
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member, make_workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -39,11 +40,7 @@ def test_a_member_opens_a_run_in_the_platforms_mlflow_ui(chromium, live_server):
             else None
         ),
     )
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(lambda url: "/accounts/login/" not in url)
+    log_in(page, user.username)
     page.goto(mlflow_server.run_ui_url(workspace.slug, run.info.run_id))
     try:
         expect(page.get_by_text("browsed-run-7").first).to_be_visible(timeout=30_000)

@@ -19,7 +19,8 @@ from training import notebooks, sandbox
 from training.models import NotebookServer
 from workspaces import services
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member, make_workspace
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member, make_workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -46,11 +47,7 @@ def test_open_notebook_runs_a_cell_that_lists_the_workspace_s_groups(chromium, l
     context = chromium.new_context(base_url=live_server.url)
     context.set_default_timeout(60_000)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(lambda url: "/accounts/login/" not in url)
+    log_in(page, user.username)
     page.goto(f"/w/{workspace.slug}/")
     page.get_by_test_id("open-notebook").first.click()
     page.wait_for_url(re.compile(rf"/w/{workspace.slug}/notebook/$"))

@@ -14,7 +14,8 @@ from training import agent, tuning
 from training.models import JobState, TuningJob, TuningState, TuningTrial
 from training.tests.factories import make_demo_dataset, make_node, place
 from workspaces.models import Role
-from workspaces.testing.factories import TEST_PASSWORD, make_member
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import make_member
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -36,10 +37,7 @@ def _run_trials(tj: TuningJob) -> None:
 def test_tune_from_the_job_list_and_read_the_trials(page, workspace):
     user = make_member(workspace, Role.DEVELOPER, username="tuner-ui")
     dataset = make_demo_dataset(workspace, scale=0.02)
-    page.goto("/accounts/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, user.username)
 
     page.goto(f"/w/{workspace.slug}/training/")
     page.get_by_test_id("new-job").wait_for()

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from workspaces import services
 from workspaces.models import Membership, Role
-from workspaces.testing.factories import TEST_PASSWORD, UserFactory, make_member, make_workspace
+from workspaces.testing.browser import log_in
+from workspaces.testing.factories import UserFactory, make_member, make_workspace
 
 pytestmark = pytest.mark.browser
 
@@ -31,13 +32,6 @@ def scene(allow_orm_beside_playwright, transactional_db):
     services.membership_grant(actor=None, workspace=beta, user=user, role=Role.VIEWER)
     make_member(gamma, Role.ADMIN, username="gamma-admin")
     return {"alpha": alpha, "beta": beta, "gamma": gamma, "user": user}
-
-
-def log_in(page: Page, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
 
 
 def test_login_lands_on_the_dashboard_with_its_sections(page, scene, live_server):

@@ -25,6 +25,7 @@ from lineage.models import AuditItem, AuditStatus
 from lineage.tests.helpers import record
 from workspaces.events import Ref
 from workspaces.models import Membership, Role, Workspace
+from workspaces.testing.browser import log_in
 from workspaces.testing.factories import TEST_PASSWORD, UserFactory, make_member, make_workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -34,13 +35,6 @@ def record_api_calls(page: Page) -> list[str]:
     calls: list[str] = []
     page.on("request", lambda r: calls.append(r.url) if "/api/" in r.url else None)
     return calls
-
-
-def log_in(page: Page, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(TEST_PASSWORD)
-    page.get_by_role("button", name="Log in").click()
 
 
 def test_producer_pushes_rows_with_a_token_made_on_the_tokens_page(page, live_server):
