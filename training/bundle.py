@@ -386,6 +386,12 @@ def build_model(spec: BundleSpec):
         builder = TEMPLATES[spec.template]
     except KeyError:
         raise ValueError(f"unknown template {spec.template!r}") from None
+    members = int(spec.hparams.get("members", 1) or 1)
+    if members > 1 and "members" in TEMPLATE_PARAMS.get(spec.template, {}):
+        from training.templates.inputs import Averaged
+
+        # Built one after another from the generator the caller seeded: distinct, reproducible.
+        return Averaged([builder(spec) for _ in range(members)])
     return builder(spec)
 
 

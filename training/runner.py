@@ -246,6 +246,12 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     )
 
     stop = stop or StopFlag()
+    if int(job.param("members", 1) or 1) > 1 and not job.entry_point:
+        import training.templates  # noqa: F401  (registers the built-in templates)
+        from training.bundle import TEMPLATE_PARAMS
+
+        if "members" in TEMPLATE_PARAMS.get(job.template, {}):
+            return train_members(job, emit=emit, stop=stop)
     if not job.entry_point and template_kind(job.template) == "gbdt":
         from training import gbdt
 
@@ -434,6 +440,84 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         "stopped_early": stopping.stopped,
     }
     return finish_run(job, model, loaded, metrics, stopping, step=step, seed=seed, emit=emit)
+
+
+MEMBER_EVENTS = ("log", "progress", "metric", "checkpoint", "error")
+
+
+def train_members(job, *, emit: Emitter, stop: StopFlag) -> int:
+    """A ``members`` > 1 run: each member is a run of its own (``train`` with ``members`` 1,
+    the seed + its number, in ``member-<i>/`` of the work folder, no calibration and no test
+    rows), then their average (``Averaged``) is calibrated, evaluated and saved as the job's
+    bundle by ``finish_run``, like any model.
+
+    A stopped run resumes where it was: finished members are loaded from their bundles, the
+    interrupted one goes on from its own checkpoint. Progress counts the steps of all members
+    (one member's total times the members); the validation curve shown is the first member's."""
+    from dataclasses import replace
+
+    from training.bundle import load_bundle
+    from training.templates.inputs import Averaged
+
+    count = int(job.param("members", 1))
+    seed = int(job.param("seed", 0))
+    if job.base_model_path:
+        emit("error", message="members > 1 cannot start from a base model: train with members 1")
+        return 2
+    work = Path(job.work_dir)
+    models = []
+    for i in range(count):
+        member = replace(
+            job,
+            work_dir=str(work / f"member-{i}"),
+            params={
+                **job.params,
+                "members": 1,
+                "seed": seed + i,
+                "calibration": "none",
+                "importance": False,
+            },
+        )
+        done_marker = Path(member.work_dir) / "member-done"
+        if not done_marker.exists():
+            code = train(member, emit=_member_emitter(emit, i, count), stop=stop)
+            if code != 0:
+                return code
+            done_marker.write_text("")
+        models.append(load_bundle(member.model_dir).model)
+        emit("log", message=f"member {i + 1} of {count} trained (seed {seed + i})")
+    loaded = job_data(job, checkpoint=None, base=None, emit=emit)
+    if loaded is None:
+        return 2
+    model = Averaged(models)
+    model.eval()
+    stopping = EarlyStopping(metric=str(job.param("early_stopping_metric", "logloss")), patience=0)
+    metrics: dict[str, Any] = {"members": count}
+    return finish_run(job, model, loaded, metrics, stopping, step=0, seed=seed, emit=emit)
+
+
+def _member_emitter(emit: Emitter, index: int, count: int) -> Callable[..., None]:
+    """A member's events as the job's: its steps offset by the members before it, totals
+    times the members, its start and done kept to itself (the job has one of each)."""
+
+    def forward(kind: str, **data: Any) -> None:
+        if kind == "start" and index == 0:
+            emit("start", **{**data, "total_steps": int(data.get("total_steps", 0)) * count})
+            return
+        if kind not in MEMBER_EVENTS:
+            return
+        if kind == "metric" and index:
+            return
+        if kind == "progress":
+            total = int(data.get("total_steps", 0))
+            data = {
+                **data,
+                "step": int(data.get("step", 0)) + index * total,
+                "total_steps": total * count,
+            }
+        emit(kind, **data)
+
+    return forward
 
 
 def fit_convex(model, dense, cat, label, *, l2: float, max_iter: int) -> dict[str, float]:

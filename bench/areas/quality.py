@@ -27,9 +27,13 @@ scored on the test rows:
   label, ``split_column`` naming the shared split). With ``training.tuner`` present each template
   is tuned by ``tuner.optimise`` (validation log loss) within ``TUNING_BUDGET_S`` per dataset for
   all templates together (``tuning_s_<dataset>`` is the measured time); the best params are then
-  trained over the seeds. Without the tuner the templates run their defaults (``parameters``
-  says which). Test predictions come from the saved bundle (``load_bundle().predict``), the
-  path serving uses, calibration included: the platform ships calibrated models.
+  trained over the seeds.
+  The final model of a template with the ``members`` param (``fine_ranking``, ``deepfm``)
+  averages ``FINAL_MEMBERS`` (3) networks trained from the seeds s, s + 1, s + 2, a setting any
+  job can give; each tuning trial trains one, so the budget buys three times the trials.
+  Without the tuner the templates run their defaults (``parameters`` says which). Test
+  predictions come from the saved bundle (``load_bundle().predict``), the path serving uses,
+  calibration included: the platform ships calibrated models.
   ``platform_best`` is the template with the best mean *cross-fitted validation* log loss over
   the seeds (``crossfit_validation_logloss``: the calibration refitted on one half of the
   validation rows scores the other half) - chosen without looking at the test rows.
@@ -107,6 +111,7 @@ SEEDS = (0, 1, 2)
 THREADS = 1
 TUNING_BUDGET_S = 600.0
 TUNING_SHARE = 0.8
+FINAL_MEMBERS = 3
 TEMPLATES = ("logreg", "fine_ranking", "deepfm", "lightgbm")
 PEERS = ("fuxictr_dcnv2", "fuxictr_deepfm", "lightgbm", "lr")
 ENSEMBLE = "platform_ensemble"
@@ -197,6 +202,9 @@ class Settings:
     # Enough for the 200-row sample (trials of a second each would otherwise fit the 20
     # validation rows); MovieLens' trials take about a minute, so its budget binds first.
     max_trials: int = 40
+    # The final models of the templates with a ``members`` param average this many networks
+    # (seed, seed + 1, ...); the tuning trials train one each, so the budget buys more trials.
+    members: int = FINAL_MEMBERS
     threads: int = THREADS
     datasets: tuple[str, ...] = DATASETS
     genres: str = "flags"  # "flags": 19 int features; "list": one categorical_list feature
@@ -206,7 +214,9 @@ class Settings:
         env = os.environ if env is None else env
         settings = cls()
         if env.get("RANKOPS_BENCH_QUALITY_QUICK", "") not in ("", "0"):
-            settings = cls(seeds=(0,), tuning_budget_s=60.0, platform_epochs=3, peer_epochs=3)
+            settings = cls(
+                seeds=(0,), tuning_budget_s=60.0, platform_epochs=3, peer_epochs=3, members=2
+            )
         names = [n.strip() for n in env.get("RANKOPS_BENCH_QUALITY_DATASETS", "").split(",")]
         names = [n for n in names if n]
         unknown = sorted(set(names) - set(DATASETS))
@@ -641,6 +651,15 @@ def tune_templates(ctx, dataset, path, templates, settings) -> tuple[dict[str, d
     return chosen, time.perf_counter() - started, notes
 
 
+def final_members(template: str, settings: Settings) -> int:
+    """How many networks the final model of ``template`` averages: ``settings.members`` for a
+    template with the ``members`` param, else 1."""
+    from training.bundle import TEMPLATE_PARAMS
+
+    available_templates()
+    return settings.members if "members" in TEMPLATE_PARAMS.get(template, {}) else 1
+
+
 def run_platform(ctx, dataset, settings) -> tuple[dict[str, dict], float, dict]:
     """Per template and seed: validation and test predictions of the (tuned) template."""
     import pyarrow.parquet as pq
@@ -654,6 +673,9 @@ def run_platform(ctx, dataset, settings) -> tuple[dict[str, dict], float, dict]:
     out: dict[str, dict] = {}
     for template in templates:
         runs = []
+        members = final_members(template, settings)
+        if members > 1:
+            params[template] = {**params[template], "members": members}
         try:
             for seed in settings.seeds:
                 work = ctx.workdir / f"final-{dataset.name}-{template}-{seed}"
@@ -663,8 +685,9 @@ def run_platform(ctx, dataset, settings) -> tuple[dict[str, dict], float, dict]:
                 )  # fmt: skip
                 t0 = time.perf_counter()
                 tuned = notes.get("templates", {}).get(template, {}).get("model_dir", "")
-                # seed 0: the best trial's own model (these params, seed 0, the same rows)
-                model_dir = tuned if seed == 0 and tuned else train_platform(spec)
+                # seed 0: the best trial's own model (these params, seed 0, the same rows),
+                # unless the final model averages several networks (the trials train one)
+                model_dir = tuned if seed == 0 and tuned and members == 1 else train_platform(spec)
                 runs.append(
                     {
                         "validation": bundle_predict(model_dir, table, positions["validation"]),

@@ -30,9 +30,10 @@ from torch.nn import functional as F
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
-from training.templates.inputs import FieldEmbedding, field_weights
+from training.templates.inputs import MEMBERS, FieldEmbedding, field_weights
 
 PARAMS = {
+    "members": MEMBERS,
     "embedding_dim": Param(
         "int",
         10,

@@ -14,9 +14,10 @@ from torch import nn
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
-from training.templates.inputs import FieldEmbedding
+from training.templates.inputs import MEMBERS, FieldEmbedding
 
 PARAMS = {
+    "members": MEMBERS,
     "embedding_dim": Param(
         "int", 8, "Width of each categorical feature's embedding.", min=1, max=512
     ),
