@@ -12,7 +12,7 @@ workspace's current production model) so the agent can score that model on the s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -235,6 +235,15 @@ def crossfit_logloss(
     optimistic, and the more a choice among trials or templates follows that noise). None when
     a fold has no rows or the fitting rows lack a class (then only the in-sample value exists).
     """
+    prob = crossfit_probabilities(method, label, logits, folds)
+    return None if prob is None else logloss(np.asarray(label, dtype=np.float64), prob)
+
+
+def crossfit_probabilities(
+    method: str, label: np.ndarray, logits: np.ndarray, folds: int = CROSSFIT_FOLDS
+) -> np.ndarray | None:
+    """Each validation row's calibrated probability from the calibration fitted on the other
+    folds (``crossfit_logloss`` scores them); None when that cannot be fitted."""
     from training.bundle import apply_calibration
 
     y = np.asarray(label, dtype=np.float64)
@@ -249,7 +258,40 @@ def crossfit_logloss(
             return None
         fitted = fit_calibration(method, y[fit_rows], z[fit_rows])
         prob[score_rows] = apply_calibration(z[score_rows], fitted)
-    return logloss(y, prob)
+    return prob
+
+
+def row_logloss(label: np.ndarray, prob: np.ndarray) -> np.ndarray:
+    """Each row's log loss (probabilities clipped to [1e-7, 1 - 1e-7], as ``logloss``)."""
+    y = np.asarray(label, dtype=np.float64)
+    p = np.clip(np.asarray(prob, dtype=np.float64), 1e-7, 1 - 1e-7)
+    return -(y * np.log(p) + (1 - y) * np.log(1 - p))
+
+
+def simplest_within_one_se(losses: Mapping[str, np.ndarray], simplest_first: Sequence[str]) -> str:
+    """The model to keep among candidates scored on the same validation rows: the simplest
+    (first in ``simplest_first``) whose mean loss is within one standard error of the best's,
+    the error being that of the per-row difference to the best (paired: the rows are shared).
+
+    This is the one-standard-error rule of Breiman et al. (CART, 1984) and of glmnet's
+    ``lambda.1se``. On a large validation split the error is small and the lowest loss wins; on
+    a small one (20 rows, 5 clicks) differences of several hundredths are noise, the lowest
+    value mostly says which candidate fitted those rows by chance (early stopping and tuning
+    chose on them too), and the simpler model is the better bet. Candidates missing from
+    ``simplest_first`` come after it, in their order in ``losses``."""
+    names = [n for n in simplest_first if n in losses] + [
+        n for n in losses if n not in simplest_first
+    ]
+    if not names:
+        raise ValueError("no candidates")
+    means = {n: float(np.mean(losses[n])) for n in names}
+    best = min(names, key=lambda n: means[n])
+    for name in names:
+        diff = np.asarray(losses[name], dtype=np.float64) - np.asarray(losses[best])
+        se = float(np.std(diff, ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+        if means[name] - means[best] <= se:
+            return name
+    return best
 
 
 def _feature_columns(spec) -> list[tuple[str, str, list[int]]]:

@@ -442,7 +442,9 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     return finish_run(job, model, loaded, metrics, stopping, step=step, seed=seed, emit=emit)
 
 
-MEMBER_EVENTS = ("log", "progress", "metric", "checkpoint", "error")
+# A member's checkpoint stays in its folder: the agent copies the job's own checkpoint file,
+# which a members run does not write (a run moved to another node starts its members again).
+MEMBER_EVENTS = ("log", "progress", "metric", "error")
 
 
 def train_members(job, *, emit: Emitter, stop: StopFlag) -> int:

@@ -122,12 +122,18 @@ def _choice(name: str, *choices: Any) -> Dimension:
 HIDDEN_CHOICES = ([256, 128], [128, 64], [64, 32])
 
 # Sensible ranges per built-in template, by param name (each checked against the template's
-# param schema when used: a template without one of these params leaves it out).
+# param schema when used: a template without one of these params leaves it out). The networks
+# and logistic regression also choose the numeric encoding (``numeric_transform``): on the Criteo
+# sample's heavy-tailed counts log(1 + x) took logreg from 0.62 to 0.71 test AUC at the same
+# penalty, and validation showed it too; boosted trees split on ranks, so they do not need it.
 DEFAULT_SPACES: dict[str, list[Dimension]] = {
-    # The convex fit (its default solver) depends on the penalty and the vocabulary alone.
+    # The convex fit (its default solver) depends on the penalty and the encoding alone.
     "logreg": [
-        _range("l2", 1e-7, 1e-1, log=True),
+        # Up to 10: on a few hundred rows the best penalty is that strong (scikit-learn's C
+        # of 0.003-0.03 on the Criteo sample's 140 training rows is l2 0.24-2.4).
+        _range("l2", 1e-7, 10.0, log=True),
         _choice("vocab_min_count", 1, 2, 3),
+        _choice("numeric_transform", "standard", "log"),
     ],
     "fine_ranking": [
         _range("lr", 1e-4, 0.1, log=True),
@@ -136,6 +142,7 @@ DEFAULT_SPACES: dict[str, list[Dimension]] = {
         _choice("hidden", *HIDDEN_CHOICES),
         _range("dropout", 0.0, 0.5),
         _range("weight_decay", 1e-8, 1e-3, log=True),
+        _choice("numeric_transform", "standard", "log"),
     ],
     "deepfm": [
         _range("lr", 1e-4, 0.1, log=True),
@@ -144,6 +151,7 @@ DEFAULT_SPACES: dict[str, list[Dimension]] = {
         _range("dropout", 0.0, 0.5),
         _range("embedding_l2", 1e-8, 1e-3, log=True),
         _range("weight_decay", 1e-8, 1e-3, log=True),
+        _choice("numeric_transform", "standard", "log"),
     ],
     "two_tower": [
         _range("lr", 1e-4, 0.1, log=True),

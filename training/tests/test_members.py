@@ -129,3 +129,23 @@ def test_members_cannot_start_from_a_base_model(demo_parquet, tmp_path):
     code, events = _run(job)
     assert code == 2
     assert "base model" in next(e for e in events if e["type"] == "error")["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_members_job_runs_on_a_node_agent_and_its_model_is_the_average(workspace):
+    from training import agent
+    from training.models import JobState
+    from training.services import job_create
+    from training.tests.factories import FAST, make_demo_dataset, make_node, place
+
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    job = job_create(
+        actor=None, workspace=workspace, name="avg", dataset=dataset, template="deepfm",
+        params={**FAST, "members": 2},
+    )  # fmt: skip
+    place(job, make_node())
+    assert agent.execute_job(job.pk) == JobState.SUCCEEDED
+    job.refresh_from_db()
+    assert job.metrics["members"] == 2 and job.step == job.total_steps > 0
+    model = load_bundle(agent.artifact_path(job.model_path)).model
+    assert isinstance(model, Averaged) and len(model.members) == 2
