@@ -627,6 +627,17 @@ def model_version_import_mlflow(
         / "imports"
         / next(tempfile._get_candidate_names())
     )
+
+    def register_staged() -> ModelVersion:
+        """The bundle staged under ``staging`` registered; the staging folder removed after."""
+        try:
+            return _register_import(
+                actor=actor, workspace=workspace, name=name, staging=staging, run=run,
+                source=source, description=description, dataset=dataset,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
     if spec_file is None:
         try:
             mlflow_models.stage_flavor_bundle(
@@ -638,12 +649,10 @@ def model_version_import_mlflow(
                 architecture=architecture,
                 output=output,
             )
-            return _register_import(
-                actor=actor, workspace=workspace, name=name, staging=staging, run=run,
-                source=source, description=description, dataset=dataset,
-            )  # fmt: skip
-        finally:
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return register_staged()
     try:
         spec = BundleSpec.from_json(json.loads(spec_file.read_text()))
     except Exception as exc:
@@ -677,13 +686,7 @@ def model_version_import_mlflow(
             }
         ) from exc
     save_bundle(staging, model, spec)
-    try:
-        return _register_import(
-            actor=actor, workspace=workspace, name=name, staging=staging, run=run,
-            source=source, description=description, dataset=dataset,
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return register_staged()
 
 
 def _register_import(

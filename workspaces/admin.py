@@ -16,6 +16,7 @@ from django.forms.models import BaseInlineFormSet
 
 from workspaces import notifications, services
 from workspaces.admin_base import (
+    ReadOnlyAdminMixin,
     ServiceManagedAdminMixin,
     UnscopedAdminMixin,
     model_field_names,
@@ -420,7 +421,7 @@ class WebhookEndpointAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+class WebhookDeliveryAdmin(ReadOnlyAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
     """The webhook delivery log: one row per attempt, written by the sender; read-only."""
 
     list_display = [
@@ -453,31 +454,13 @@ class WebhookDeliveryAdmin(UnscopedAdminMixin, admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("workspace", "webhook")
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(ConsumerCursor)
-class ConsumerCursorAdmin(admin.ModelAdmin):
+class ConsumerCursorAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Where each consumer of the event log stands (and its last handler error); read-only."""
 
     list_display = ["name", "last_event_id", "has_gaps", "failures", "updated_at"]
     readonly_fields = ["name", "last_event_id", "has_gaps", "failures", "last_error", "updated_at"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class PlatformAdminOnlyMixin:

@@ -26,7 +26,20 @@ class UnscopedAdminMixin:
         return queryset.unscoped() if hasattr(queryset, "unscoped") else queryset
 
 
-class ServiceManagedAdminMixin:
+class ReadOnlyAdminMixin:
+    """Rows the admin shows and never adds, changes or deletes (delivery logs, cursors)."""
+
+    def has_add_permission(self, request: HttpRequest, *args) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class ServiceManagedAdminMixin(ReadOnlyAdminMixin):
     """Rows whose every field is set by services and gates (a version's gate status, an
     experiment's state and decision, a job's scheduling record): the admin shows them and never
     writes them, since a write here would skip the service's checks and its event.
@@ -39,15 +52,6 @@ class ServiceManagedAdminMixin:
         # a mixin for ModelAdmin subclasses, which have .model and get_readonly_fields.
         names = model_field_names(self.model)  # type: ignore[attr-defined]
         return [*dict.fromkeys([*names, *super().get_readonly_fields(request, obj)])]  # type: ignore[misc]
-
-    def has_add_permission(self, request: HttpRequest, *args) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
