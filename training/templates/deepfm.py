@@ -33,7 +33,6 @@ from training.params import Param
 from training.templates.inputs import MEMBERS, FieldEmbedding, field_weights
 
 PARAMS = {
-    "members": MEMBERS,
     "embedding_dim": Param(
         "int",
         10,
@@ -62,6 +61,7 @@ PARAMS = {
         label="Embedding L2",
         advanced=True,
     ),
+    "members": MEMBERS,
 }
 DEFAULTS = {name: param.default for name, param in PARAMS.items()}
 

@@ -17,7 +17,6 @@ from training.params import Param
 from training.templates.inputs import MEMBERS, FieldEmbedding
 
 PARAMS = {
-    "members": MEMBERS,
     "embedding_dim": Param(
         "int", 8, "Width of each categorical feature's embedding.", min=1, max=512
     ),
@@ -33,6 +32,7 @@ PARAMS = {
         label="Hidden layers",
     ),
     "dropout": Param("float", 0.0, "Dropout after each MLP layer.", min=0.0, max=0.9),
+    "members": MEMBERS,
 }
 DEFAULTS = {name: param.default for name, param in PARAMS.items()}
 

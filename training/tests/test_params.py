@@ -51,8 +51,15 @@ def _errors(response) -> dict[str, str]:
 def test_every_built_in_template_declares_a_schema():
     schemas = template_schemas()
     assert sorted(schemas) == ["deepfm", "fine_ranking", "lightgbm", "logreg", "two_tower"]
-    assert set(schemas["fine_ranking"]) == {"embedding_dim", "cross_layers", "hidden", "dropout"}
+    assert set(schemas["fine_ranking"]) == {
+        "members",
+        "embedding_dim",
+        "cross_layers",
+        "hidden",
+        "dropout",
+    }
     assert set(schemas["deepfm"]) == {
+        "members",
         "embedding_dim",
         "hidden",
         "dropout",

@@ -54,6 +54,7 @@ def test_create_shows_the_default_space_and_starts_two_trials(workspace, dev, da
     assert trial["job_state"] == JobState.PENDING and set(trial["params"]) == {
         "l2",
         "vocab_min_count",
+        "numeric_transform",
     }
     assert trial["intermediate"] == [] and detail["importances"] == {}
 

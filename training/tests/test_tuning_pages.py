@@ -141,7 +141,7 @@ def test_the_tuning_page_before_and_after_trials(client, developer, workspace, d
     ]
     assert "Epoch" in html and "Validation logloss" in html
     names = [name for name, _value, _share in page.context["importances"]]
-    assert set(names) == {"l2", "vocab_min_count"}  # logreg's default space
+    assert set(names) == {"l2", "vocab_min_count", "numeric_transform"}  # logreg's default space
     assert 'data-testid="importances-empty"' not in html
     listing = client.get(reverse("training-tuning", kwargs={"ws": workspace.slug}))
     assert f'data-tuning="{tj.pk}"' in listing.content.decode()
