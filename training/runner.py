@@ -498,11 +498,12 @@ def train_members(job, *, emit: Emitter, stop: StopFlag) -> int:
     return finish_run(job, model, loaded, metrics, stopping, step=0, seed=seed, emit=emit)
 
 
-def _member_emitter(emit: Emitter, index: int, count: int) -> Callable[..., None]:
+def _member_emitter(emit: Emitter, index: int, count: int) -> Emitter:
     """A member's events as the job's: its steps offset by the members before it, totals
     times the members, its start and done kept to itself (the job has one of each)."""
 
-    def forward(kind: str, **data: Any) -> None:
+    def forward(event: dict) -> None:
+        kind, data = event["type"], {k: v for k, v in event.items() if k != "type"}
         if kind == "start" and index == 0:
             emit("start", **{**data, "total_steps": int(data.get("total_steps", 0)) * count})
             return
@@ -519,7 +520,7 @@ def _member_emitter(emit: Emitter, index: int, count: int) -> Callable[..., None
             }
         emit(kind, **data)
 
-    return forward
+    return Emitter(sink=forward)
 
 
 def fit_convex(model, dense, cat, label, *, l2: float, max_iter: int) -> dict[str, float]:

@@ -47,7 +47,7 @@ def test_tune_from_the_job_list_and_read_the_trials(page, workspace):
     space = page.locator("textarea[name=space]")
     assert '"embedding_dim"' in space.input_value()  # fine_ranking's default
     page.select_option("select[name=template]", "logreg")
-    # logreg's default space: its convex fit's penalty and vocabulary
+    # logreg's default space: its convex fit's penalty, vocabulary and numeric encoding
     assert '"embedding_dim"' not in space.input_value() and '"l2"' in space.input_value()
     page.fill("input[name=name]", "tune-in-browser")
     page.select_option("select[name=dataset]", str(dataset.pk))
@@ -70,7 +70,7 @@ def test_tune_from_the_job_list_and_read_the_trials(page, workspace):
     expect(curves).to_have_attribute("data-drawn", "true")
     expect(curves.locator("canvas")).to_have_count(1)
     expect(curves).to_contain_text("Epoch")
-    expect(page.get_by_test_id("importances").locator("tr[data-param]")).to_have_count(2)
+    expect(page.get_by_test_id("importances").locator("tr[data-param]")).to_have_count(3)
     expect(page.get_by_test_id("best")).to_contain_text("registered as tune-in-browser v1")
 
     def values() -> list[float]:
