@@ -14,6 +14,8 @@ from training.evaluation import (
     simplest_within_one_se,
 )
 
+pytestmark = pytest.mark.django_db  # the suite's autouse fixtures may touch the database
+
 ORDER = ("logreg", "lightgbm", "deepfm")
 
 
