@@ -244,6 +244,11 @@ proc_name = "rankops-web"
 # at load time: loading this file must not switch the loading process's metrics) and before
 # prometheus_client is imported here, since it picks its value store at import.
 _created_metrics_dir: list[str] = []
+# The arbiter's prometheus_client.multiprocess, imported once in on_starting. Not in child_exit:
+# gunicorn calls that from its SIGCHLD handler, and a second worker's exit arriving while the
+# first call's import is half done re-enters the import and fails on the partly initialised
+# package (seen in CI: ImportError on prometheus_client.metrics_core, the worker never reaped).
+_multiprocess: list = []
 
 
 def on_starting(server) -> None:
@@ -253,18 +258,20 @@ def on_starting(server) -> None:
         for name in os.listdir(given):  # the files of a previous run would be summed in
             if name.endswith(".db"):
                 os.unlink(os.path.join(given, name))
-        return
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    created = tempfile.mkdtemp(prefix="rankops-prometheus-", dir=base)
-    _created_metrics_dir.append(created)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+    else:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        created = tempfile.mkdtemp(prefix="rankops-prometheus-", dir=base)
+        _created_metrics_dir.append(created)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+    from prometheus_client import multiprocess  # after the folder is named: it picks its store
+
+    _multiprocess.append(multiprocess)
 
 
 def child_exit(server, worker) -> None:
     """A worker that left (recycled or killed): its live gauges go; its counters stay summed."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(worker.pid)
+    for multiprocess in _multiprocess:
+        multiprocess.mark_process_dead(worker.pid)
 
 
 def on_exit(server) -> None:

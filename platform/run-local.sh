@@ -123,7 +123,10 @@ fi
 
 backoff=1
 while true; do
-  wait -n "$web_pid" "$worker_pid" 2>/dev/null || true
+  # A poll, not `wait -n`: a child that died before `wait -n` was reached (its exit already
+  # noted by bash's job control) is not waited for again, and the loop would hang past it (seen
+  # in CI: a worker killed while this script was still probing /healthz was never restarted).
+  while alive "$web_pid" && alive "$worker_pid"; do sleep 0.5; done
   if ! alive "$web_pid"; then
     log "The web server exited; see $VAR/log/web.log."
     exit 1

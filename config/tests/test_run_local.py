@@ -140,6 +140,11 @@ def test_run_local_restarts_a_killed_worker_and_stops_cleanly_on_ctrl_c(tmp_path
             for pid_file in (var / "run").glob("*.pid"):
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            # What the script and the worker said, in the failure's captured output.
+            print("--- run-local.sh ---", script.stdout.read(), sep="\n")
+            worker_log = var / "log" / "worker.log"
+            if worker_log.exists():
+                print("--- worker.log (tail) ---", worker_log.read_text()[-4000:], sep="\n")
     assert rc == 0, output
     assert f"The worker (pid {first}) exited with 137; restarting it" in output
     assert "Stopped." in output
