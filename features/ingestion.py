@@ -30,14 +30,18 @@ import pyarrow.parquet as pq
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from features import offline_store, online_store
 from features.models import Batch, BatchFormat, Dtype, FeatureGroup, FeatureGroupVersion, Lifecycle
 from features.registry import group_locked, touch_ingested
 from workspaces.api.parsers import parse_strict_json
+from workspaces.db_reconnect import connection_lost
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace, WorkspaceQuota
+from workspaces.quota import GIB
 from workspaces.selectors import policy_check
 
 logger = logging.getLogger(__name__)
@@ -641,6 +645,7 @@ def batch_ingest(
                     f"'{group.name}' moved to version {locked.current_version}; resend",
                     attr="version",
                 )
+            storage_quota_check(workspace=group.workspace, adding=len(body))
             batch = Batch.objects.create(
                 workspace=group.workspace,
                 group=group,
@@ -715,9 +720,43 @@ def batch_ingest(
                 exc_info=True,
             )
             return IngestResult(batch=batch, replayed=False, online_rows=0, files=files)
-        Batch.objects.filter(pk=batch.pk, workspace=group.workspace).update(online_written=True)
+        try:
+            Batch.objects.filter(pk=batch.pk, workspace=group.workspace).update(online_written=True)
+        except (OperationalError, InterfaceError):
+            # The rows are online; only the flag is unsaved. Materialisation rewrites a batch
+            # not flagged (the same rows, newest wins), so a lost connection here is no 503.
+            logger.warning("batch %s stored; its online flag waits for materialisation", batch.pk)
+            return IngestResult(batch=batch, replayed=False, online_rows=online_rows, files=files)
         batch.online_written = True
     return IngestResult(batch=batch, replayed=False, online_rows=online_rows, files=files)
+
+
+def storage_quota_check(*, workspace: Workspace, adding: int) -> None:
+    """Refuse (409, ``attr="storage_gb"``) a batch that would take the workspace's stored bytes
+    past its quota's ``storage_gb``; nothing is stored. Called in the push's transaction: the
+    quota row is locked, so two pushes that each fit but not together are counted one after
+    the other. Usage is the sum of ``Batch.bytes``, what the quota summary shows as used.
+    A workspace without a storage limit takes no lock and no count."""
+    quota = (
+        WorkspaceQuota.objects.for_workspace(workspace)
+        .select_for_update()
+        .filter(gpu_type="", storage_gb__isnull=False)
+        .first()
+    )
+    if quota is None or quota.storage_gb is None:
+        return
+    stored = Batch.objects.for_workspace(workspace).aggregate(total=Sum("bytes"))["total"] or 0
+    limit = quota.storage_gb * GIB
+    if stored + adding > limit:
+        raise ConflictError(
+            f"workspace '{workspace.slug}' would exceed its storage quota: "
+            f"{stored / GIB:.3f} GB stored of {quota.storage_gb} GB, this batch adds "
+            f"{adding / GIB:.6f} GB; ask a platform admin to raise storage_gb",
+            attr="storage_gb",
+            storage_gb=quota.storage_gb,
+            used_bytes=stored,
+            batch_bytes=adding,
+        )
 
 
 def batch_ingest_retrying(
@@ -732,15 +771,16 @@ def batch_ingest_retrying(
     lost under it (a restarted or failed-over server, ``pg_terminate_backend``).
 
     Only with an Idempotency-Key, which makes the second try safe whatever the first did: if
-    it committed before the connection died, the second is its replay. Without one a lost
-    connection stays the producer's 503 to retry. (The ``faults`` bench terminated every
-    connection under a push loop: each push caught mid-query answered 503.)"""
+    it committed before the connection died, the second is its replay. Without one a push cut
+    inside its transaction stays the producer's 503 to retry (a cut before it, on a read, is
+    read again on a new connection by ``workspaces.db_reconnect``). (The ``faults`` bench
+    terminated every connection under a push loop: each push caught mid-query answered 503.)"""
     try:
         return batch_ingest(
             actor=actor, group=group, body=body, format=format, idempotency_key=idempotency_key
         )
-    except (OperationalError, InterfaceError):
-        if not idempotency_key or connection.in_atomic_block or connection.is_usable():
+    except (OperationalError, InterfaceError) as exc:
+        if not idempotency_key or connection.in_atomic_block or not connection_lost(exc):
             raise
         logger.warning("database connection lost under a push; sending it once more")
         connection.close()
