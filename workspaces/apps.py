@@ -14,6 +14,12 @@ class WorkspacesConfig(AppConfig):
 
         signals.connect()
 
+        from django.db.backends.signals import connection_created
+
+        from workspaces import db_reconnect
+
+        connection_created.connect(db_reconnect.install, dispatch_uid="db-reconnect")
+
         from django.db.models.signals import post_save
 
         from workspaces import notifications, outbox

@@ -41,7 +41,24 @@ def _body(start: int) -> bytes:
     return json.dumps({"rows": [user_row(i) for i in range(start, start + 3)]}).encode()
 
 
-def test_a_push_with_a_key_survives_its_connection_being_terminated(workspace):
+def _cut_inside_the_transaction(monkeypatch, times: int = 1) -> None:
+    """Terminate the connection once the push's transaction has locked its group (the next
+    statements, the batch's insert among them, fail with it)."""
+    from features import ingestion
+
+    real = ingestion.storage_quota_check
+    left = [times]
+
+    def cut_then_check(**kwargs):
+        if left[0] > 0:
+            left[0] -= 1
+            _terminate_this_connection()
+        return real(**kwargs)
+
+    monkeypatch.setattr(ingestion, "storage_quota_check", cut_then_check)
+
+
+def test_a_push_with_a_key_survives_its_connection_being_terminated(workspace, monkeypatch):
     member = make_member(workspace)
     group = make_group(workspace, actor=member)
     _terminate_this_connection()
@@ -51,7 +68,24 @@ def test_a_push_with_a_key_survives_its_connection_being_terminated(workspace):
     assert not result.replayed and result.batch.rows == 3
     assert Batch.objects.for_workspace(workspace).filter(idempotency_key="k-1").count() == 1
 
+    # Cut inside its transaction: the whole push is sent once more, and stored once.
+    _cut_inside_the_transaction(monkeypatch)
+    result = batch_ingest_retrying(
+        actor=member, group=group, body=_body(20), format="json", idempotency_key="k-2"
+    )
+    assert not result.replayed and result.batch.rows == 3
+    assert Batch.objects.for_workspace(workspace).filter(idempotency_key="k-2").count() == 1
+
+
+def test_a_push_without_a_key_is_not_resent_once_it_began_writing(workspace, monkeypatch):
+    member = make_member(workspace)
+    group = make_group(workspace, actor=member)
+    # Cut before it wrote anything: its first read is read again (workspaces.db_reconnect).
     _terminate_this_connection()
+    batch_ingest_retrying(actor=member, group=group, body=_body(0), format="json")
+    assert Batch.objects.for_workspace(workspace).count() == 1
+
+    _cut_inside_the_transaction(monkeypatch)
     with pytest.raises(OperationalError):
         batch_ingest_retrying(actor=member, group=group, body=_body(10), format="json")
     connection.close()
