@@ -437,18 +437,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, UnscopedAdminMixin, admin.ModelAd
     ]
     list_filter = ["workspace", ("delivered_at", admin.EmptyFieldListFilter)]
     search_fields = ["=event_id", "error"]
-    readonly_fields = [
-        "workspace",
-        "webhook",
-        "event_id",
-        "notification_id",
-        "attempt",
-        "next_attempt_at",
-        "attempted_at",
-        "status_code",
-        "error",
-        "delivered_at",
-    ]
+    readonly_fields = ["workspace", "webhook", *WebhookDelivery.SHOWN_FIELDS]
     exclude = ["payload", "claimed_until"]
 
     def get_queryset(self, request):

@@ -165,7 +165,8 @@ class WorkspaceQuota(WorkspaceOwnedCascade):
     The scheduler's admission reads these rows (``training.scheduler.admission``): jobs beyond
     the quota are still admitted (use first, audit later), as preemptible and flagged. A workspace
     without a row is unlimited, and a blank limit is unlimited. ``storage_gb`` (the blank-type row
-    only) is shown against the workspace's stored bytes; nothing refuses a push over it yet.
+    only) is counted against the workspace's stored feature batches: a push that would pass it
+    is refused (409, ``features.ingestion.storage_quota_check``).
 
     Live usage is not stored here (a stored "used" column drifts): it is computed on read from
     the jobs holding capacity and the stored data (``workspaces.quota.quota_summary``). Writes go
@@ -449,6 +450,18 @@ class WebhookDelivery(models.Model):
     delivery log. The notifications consumer of the event log writes the first attempt; a failed
     attempt writes the next one, due after an exponential backoff, until one succeeds or the
     attempts run out. Receivers dedup on the event id (header ``X-RankOps-Event-Id``)."""
+
+    # What the admin and the API show of an attempt (never the body sent: it names recipients).
+    SHOWN_FIELDS = (
+        "event_id",
+        "notification_id",
+        "attempt",
+        "next_attempt_at",
+        "attempted_at",
+        "status_code",
+        "error",
+        "delivered_at",
+    )
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     webhook = models.ForeignKey(

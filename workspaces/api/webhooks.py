@@ -66,17 +66,7 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = WebhookDelivery
-        fields = [
-            "id",
-            "event_id",
-            "notification_id",
-            "attempt",
-            "next_attempt_at",
-            "attempted_at",
-            "status_code",
-            "error",
-            "delivered_at",
-        ]
+        fields = ["id", *WebhookDelivery.SHOWN_FIELDS]
         read_only_fields = fields
 
 

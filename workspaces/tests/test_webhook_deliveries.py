@@ -272,10 +272,8 @@ def test_a_real_worker_drains_the_log_and_retries_until_delivered(
     import time
     import uuid
 
-    from celery.contrib.testing.worker import start_worker
-
-    from config.celery import app
     from workspaces.tasks import outbox_drain
+    from workspaces.testing.workers import embedded_worker
 
     settings.WEBHOOK_RETRY_BASE_SECONDS = 0.2
     queue = f"test-{uuid.uuid4().hex[:12]}"  # a queue no other worker reads
@@ -283,9 +281,7 @@ def test_a_real_worker_drains_the_log_and_retries_until_delivered(
     with FlakyReceiver([500, 200]) as receiver:
         webhook, _ = webhook_create(actor=alice, workspace=workspace, url=receiver.url)
         _notify(workspace, alice)
-        with start_worker(
-            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-        ):
+        with embedded_worker([queue]):
             deadline = time.monotonic() + 30
             while not receiver.processed and time.monotonic() < deadline:
                 outbox_drain.apply_async(queue=queue)  # what beat sends, more often
