@@ -31,7 +31,7 @@ from training.models import (
     PipelineRun,
     TrainingJob,
 )
-from training.params import job_hyperparameters, param_text
+from training.params import job_hyperparameters, param_text, small_validation_hint
 from workspaces.exceptions import ConflictError
 from workspaces.models import Event, Role
 from workspaces.selectors import role_at_least
@@ -280,6 +280,7 @@ def job_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
             hyperparameters=[
                 {**row, "text": param_text(row["value"])} for row in job_hyperparameters(job)
             ],
+            cv_hint=small_validation_hint(job),
             history=history,
             checkpoints=checkpoints,
             log_tail=_log_tail(job),

@@ -192,3 +192,33 @@ def test_the_job_page_shows_early_stopping_calibration_and_ece(workspace, client
     assert "best logloss at epoch 1, stopped early" in page
     assert "temperature 1.036" in page and "0.1646 → 0.1644" in page
     assert 'data-chart="val"' in page
+
+
+@pytest.mark.parametrize(
+    ("template", "validation_rows", "params", "hinted"),
+    [
+        ("fine_ranking", 20, {}, True),
+        ("lightgbm", 999, {"cv_folds": 0}, True),
+        ("fine_ranking", 1000, {}, False),  # enough rows
+        ("fine_ranking", 20, {"cv_folds": 5}, False),  # already cross-fitted
+        ("two_tower", 20, {}, False),  # a template without cv_folds
+    ],
+)
+def test_a_job_validated_on_few_rows_is_pointed_at_cv_folds(
+    workspace, members, template, validation_rows, params, hinted
+):
+    job = make_job(
+        workspace,
+        template=template,
+        params=params,
+        metrics={
+            "holdout": {"auc": 0.7, "logloss": 0.5, "rows": 40},
+            "validation": {"rows": validation_rows, "logloss": 0.5, "calibration": "temperature"},
+        },
+    )
+    html = _page(workspace, members, job)
+    hint = re.search(r'<p [^>]*data-testid="cv-hint">(.*?)</p>', html, re.S)
+    assert bool(hint) is hinted
+    if hinted:
+        assert f"only {validation_rows} rows" in hint.group(1)
+        assert "cv_folds = 5" in hint.group(1)
