@@ -379,6 +379,21 @@ def bundle_files(directory: str | os.PathLike) -> tuple[str, str]:
     return SPEC_FILE, model_file(spec["template"])
 
 
+def averaged_members(template: str, params: Mapping[str, Any]) -> int:
+    """How many models a ``template`` run with ``params`` averages: its ``cv_folds`` (2 or more)
+    or its ``members`` where the template has the param, else 1 (so for one fold's model,
+    ``cv_fold`` set, which is a run of its own)."""
+    import training.templates  # noqa: F401  (registers the built-in templates)
+
+    if "cv_fold" in params:
+        return 1
+    schema = TEMPLATE_PARAMS.get(template, {})
+    folds = int(params.get("cv_folds", 0) or 0) if "cv_folds" in schema else 0
+    if folds >= 2:
+        return folds
+    return max(1, int(params.get("members", 1) or 1)) if "members" in schema else 1
+
+
 def build_model(spec: BundleSpec):
     import training.templates  # noqa: F401  (registers the built-in templates)
 
@@ -386,8 +401,9 @@ def build_model(spec: BundleSpec):
         builder = TEMPLATES[spec.template]
     except KeyError:
         raise ValueError(f"unknown template {spec.template!r}") from None
-    members = int(spec.hparams.get("members", 1) or 1)
-    if members > 1 and "members" in TEMPLATE_PARAMS.get(spec.template, {}):
+    members = averaged_members(spec.template, spec.hparams)
+    # A template with its own model file (lightgbm) saves an average as one model of its own.
+    if members > 1 and model_file(spec.template) == WEIGHTS_FILE:
         from training.templates.inputs import Averaged
 
         # Built one after another from the generator the caller seeded: distinct, reproducible.

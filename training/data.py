@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,15 +274,52 @@ def split_rows(job: JobSpec, table) -> dict[str, np.ndarray]:
                 f"the split column {column!r} holds {unknown[:5]}; each row's value must be "
                 "one of: " + ", ".join(SPLIT_VALUES)
             )
-        return {name: np.flatnonzero(values == name) for name in SPLIT_VALUES}
+        return cv_split(job, {name: np.flatnonzero(values == name) for name in SPLIT_VALUES})
     held = holdout_rows(n, float(job.param("holdout_fraction", 0.2)))
     rest = n - held
     val = validation_rows(rest, float(job.param("validation_fraction", 0.1)))
-    return {
-        "train": np.arange(0, rest - val),
-        "validation": np.arange(rest - val, rest),
-        "test": np.arange(rest, n),
-    }
+    return cv_split(
+        job,
+        {
+            "train": np.arange(0, rest - val),
+            "validation": np.arange(rest - val, rest),
+            "test": np.arange(rest, n),
+        },
+    )
+
+
+def cv_folds(job: JobSpec) -> int:
+    """The job's ``cv_folds`` when it cross-fits (2 or more), else 0."""
+    folds = int(job.param("cv_folds", 0) or 0)
+    return folds if folds >= 2 else 0
+
+
+def cv_pool(rows: Mapping[str, np.ndarray], folds: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows cross-fitting deals out (train and validation, in time order) and each one's
+    fold: interleaved (the i-th pooled row in fold i mod ``folds``), so every fold spans the
+    whole period and holds about the same share of each stretch of it."""
+    pool = np.sort(np.concatenate([rows["train"], rows["validation"]]))
+    return pool, cv_fold_of(len(pool), folds)
+
+
+def cv_fold_of(n: int, folds: int) -> np.ndarray:
+    """The fold of each of ``n`` pooled rows, in pool order (``cv_pool``)."""
+    return np.arange(n) % folds
+
+
+def cv_split(job: JobSpec, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``rows`` as one fold of a ``cv_folds`` run sees them: a member (``cv_fold`` i, set by
+    ``training.runner.train_members``) trains on the other folds and validates on fold i; the
+    run itself (no ``cv_fold``) has the whole pool as its train rows and no validation rows
+    (its validation metrics are the members' out-of-fold ones). The test rows never move."""
+    folds = cv_folds(job)
+    if not folds:
+        return rows
+    pool, which = cv_pool(rows, folds)
+    fold = int(job.param("cv_fold", -1))
+    if fold < 0:
+        return {"train": pool, "validation": pool[:0], "test": rows["test"]}
+    return {"train": pool[which != fold], "validation": pool[which == fold], "test": rows["test"]}
 
 
 def load(job: JobSpec, *, spec: BundleSpec | None = None) -> TrainData:
@@ -299,7 +337,10 @@ def load(job: JobSpec, *, spec: BundleSpec | None = None) -> TrainData:
     rows = split_rows(job, table)
     parts = {name: table.take(positions) for name, positions in rows.items()}
     if spec is None:
-        spec = fit_bundle_spec(job, parts["train"])
+        # A cross-fitted run's members all encode as the run does (one encoding for the model
+        # that averages them): fitted on the pooled train and validation rows.
+        fit_rows = np.sort(np.concatenate([rows["train"], rows["validation"]]))
+        spec = fit_bundle_spec(job, table.take(fit_rows) if cv_folds(job) else parts["train"])
     return TrainData(
         spec=spec,
         train=encode_split(spec, parts["train"], job.label),

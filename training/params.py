@@ -402,9 +402,15 @@ def job_params_check(
     policy); an entry point's (or an unknown template's) anything, with ``COMMON``'s rules on
     the names it shares. Returns the normalised params and the errors by ``params.<name>``."""
     known = bool(template) and not entry_point and template in template_schemas()
-    return check(
+    cleaned, errors = check(
         params_schema(template if known else "", workspace=workspace), params, free=not known
     )
+    if int(cleaned.get("cv_folds", 0) or 0) >= 2 and int(cleaned.get("members", 1) or 1) > 1:
+        errors["params.cv_folds"] = (
+            "cv_folds cannot be combined with members > 1 (the folds' models are the members); "
+            "give one of them"
+        )
+    return cleaned, errors
 
 
 def job_hyperparameters(job) -> list[dict[str, Any]]:
@@ -431,3 +437,31 @@ def param_text(value: Any) -> str:
     if value == "":
         return "(empty)"
     return str(value)
+
+
+# Below this many validation rows a job's page suggests ``cv_folds``. A row's log loss varies
+# by about 0.5 around its mean (clicks near 50 %), so the validation log loss of n rows has a
+# standard error of about 0.5 / sqrt(n): 0.016 at 1,000 rows, as large as the gaps between
+# tuned templates on the bench's datasets (``bench/results/quality.json``), and 0.11 at the
+# Criteo sample's 20, where early stopping, calibration and tuning follow noise.
+CV_HINT_BELOW_VALIDATION_ROWS = 1000
+CV_HINT_FOLDS = 5
+
+
+def small_validation_hint(job) -> str:
+    """What the job page says when the job validated on few rows and its template could have
+    cross-fitted (it has ``cv_folds``, the job did not use it); empty otherwise."""
+    validation = (job.metrics or {}).get("validation") or {}
+    rows = validation.get("rows")
+    schema = template_schemas().get(job.template or "", {})
+    if "cv_folds" not in schema or not isinstance(rows, int):
+        return ""
+    if rows >= CV_HINT_BELOW_VALIDATION_ROWS or int(job.params.get("cv_folds") or 0) >= 2:
+        return ""
+    return (
+        f"The validation split held only {rows} rows: early stopping, calibration and any "
+        f"choice between runs follow noise at this size (a log loss over {rows} rows is "
+        f"uncertain by about {0.5 / max(rows, 1) ** 0.5:.2f}). Run it again with cv_folds = "
+        f"{CV_HINT_FOLDS}: each fold's model trains on the others and the validation metrics "
+        "are out of fold over all the training rows."
+    )

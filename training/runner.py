@@ -246,11 +246,10 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     )
 
     stop = stop or StopFlag()
-    if int(job.param("members", 1) or 1) > 1 and not job.entry_point:
-        import training.templates  # noqa: F401  (registers the built-in templates)
-        from training.bundle import TEMPLATE_PARAMS
+    if not job.entry_point:
+        from training.bundle import averaged_members
 
-        if "members" in TEMPLATE_PARAMS.get(job.template, {}):
+        if averaged_members(job.template, job.params) > 1:
             return train_members(job, emit=emit, stop=stop)
     if not job.entry_point and template_kind(job.template) == "gbdt":
         from training import gbdt
@@ -445,26 +444,44 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
 # A member's checkpoint stays in its folder: the agent copies the job's own checkpoint file,
 # which a members run does not write (a run moved to another node starts its members again).
 MEMBER_EVENTS = ("log", "progress", "metric", "error")
+# A cross-fitted run's out-of-fold logits, in its work folder (``train_members``).
+OUT_OF_FOLD_FILE = "out_of_fold.npz"
 
 
 def train_members(job, *, emit: Emitter, stop: StopFlag) -> int:
-    """A ``members`` > 1 run: each member is a run of its own (``train`` with ``members`` 1,
-    the seed + its number, in ``member-<i>/`` of the work folder, no calibration and no test
-    rows), then their average (``Averaged``) is calibrated, evaluated and saved as the job's
-    bundle by ``finish_run``, like any model.
+    """A run that averages models (``members`` > 1, or ``cv_folds`` >= 2): each member is a run
+    of its own (``train`` with ``members`` 1, the seed + its number, in ``member-<i>/`` of the
+    work folder, no calibration and no test rows), then their average (``Averaged``) is
+    calibrated, evaluated and saved as the job's bundle by ``finish_run``, like any model.
+
+    With ``cv_folds`` k, member i is fold i's model (``cv_fold`` i: trained on the other folds,
+    early-stopped on its own; ``training.data.cv_split``), and the run's validation rows are
+    the whole pool scored out of fold: each row by the member that did not train on it. The
+    calibration is fitted on those logits and the validation metrics (what the tuner reads)
+    are theirs. (The average's logit on a pooled row also holds the k - 1 members that trained
+    on it, so the out-of-fold figures describe one member's error more than the average's,
+    which is as good or better: they are conservative, as bagging's out-of-bag estimates are.)
 
     A stopped run resumes where it was: finished members are loaded from their bundles, the
     interrupted one goes on from its own checkpoint. Progress counts the steps of all members
     (one member's total times the members); the validation curve shown is the first member's."""
     from dataclasses import replace
 
-    from training.bundle import load_bundle
+    import numpy as np
+
+    from training import data, evaluation
+    from training.bundle import averaged_members, load_bundle, template_kind
     from training.templates.inputs import Averaged
 
-    count = int(job.param("members", 1))
+    folds = data.cv_folds(job)
+    count = averaged_members(job.template, job.params)
     seed = int(job.param("seed", 0))
     if job.base_model_path:
         emit("error", message="members > 1 cannot start from a base model: train with members 1")
+        return 2
+    if folds and int(job.param("members", 1) or 1) > 1:
+        emit("error", message="cv_folds and members > 1 cannot be combined: the folds' models "
+             "are the members; give one of them")  # fmt: skip
         return 2
     work = Path(job.work_dir)
     models = []
@@ -478,34 +495,68 @@ def train_members(job, *, emit: Emitter, stop: StopFlag) -> int:
                 "seed": seed + i,
                 "calibration": "none",
                 "importance": False,
+                **({"cv_fold": i} if folds else {}),
             },
         )
         done_marker = Path(member.work_dir) / "member-done"
         if not done_marker.exists():
-            code = train(member, emit=_member_emitter(emit, i, count), stop=stop)
+            code = train(member, emit=_member_emitter(emit, i, count, cv=bool(folds)), stop=stop)
             if code != 0:
                 return code
             done_marker.write_text("")
         models.append(load_bundle(member.model_dir).model)
-        emit("log", message=f"member {i + 1} of {count} trained (seed {seed + i})")
+        what = f"fold {i + 1} of {count}" if folds else f"member {i + 1} of {count}"
+        emit("log", message=f"{what} trained (seed {seed + i})")
     loaded = job_data(job, checkpoint=None, base=None, emit=emit)
     if loaded is None:
         return 2
-    model = Averaged(models)
+    if template_kind(job.template) == "gbdt":  # one booster of all the folds' trees
+        from training.templates.lightgbm import averaged
+
+        model = averaged(models, loaded.spec)
+    else:
+        model = Averaged(models)
     model.eval()
     stopping = EarlyStopping(metric=str(job.param("early_stopping_metric", "logloss")), patience=0)
     metrics: dict[str, Any] = {"members": count}
-    return finish_run(job, model, loaded, metrics, stopping, step=0, seed=seed, emit=emit)
+    out_of_fold = None
+    if folds:
+        pooled = loaded.train  # the pool, in its order (``data.cv_split``)
+        which = data.cv_fold_of(pooled.n, folds)
+        logits = np.empty(pooled.n, dtype=np.float64)
+        for i, member_model in enumerate(models):
+            rows = np.flatnonzero(which == i)
+            logits[rows] = evaluation.predict_logits(
+                member_model, pooled.dense[rows], pooled.cat[rows]
+            )
+        out_of_fold = (pooled.label.numpy(), logits)
+        metrics["cv_folds"] = folds
+        # For whoever compares or stacks models on these rows (the quality bench does): each
+        # pooled row's position in the dataset (time order), label and out-of-fold logit.
+        np.savez(
+            work / OUT_OF_FOLD_FILE,
+            positions=np.asarray(loaded.rows["train"]),
+            label=out_of_fold[0],
+            logit=logits,
+        )
+    return finish_run(
+        job, model, loaded, metrics, stopping, step=0, seed=seed, emit=emit, scored=out_of_fold
+    )
 
 
-def _member_emitter(emit: Emitter, index: int, count: int) -> Emitter:
+def _member_emitter(emit: Emitter, index: int, count: int, *, cv: bool = False) -> Emitter:
     """A member's events as the job's: its steps offset by the members before it, totals
-    times the members, its start and done kept to itself (the job has one of each)."""
+    times the members, its start and done kept to itself (the job has one of each). A fold's
+    validation rows are one of ``count`` folds: the run's (out of fold) are about ``count``
+    times as many, which is what ``start`` says (the tuner caps its trials by them)."""
 
     def forward(event: dict) -> None:
         kind, data = event["type"], {k: v for k, v in event.items() if k != "type"}
         if kind == "start" and index == 0:
-            emit("start", **{**data, "total_steps": int(data.get("total_steps", 0)) * count})
+            data = {**data, "total_steps": int(data.get("total_steps", 0)) * count}
+            if cv and data.get("validation_rows") is not None:
+                data["validation_rows"] = int(data["validation_rows"]) * count
+            emit("start", **data)
             return
         if kind not in MEMBER_EVENTS:
             return
@@ -620,20 +671,35 @@ def train_convex(job, *, model, loaded, seed: int, emit: Emitter) -> int:
 
 
 def finish_run(
-    job, model, loaded, metrics: dict[str, Any], stopping, *, step: int, seed: int, emit: Emitter
+    job,
+    model,
+    loaded,
+    metrics: dict[str, Any],
+    stopping,
+    *,
+    step: int,
+    seed: int,
+    emit: Emitter,
+    scored: tuple[Any, Any] | None = None,
 ) -> int:
     """The end of every run, torch or boosted trees: fit the calibration on the validation rows
     (and report it, with the cross-fitted log loss model selection reads, and the early
     stopping's best and curve), evaluate on the test rows (reported only), save the bundle
-    (its spec is ``loaded.spec``) and emit ``done``. Returns exit code 0."""
+    (its spec is ``loaded.spec``) and emit ``done``. Returns exit code 0. ``scored``: the
+    (labels, logits) that stand for the validation rows (a cross-fitted run's out-of-fold
+    ones), instead of the model's logits on ``loaded.validation``."""
     from training import evaluation
     from training.bundle import apply_calibration, save_bundle
 
     spec = loaded.spec
     validation = loaded.validation
-    if validation.n:
-        val_y = validation.label.numpy()
-        logits = evaluation.predict_logits(model, validation.dense, validation.cat)
+    if scored is None and validation.n:
+        scored = (
+            validation.label.numpy(),
+            evaluation.predict_logits(model, validation.dense, validation.cat),
+        )
+    if scored is not None and len(scored[0]):
+        val_y, logits = scored
         method = str(job.param("calibration", "temperature"))
         fitted = evaluation.fit_calibration(method, val_y, logits)
         if fitted is not None:
@@ -647,7 +713,7 @@ def finish_run(
             "crossfit_logloss": evaluation.crossfit_logloss(method, val_y, logits),
             "uncalibrated_logloss": raw["logloss"],
             "uncalibrated_ece": raw["ece"],
-            "rows": validation.n,
+            "rows": len(val_y),
             "calibration": (fitted or {}).get("method", "none"),
             "temperature": (fitted or {}).get("temperature"),
             "early_stopping_metric": stopping.metric,

@@ -15,15 +15,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.core.cache import cache
 from kombu import Connection
 
 from config import broker
-from config.celery import app
 from workspaces.health import WORKER_HEARTBEAT_KEY
 from workspaces.tasks import worker_heartbeat
+from workspaces.testing.workers import embedded_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,9 +71,7 @@ def test_a_worker_skips_empty_and_half_written_files_and_runs_the_next_message()
     half = _queue_file(queue, b'{"body": "eyJ0YXNrIjog", "headers": {')
     cache.delete(WORKER_HEARTBEAT_KEY)
     quarantine = Path(_options()["quarantine_folder"])
-    with start_worker(
-        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-    ):
+    with embedded_worker([queue]):
         worker_heartbeat.apply_async(queue=queue)
         # Stock kombu: the empty file raised JSONDecodeError and the worker stopped (kombu#1551).
         assert _poll(lambda: cache.get(WORKER_HEARTBEAT_KEY) is not None, 30), "never ran"

@@ -7,7 +7,6 @@ import uuid
 
 import numpy as np
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 
 from config.celery import app
@@ -17,6 +16,7 @@ from experiments.tests.factories import log_predictions, make_deployment
 from serving.routing import route, routing_table
 from workspaces.models import Role
 from workspaces.testing.waiting import wait_until
+from workspaces.testing.workers import embedded_worker
 
 
 def test_beat_schedules_the_check():
@@ -66,9 +66,7 @@ def test_check_running_on_a_real_worker_stops_a_breaching_experiment(workspace, 
         ],
     )
     queue = f"test-{uuid.uuid4().hex[:12]}"
-    with start_worker(
-        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-    ):
+    with embedded_worker([queue]):
         tasks.check_running.apply_async(queue=queue)
         wait_until(
             lambda: Experiment.objects.for_workspace(workspace).get(pk=exp.pk).state == "stopped",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.db import OperationalError
 
 from config.celery import app
@@ -21,6 +20,7 @@ from training.scheduler.tasks import tick
 from training.scheduler.tests.factories import make_job, make_node
 from workspaces.testing.factories import make_workspace
 from workspaces.testing.waiting import wait_until
+from workspaces.testing.workers import embedded_worker
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
@@ -63,9 +63,7 @@ def test_a_huge_event_is_projected_in_slices_while_another_workspaces_job_is_pla
     # Committing it queues the projection on ``queue`` (the post-commit hook).
     event = openlineage_event_record(actor=None, workspace=noisy, parsed=parsed)
     try:
-        with start_worker(
-            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-        ):
+        with embedded_worker([queue]):
             # The worker's one slot is busy with the event ...
             _poll(
                 lambda: (c := _cursor()) is not None and c.partial_event_id == event.pk,

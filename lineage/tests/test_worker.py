@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import OperationalError
 
@@ -17,6 +16,7 @@ from lineage.tests.helpers import record
 from workspaces.events import Ref
 from workspaces.testing.factories import make_workspace
 from workspaces.testing.waiting import wait_until
+from workspaces.testing.workers import embedded_worker
 
 pytestmark = pytest.mark.celery_worker
 
@@ -26,9 +26,7 @@ def test_a_committed_event_is_projected_by_the_worker(settings):
     queue = f"test-{uuid.uuid4().hex[:12]}"  # a queue no other worker (e.g. `make run`'s) reads
     workspace = make_workspace(slug="worker-ws")
     settings.LINEAGE_QUEUE = queue
-    with start_worker(
-        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-    ):
+    with embedded_worker([queue]):
         record(
             workspace,
             "serving.deployment.created",

@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 
@@ -41,6 +40,7 @@ from serving.tasks import deployments_reconcile
 from serving.tests.helpers import deployed
 from workspaces.models import Role
 from workspaces.testing.waiting import wait_until
+from workspaces.testing.workers import embedded_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -259,13 +259,7 @@ def test_the_api_answers_202_with_the_status_to_follow(workspace, members, clien
 def test_a_real_worker_reconciles_after_the_commit(workspace, members, settings):
     settings.SERVING_CONTROLLER_QUEUE = f"test-{uuid.uuid4().hex[:12]}"  # nobody else reads it
     actor = members[Role.MAINTAINER]
-    with start_worker(
-        app,
-        pool="solo",
-        perform_ping_check=False,
-        shutdown_timeout=120,
-        queues=[settings.SERVING_CONTROLLER_QUEUE],
-    ):
+    with embedded_worker([settings.SERVING_CONTROLLER_QUEUE]):
         _, (v1, v2), dep = deployed(workspace, actor)  # the task is enqueued at the commit
         wait_until(
             lambda: deployment_status(_fresh(dep))["phase"] == "Ready",

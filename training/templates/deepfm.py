@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
-from training.templates.inputs import MEMBERS, FieldEmbedding, field_weights
+from training.templates.inputs import CV_FOLDS, MEMBERS, FieldEmbedding, field_weights
 
 PARAMS = {
     "embedding_dim": Param(
@@ -62,6 +62,7 @@ PARAMS = {
         advanced=True,
     ),
     "members": MEMBERS,
+    "cv_folds": CV_FOLDS,
 }
 DEFAULTS = {name: param.default for name, param in PARAMS.items()}
 

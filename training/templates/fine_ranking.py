@@ -14,7 +14,7 @@ from torch import nn
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
-from training.templates.inputs import MEMBERS, FieldEmbedding
+from training.templates.inputs import CV_FOLDS, MEMBERS, FieldEmbedding
 
 PARAMS = {
     "embedding_dim": Param(
@@ -33,6 +33,7 @@ PARAMS = {
     ),
     "dropout": Param("float", 0.0, "Dropout after each MLP layer.", min=0.0, max=0.9),
     "members": MEMBERS,
+    "cv_folds": CV_FOLDS,
 }
 DEFAULTS = {name: param.default for name, param in PARAMS.items()}
 

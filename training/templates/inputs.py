@@ -40,6 +40,24 @@ MEMBERS = Param(
     label="Averaged networks",
 )
 
+# The templates that can be cross-fitted declare this param (``training.runner.train_members``
+# trains the folds' models, ``Averaged`` averages them, as it does ``members``).
+CV_FOLDS = Param(
+    "int",
+    0,
+    "k-fold cross-fitting for small datasets (0 or 1: off). The train and validation rows "
+    "are pooled and dealt into k folds (interleaved in time order); k models are trained, "
+    "each on k - 1 folds and early-stopped on the one left out, and the model's logit is "
+    "their mean. The validation metrics (and the calibration, and what the tuner compares) "
+    "are out of fold: every pooled row scored by the model that did not train on it, so "
+    "they rest on all those rows instead of the validation split alone. The encoding is "
+    "fitted on the pooled rows (labels unread). The test rows stay out. Not with members "
+    "> 1 (the folds' models are the members). k times the training and serving cost.",
+    min=0,
+    max=20,
+    label="Cross-validation folds",
+)
+
 
 class FieldEmbedding(nn.ModuleList):
     """Per-field embeddings of the ``cat`` matrix, ``[rows, fields, dim]``.
@@ -98,8 +116,9 @@ def field_weights(spec: BundleSpec, *, fields: Sequence[int] | None = None) -> F
 
 
 class Averaged(nn.Module):
-    """Networks of one template (``members``) whose logits are averaged: the model of a
-    ``members`` > 1 run, each member trained on its own (``training.runner.train_members``)."""
+    """Networks of one template (``members``, or the folds' models of ``cv_folds``) whose
+    logits are averaged: the model of such a run, each member trained on its own
+    (``training.runner.train_members``)."""
 
     def __init__(self, members: Sequence[nn.Module]) -> None:
         super().__init__()

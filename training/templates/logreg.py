@@ -18,7 +18,7 @@ from torch import nn
 
 from training.bundle import BundleSpec, register_template
 from training.params import Param
-from training.templates.inputs import field_weights
+from training.templates.inputs import CV_FOLDS, field_weights
 
 SOLVERS = ("lbfgs", "adam")
 
@@ -49,6 +49,7 @@ PARAMS: dict = {
         label="Most iterations",
         advanced=True,
     ),
+    "cv_folds": CV_FOLDS,
 }
 
 

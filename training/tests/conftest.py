@@ -28,12 +28,13 @@ def _sqlite_readers_do_not_block(request):
     from django.db.backends.signals import connection_created
 
     connection_created.connect(_read_uncommitted)
+    # An open connection is set on its DB-API handle: a test without database access (no
+    # django_db mark) may follow one that opened it, and Django's cursor would be refused.
     for connection in connections.all(initialized_only=True):
         if connection.vendor == "sqlite" and connection.connection is not None:
-            _read_uncommitted(connection=connection)
+            connection.connection.execute("PRAGMA read_uncommitted = 1")
     yield
     connection_created.disconnect(_read_uncommitted)
     for connection in connections.all(initialized_only=True):
         if connection.vendor == "sqlite" and connection.connection is not None:
-            with connection.cursor() as cursor:
-                cursor.execute("PRAGMA read_uncommitted = 0")
+            connection.connection.execute("PRAGMA read_uncommitted = 0")

@@ -12,7 +12,7 @@ import itertools
 from features import registry
 from features.models import Dataset, DatasetStatus, FeatureGroup
 from features.samples import dataset_file, dataset_relative_path
-from training import synthetic
+from training import data, synthetic
 from training.models import JobState, Node, TrainingJob
 from training.services import job_transition
 
@@ -91,3 +91,33 @@ def place(job: TrainingJob, node: Node) -> TrainingJob:
 
 
 FAST = {"epochs": 2, "batch_size": 128, "threads": 1, "log_every_steps": 2}
+
+
+# --- training children in-process (no database) ---------------------------------------------
+
+
+def demo_job_spec(
+    path, work_dir, template: str = "fine_ranking", *, job_id: int = 1, slice_column: str = "",
+    **params,
+) -> data.JobSpec:  # fmt: skip
+    """A job spec over the demo dataset at ``path`` (``training.synthetic``'s features and
+    label), one thread, seed 0, no importance pass; ``params`` over those."""
+    return data.JobSpec(
+        job_id=job_id,
+        template=template,
+        dataset_path=str(path),
+        features=synthetic.feature_dicts(),
+        work_dir=str(work_dir),
+        label="click",
+        params={"threads": 1, "seed": 0, "importance": False, **params},
+        slice_column=slice_column,
+    )
+
+
+def run_spec(job: data.JobSpec, stop=None) -> tuple[int, list[dict]]:
+    """Train ``job`` in this process (``training.runner.train``): its exit code and events."""
+    from training import runner
+
+    events: list[dict] = []
+    code = runner.train(job, emit=runner.Emitter(sink=events.append), stop=stop)
+    return code, events

@@ -7,13 +7,12 @@ import io
 import uuid
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.core.management import call_command
 
-from config.celery import app
 from training import agent, demo
 from training.models import JobMetric, JobState, Node, TrainingJob
 from workspaces.models import Workspace
+from workspaces.testing.workers import embedded_worker
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
@@ -26,9 +25,7 @@ def test_demo_step_trains_a_model_on_the_demo_data(live_server, monkeypatch):
     monkeypatch.setattr(demo, "PLACE_AFTER_S", 0.0)
     out = io.StringIO()
     try:
-        with start_worker(
-            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-        ):
+        with embedded_worker([queue]):
             demo.run_training_demo(live_server.url, out)
     finally:
         agent.HEARTBEATS.shutdown()

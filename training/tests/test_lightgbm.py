@@ -16,7 +16,7 @@ from training import data, evaluation, gbdt, runner, synthetic
 from training.bundle import WEIGHTS_FILE, apply_calibration, load_bundle, template_kind
 from training.models import JobState, TrainingJob
 from training.templates import lightgbm
-from training.tests.factories import make_demo_dataset, place
+from training.tests.factories import demo_job_spec, make_demo_dataset, place, run_spec
 from training.tests.workers import wait_for
 from workspaces.models import Role
 from workspaces.testing.factories import make_member
@@ -32,22 +32,10 @@ def demo_parquet(tmp_path_factory):
 
 
 def _job(path, work, **params):
-    return data.JobSpec(
-        job_id=1,
-        template="lightgbm",
-        dataset_path=str(path),
-        features=synthetic.feature_dicts(),
-        work_dir=str(work),
-        label="click",
-        params={"threads": 1, "seed": 0, "importance": False, **params},
-        slice_column="impressions__device",
-    )
+    return demo_job_spec(path, work, "lightgbm", slice_column="impressions__device", **params)
 
 
-def _train(job, stop=None) -> tuple[int, list[dict]]:
-    events: list[dict] = []
-    code = runner.train(job, emit=runner.Emitter(sink=events.append), stop=stop)
-    return code, events
+_train = run_spec
 
 
 def _done(job) -> tuple[list[dict], dict]:
@@ -355,13 +343,11 @@ def test_a_lightgbm_job_is_checked_against_its_own_params(workspace, client_for)
 def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(
     workspace, client_for, client
 ):
-    from celery.contrib.testing.worker import start_worker
-
-    from config.celery import app
     from serving.registry import load_version, model_version_register
     from training import agent
     from training.models import Node
     from training.tasks import run_job
+    from workspaces.testing.workers import embedded_worker
 
     dataset = make_demo_dataset(workspace, scale=0.05)
     client = client_for(make_member(workspace, Role.DEVELOPER))
@@ -376,9 +362,7 @@ def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(
     name = f"t{uuid.uuid4().hex[:10]}"
     queue = f"node.{name}"
     try:
-        with start_worker(
-            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-        ):
+        with embedded_worker([queue]):
             node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
             place(job, node)
             run_job.apply_async(args=[job.pk], queue=queue)

@@ -13,6 +13,7 @@ from training import data, evaluation, runner, synthetic
 from training.bundle import load_bundle
 from training.params import job_params_check
 from training.templates.inputs import Averaged
+from training.tests.factories import demo_job_spec, run_spec
 
 pytestmark = pytest.mark.django_db
 
@@ -25,28 +26,10 @@ def demo_parquet(tmp_path_factory):
 
 
 def _job(path, work_dir, **params):
-    return data.JobSpec(
-        job_id=1,
-        template="fine_ranking",
-        dataset_path=str(path),
-        features=synthetic.feature_dicts(),
-        work_dir=str(work_dir),
-        label="click",
-        params={
-            "epochs": 2,
-            "batch_size": 128,
-            "threads": 1,
-            "seed": 0,
-            "importance": False,
-            **params,
-        },
-    )
+    return demo_job_spec(path, work_dir, **{"epochs": 2, "batch_size": 128, **params})
 
 
-def _run(job, stop=None) -> tuple[int, list[dict]]:
-    events: list[dict] = []
-    code = runner.train(job, emit=runner.Emitter(sink=events.append), stop=stop)
-    return code, events
+_run = run_spec
 
 
 def _state(model) -> dict[str, torch.Tensor]:

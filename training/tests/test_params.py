@@ -53,6 +53,7 @@ def test_every_built_in_template_declares_a_schema():
     assert sorted(schemas) == ["deepfm", "fine_ranking", "lightgbm", "logreg", "two_tower"]
     assert set(schemas["fine_ranking"]) == {
         "members",
+        "cv_folds",
         "embedding_dim",
         "cross_layers",
         "hidden",
@@ -60,6 +61,7 @@ def test_every_built_in_template_declares_a_schema():
     }
     assert set(schemas["deepfm"]) == {
         "members",
+        "cv_folds",
         "embedding_dim",
         "hidden",
         "dropout",
@@ -67,7 +69,7 @@ def test_every_built_in_template_declares_a_schema():
         "embedding_l2",
     }
     assert set(schemas["two_tower"]) == {"embedding_dim", "tower_dim", "hidden", "temperature"}
-    assert set(schemas["logreg"]) == {"solver", "l2", "max_iter"}
+    assert set(schemas["logreg"]) == {"solver", "l2", "max_iter", "cv_folds"}
     # a template's own params never redefine a shared one
     for own in schemas.values():
         assert not set(own) & set(COMMON)

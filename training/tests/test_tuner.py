@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from training import data, synthetic, tuner
+from training.tests.factories import demo_job_spec
 from training.tuner import SpaceError, TrialRecord
 
 
@@ -20,24 +21,13 @@ def demo_parquet(tmp_path_factory):
 
 
 def _spec(path, work, template="logreg", **params):
-    return data.JobSpec(
-        job_id=0,
-        template=template,
-        dataset_path=str(path),
-        features=synthetic.feature_dicts(),
-        work_dir=str(work),
-        label="click",
-        # logreg trains by Adam epochs here (its default is the one-shot convex fit), so
-        # trials have the per-epoch curves pruning reads.
-        params={
-            **({"solver": "adam"} if template == "logreg" else {}),
-            "epochs": 2,
-            "batch_size": 256,
-            "threads": 1,
-            "importance": False,
-            **params,
-        },
-    )
+    # logreg trains by Adam epochs here (its default is the one-shot convex fit), so trials have
+    # the per-epoch curves pruning reads.
+    return demo_job_spec(
+        path, work, template, job_id=0,
+        **{**({"solver": "adam"} if template == "logreg" else {}), "epochs": 2,
+           "batch_size": 256, **params},
+    )  # fmt: skip
 
 
 # --- spaces ------------------------------------------------------------------------------------

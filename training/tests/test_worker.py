@@ -6,10 +6,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 
-from config.celery import app
 from training import agent
 from training.models import JobMetric, JobState, Node, TrainingJob
 from training.tasks import run_job
@@ -17,6 +15,7 @@ from training.tests.factories import FAST, make_demo_dataset, place
 from training.tests.workers import wait_for
 from workspaces.models import Role
 from workspaces.testing.factories import make_member
+from workspaces.testing.workers import embedded_worker
 
 pytestmark = pytest.mark.celery_worker
 
@@ -44,9 +43,7 @@ def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
 
 
 def _run_on_worker(job, name, queue):
-    with start_worker(
-        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-    ):
+    with embedded_worker([queue]):
         node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")
         assert node.queue == queue and node.cpu_milli > 0 and node.memory_mb > 0
         place(job, node)

@@ -8,11 +8,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from celery.contrib.testing.worker import start_worker
-
-from config.celery import app
 from training import agent
 from training.models import Node
+from workspaces.testing.workers import embedded_worker
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, tick: bool = False) -> Any:
@@ -40,13 +38,8 @@ def node_worker(prefix: str = "t", *, platform: bool = False) -> Iterator[Node]:
     scheduler's ticks), as the `make run` worker does."""
     name = f"{prefix}{uuid.uuid4().hex[:10]}"
     queues = [f"node.{name}", *(["celery"] if platform else [])]
-    # shutdown_timeout: the solo worker exits once the task it runs ends (an agent stopping a
-    # cancelled child); celery's 10 s default, missed on a loaded machine, leaves the thread
-    # alive and every later embedded worker of the session waiting to start.
     try:
-        with start_worker(
-            app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=queues
-        ):
+        with embedded_worker(queues):
             yield wait_for(
                 lambda: Node.objects.filter(name=name).first(), timeout=30, what="the node"
             )

@@ -10,7 +10,6 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
@@ -19,6 +18,7 @@ from config.celery import app
 from workspaces.health import WORKER_HEARTBEAT_KEY
 from workspaces.tasks import worker_heartbeat
 from workspaces.testing.waiting import wait_until
+from workspaces.testing.workers import WorkerDidNotStop, embedded_worker
 
 pytestmark = pytest.mark.celery_worker
 
@@ -29,9 +29,7 @@ pytestmark = pytest.mark.celery_worker
 def test_heartbeat_runs_on_a_real_worker_and_readyz_reports_it(client):
     queue = f"test-{uuid.uuid4().hex[:12]}"  # a queue no other worker (e.g. `make run`'s) reads
     cache.delete(WORKER_HEARTBEAT_KEY)
-    with start_worker(
-        app, pool="solo", perform_ping_check=False, shutdown_timeout=120, queues=[queue]
-    ):
+    with embedded_worker([queue]):
         worker_heartbeat.apply_async(queue=queue)
         beat = wait_until(
             lambda: cache.get(WORKER_HEARTBEAT_KEY), timeout=30, what="the worker to run the task"
@@ -130,3 +128,45 @@ def test_readyz_without_the_worker_check(client, db, settings):
     response = client.get("/readyz")
     assert response.status_code == 200
     assert response.json()["checks"]["worker"] == "ok"
+
+
+HOLD_RUNNING = threading.Event()
+HOLD_RELEASE = threading.Event()
+
+
+@app.task(name="workspaces.tests.test_celery_worker.hold")
+def hold() -> None:
+    """A task that runs until the test releases it (bounded, so nothing waits forever)."""
+    HOLD_RUNNING.set()
+    HOLD_RELEASE.wait(120)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_outlives_its_stop_is_named_and_the_next_one_still_starts():
+    # Stock start_worker left Celery's process-wide stop flag set when a worker's thread did
+    # not exit: every later embedded worker stopped before it was ready and its test hung.
+    stuck_queue, next_queue = (f"test-{uuid.uuid4().hex[:12]}" for _ in range(2))
+    HOLD_RUNNING.clear()
+    HOLD_RELEASE.clear()
+    try:
+        with (
+            pytest.raises(
+                WorkerDidNotStop, match=f"the worker on {stuck_queue} did not stop"
+            ) as failure,
+            embedded_worker([stuck_queue], shutdown_timeout=1),
+        ):
+            hold.apply_async(queue=stuck_queue)
+            wait_until(HOLD_RUNNING.is_set, timeout=30, what="the held task to start")
+    finally:
+        HOLD_RELEASE.set()
+    # What the stuck thread was doing: running the held task.
+    assert "HOLD_RELEASE.wait(120)" in str(failure.value)
+    assert failure.value.threads
+    cache.delete(WORKER_HEARTBEAT_KEY)
+    with embedded_worker([next_queue]):  # stock start_worker: hung in ensure_started here
+        worker_heartbeat.apply_async(queue=next_queue)
+        wait_until(lambda: cache.get(WORKER_HEARTBEAT_KEY), timeout=30, what="the next worker")
+    # The next worker's stop stops the one that was stuck too (its task has ended).
+    for thread in failure.value.threads:
+        thread.join(30)
+    assert not [t.name for t in failure.value.threads if t.is_alive()]

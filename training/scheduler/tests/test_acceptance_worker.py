@@ -8,11 +8,9 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.db import connection
 from django.utils import timezone
 
-from config.celery import app
 from training import agent
 from training.models import JobMetric, JobState, Node, NodeState, PriorityClass, TrainingJob
 from training.scheduler.tests.factories import make_node
@@ -20,6 +18,7 @@ from training.scheduler.tick import schedule_tick
 from training.services import job_create, job_transition, job_work_dir
 from training.tests.factories import make_demo_dataset
 from training.tests.workers import wait_for
+from workspaces.testing.workers import embedded_worker
 
 # The acceptance runs on Redis and PostgreSQL. On the embedded SQLite test database the
 # scheduler's loop here and the worker thread write concurrently to one shared-cache in-memory
@@ -58,13 +57,7 @@ def _state(job) -> TrainingJob:
 def _node_worker():
     name = f"s{uuid.uuid4().hex[:10]}"
     try:
-        with start_worker(
-            app,
-            pool="solo",
-            perform_ping_check=False,
-            shutdown_timeout=120,
-            queues=[f"node.{name}"],
-        ):
+        with embedded_worker([f"node.{name}"]):
             node = _wait(
                 lambda: Node.objects.filter(name=name).first(), timeout=30, what="node", tick=False
             )
