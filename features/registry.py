@@ -6,11 +6,13 @@ Other apps (training, serving, experiments) record what they use through
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from features.models import (
@@ -301,7 +303,7 @@ def feature_group_new_version(
     return version
 
 
-def _live_consumers(group: FeatureGroup, feature_name: str | None = None):
+def _live_consumers(group: FeatureGroup, feature_name: str | None = None) -> QuerySet[Consumer]:
     consumers = Consumer.objects.for_workspace(group.workspace).filter(group=group, live=True)
     if feature_name is not None:
         consumers = consumers.filter(feature_name__in=["", feature_name])
@@ -519,7 +521,7 @@ def consumer_release(*, actor: Actor, workspace: Workspace, kind: str, object_id
     return count
 
 
-def touch_ingested(*, group: FeatureGroup, max_event_time) -> None:
+def touch_ingested(*, group: FeatureGroup, max_event_time: datetime | None) -> None:
     """Advance the group's ingestion and event-time watermarks (inside the batch transaction)."""
     updates: dict[str, Any] = {"last_ingested_at": timezone.now()}
     if max_event_time is not None and (

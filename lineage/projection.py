@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, prefetch_related_objects
+from django.db.models import Count, QuerySet, prefetch_related_objects
 from django.utils import timezone
 
 from lineage.conf import RESOURCE_KEYS, setting
@@ -517,7 +517,7 @@ class Projector:
             reach_add_edge(src, dst)
         return edge
 
-    def end_edges(self, event: Event, edges) -> None:
+    def end_edges(self, event: Event, edges: QuerySet[Edge]) -> None:
         sources = {}
         for edge in edges.filter(last_event_id__lt=event.id).select_related("src"):
             edge.active, edge.ended_at, edge.last_event_id = False, event.created_at, event.id

@@ -166,7 +166,16 @@ def _version(workspace: Workspace, version: Any) -> ModelVersion:
     return found
 
 
-def _change(dep, kind, *, actor: Actor, from_version, to_version, reason="", detail=None):
+def _change(
+    dep: Deployment,
+    kind: str,
+    *,
+    actor: Actor,
+    from_version: ModelVersion | None,
+    to_version: ModelVersion | None,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+) -> DeploymentChange:
     return DeploymentChange.objects.create(
         workspace=dep.workspace,
         deployment=dep,
@@ -251,7 +260,9 @@ def deployment_create(
     return dep
 
 
-def _switch(dep: Deployment, *, to, kind: str, actor: Actor, reason: str):
+def _switch(
+    dep: Deployment, *, to: ModelVersion, kind: str, actor: Actor, reason: str
+) -> ModelVersion:
     """Inside the caller's transaction, on the locked row: production moves to ``to``, the
     current version stays loaded as the rollback target, the routing table is republished and
     the production alias follows. Returns the version that served before."""

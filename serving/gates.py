@@ -17,6 +17,7 @@ import fcntl
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,14 @@ from serving import artifacts
 from serving.models import GateStatus, ModelVersion
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
 
 TOLERANCE = 1e-6
 DEFAULT_LIMITS = {"candidates": 100, "p50_ms": 20.0, "p99_ms": 50.0, "min_rps": 50.0}
 GATES = ("consistency", "performance")
 
 
-def workspace_limits(workspace) -> dict[str, float]:
+def workspace_limits(workspace: Workspace) -> dict[str, float]:
     limits = dict(DEFAULT_LIMITS)
     limits.update(getattr(settings, "SERVING_LIMITS", {}) or {})
     template = workspace.template if isinstance(workspace.template, dict) else {}
@@ -172,7 +174,7 @@ def consistency_check(version: ModelVersion, *, sample: int = 50) -> dict[str, A
 
 
 @contextlib.contextmanager
-def _one_measurement_at_a_time():
+def _one_measurement_at_a_time() -> Iterator[None]:
     """Performance gates on one machine measure one at a time: six parallel re-runs of the
     same version otherwise share the cores and time each other, and a live version failed its
     latency gate five times in six. A lock file under VAR_DIR serialises web and worker
@@ -248,7 +250,7 @@ def performance_check(version: ModelVersion, *, seconds: float | None = None) ->
     }
 
 
-def version_gates_run(*, actor: Actor, workspace, version: ModelVersion) -> ModelVersion:
+def version_gates_run(*, actor: Actor, workspace: Workspace, version: ModelVersion) -> ModelVersion:
     """Run both gates, store the results on the version and record an event."""
     results: dict[str, Any] = {}
     for gate, check in (("consistency", consistency_check), ("performance", performance_check)):
@@ -292,7 +294,9 @@ RUN_KEY = "run"
 GATES_RUN_STALE_S = 600
 
 
-def version_gates_request(*, actor: Actor, workspace, version: ModelVersion) -> ModelVersion:
+def version_gates_request(
+    *, actor: Actor, workspace: Workspace, version: ModelVersion
+) -> ModelVersion:
     """Ask for the release gates of ``version`` to run again, on a worker: the sandbox run
     takes many seconds and does not belong inside a request. ``gates["run"]`` says where the
     request stands (queued, running); its results replace the gates when it is done. A second

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
@@ -30,6 +30,11 @@ from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
 
+if TYPE_CHECKING:
+    from features.models import Dataset
+    from training.bundle import Bundle, BundleSpec
+    from training.models import TrainingJob
+
 log = logging.getLogger(__name__)
 ALIASES = ("production", "candidate", "staging", "champion", "challenger")
 
@@ -41,7 +46,7 @@ def mlflow_name(workspace: Workspace, name: str) -> str:
 _clients: dict[str, Any] = {}
 
 
-def mlflow_client():
+def mlflow_client() -> Any:  # mlflow.MlflowClient, imported late (seconds)
     """One client per tracking URI per process (building a SQL store costs over a second)."""
     import mlflow
 
@@ -56,7 +61,7 @@ def version_dir(workspace: Workspace, name: str, version: int) -> str:
     return f"{workspace.pk}/models/{name}/{version}"
 
 
-def load_version(version: ModelVersion):
+def load_version(version: ModelVersion) -> Bundle:
     """The version's bundle, read from its platform-written path (tensors only, no pickle)."""
     from training.bundle import load_bundle
 
@@ -153,7 +158,9 @@ def _sync_mlflow(version: ModelVersion) -> None:
         log.exception("could not register %s in MLflow", version)
 
 
-def _mirror_over_http(client, name: str, version: ModelVersion, path: Path, tags: dict):
+def _mirror_over_http(
+    client: Any, name: str, version: ModelVersion, path: Path, tags: dict[str, str]
+) -> Any:
     """An HTTP MLflow server cannot read the platform's files (a ``file://`` source is refused as
     ``Invalid model version source``): upload the version's folder (bundle and ``MLmodel``) as a
     logged model of the workspace's experiment and register that."""
@@ -194,7 +201,7 @@ def model_version_register(
     actor: Actor,
     workspace: Workspace,
     name: str,
-    job=None,
+    job: TrainingJob | None = None,
     bundle_path: str | Path | None = None,
     source: str = VersionSource.TRAINING,
     metrics: dict | None = None,
@@ -202,7 +209,7 @@ def model_version_register(
     importance: dict | None = None,
     description: str = "",
     mlflow_run_id: str = "",
-    dataset=None,
+    dataset: Dataset | None = None,
 ) -> ModelVersion:
     """Register the next version of model ``name`` from a job's bundle (or a platform path)."""
     from training.bundle import BundleSpec
@@ -285,9 +292,9 @@ def _register_locked(
     staging: Path,
     files: list[dict],
     source: str,
-    job,
-    dataset,
-    spec,
+    job: TrainingJob | None,
+    dataset: Dataset | None,
+    spec: BundleSpec,
     metrics: dict,
     evaluation: dict,
     importance: dict,
@@ -322,9 +329,24 @@ def _register_locked(
 
 
 def _record_version(
-    *, actor: Actor, workspace, model, name, number, relative, files, source, job, dataset, spec,
-    metrics, evaluation, importance, mlflow_run_id, description,
-) -> ModelVersion:  # fmt: skip
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    model: RegisteredModel,
+    name: str,
+    number: int,
+    relative: str,
+    files: list[dict],
+    source: str,
+    job: TrainingJob | None,
+    dataset: Dataset | None,
+    spec: BundleSpec,
+    metrics: dict,
+    evaluation: dict,
+    importance: dict,
+    mlflow_run_id: str,
+    description: str,
+) -> ModelVersion:
     try:
         with transaction.atomic():
             version = ModelVersion.objects.create(
@@ -375,7 +397,12 @@ def _record_version(
 
 
 def model_alias_assign(
-    *, actor: Actor, model: RegisteredModel, alias: str, version, sync: bool = True
+    *,
+    actor: Actor,
+    model: RegisteredModel,
+    alias: str,
+    version: ModelVersion | None,
+    sync: bool = True,
 ) -> None:
     """Point ``alias`` at ``version`` (``None`` drops it) and record the event, without the
     checks of ``model_alias_set``: for callers that chose the model and version themselves
@@ -400,7 +427,9 @@ def model_alias_assign(
         transaction.on_commit(lambda: _sync_mlflow_alias_later(model, alias, version))
 
 
-def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> None:
+def _sync_mlflow_alias_later(
+    model: RegisteredModel, alias: str, version: ModelVersion | None
+) -> None:
     """Off the request path: a release or rollback must not wait for MLflow (its first client
     in a process costs seconds)."""
     if not settings.SERVING_MLFLOW_ASYNC:
@@ -415,8 +444,13 @@ def _sync_mlflow_alias_later(model: RegisteredModel, alias: str, version) -> Non
 
 @transaction.atomic
 def model_alias_set(
-    *, actor: Actor, workspace: Workspace, model: RegisteredModel, alias: str, version
-):
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    model: RegisteredModel,
+    alias: str,
+    version: ModelVersion | None,
+) -> None:
     """Point one of ``ALIASES`` at a version of ``model`` (``None`` drops it): 400 naming
     ``alias`` or ``version`` for one outside the list or a version of another model."""
     if alias not in ALIASES:
@@ -483,7 +517,7 @@ def _owned_logged_model_dir(workspace: Workspace, model_id: str) -> Path:
     return _owned_dir(Path(unquote(location.path)), [_workspace_mlflow_root(workspace)])
 
 
-def _owned_run(workspace: Workspace, run_id: str):
+def _owned_run(workspace: Workspace, run_id: str) -> Any:  # an mlflow.entities.Run
     """The MLflow run, when it lives in the workspace's experiment (and says so if it is tagged)."""
     from mlflow.exceptions import MlflowException
 
@@ -505,7 +539,7 @@ def _owned_run(workspace: Workspace, run_id: str):
     return run
 
 
-def _run_dir(workspace: Workspace, run, path: str) -> Path:
+def _run_dir(workspace: Workspace, run: Any, path: str) -> Path:
     """A directory of the run's artifacts, inside the workspace's MLflow artifact folder (a run
     whose artifacts live anywhere else, a remote store included, cannot be proven ours)."""
     location = urlsplit(run.info.artifact_uri)
@@ -596,7 +630,7 @@ def model_version_import_mlflow(
     source: str,
     description: str = "",
     inputs: Any = None,
-    dataset=None,
+    dataset: Dataset | None = None,
     architecture: dict | None = None,
     output: str = "probability",
 ) -> ModelVersion:
@@ -690,9 +724,16 @@ def model_version_import_mlflow(
 
 
 def _register_import(
-    *, actor: Actor, workspace: Workspace, name: str, staging: Path, run, source: str,
-    description: str, dataset,
-) -> ModelVersion:  # fmt: skip
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    name: str,
+    staging: Path,
+    run: Any,
+    source: str,
+    description: str,
+    dataset: Dataset | None,
+) -> ModelVersion:
     metrics = dict(run.data.metrics) if run is not None else {}
     return model_version_register(
         actor=actor,
