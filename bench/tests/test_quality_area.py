@@ -107,14 +107,14 @@ def test_every_model_gets_the_same_rows(criteo, tmp_path):
     table_path = tmp_path / "platform.parquet"
     pq.write_table(quality.platform_table(criteo), table_path)
     settings = quality.Settings()
-    spec = quality.job_spec(
-        table_path,
-        criteo,
-        "logreg",
-        tmp_path / "job",
-        quality.platform_base_params(criteo, settings),
-        "flags",
-    )
+    base = quality.platform_base_params(criteo, settings)
+    # 20 validation rows: the sample is cross-fitted, its pool the train and validation rows.
+    assert base["cv_folds"] == quality.CV_FOLDS
+    pooled = data.load(quality.job_spec(table_path, criteo, "logreg", tmp_path, base, "flags"))
+    not_test = np.flatnonzero(criteo.frame["split"].to_numpy() != "test")
+    assert np.array_equal(pooled.rows["train"], not_test) and not len(pooled.rows["validation"])
+    plain = {k: v for k, v in base.items() if k != "cv_folds"}
+    spec = quality.job_spec(table_path, criteo, "logreg", tmp_path / "job", plain, "flags")
     loaded = data.load(spec)
     for split in quality.SPLITS:
         positions = np.flatnonzero(criteo.frame["split"].to_numpy() == split)
@@ -197,6 +197,23 @@ def test_settings_from_the_environment():
         quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_DATASETS": "avazu"})
     with pytest.raises(BenchError, match="GENRES"):
         quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_GENRES": "bits"})
+    assert quality.Settings.from_env({}).final == "cv"
+    assert quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_FINAL": "members"}).final == "members"
+    with pytest.raises(BenchError, match="FINAL"):
+        quality.Settings.from_env({"RANKOPS_BENCH_QUALITY_FINAL": "refit"})
+
+
+def test_final_models_are_cross_fitted_or_averaged_members():
+    cv, members = quality.Settings(), quality.Settings(final="members")
+    tuned = {"lr": 0.01, "seed": 0}
+    for template in quality.TEMPLATES:  # every template of the bench cross-fits
+        assert quality.final_params(template, tuned, cv) == {**tuned, "cv_folds": 5}
+    assert quality.final_params("deepfm", tuned, members) == {**tuned, "members": 3}
+    assert quality.final_params("logreg", tuned, members) == tuned  # no members param
+    small = {**tuned, "cv_folds": 5}  # tuned cross-fitted (the Criteo sample): kept as tuned
+    assert quality.final_params("deepfm", small, members) == small
+    assert quality.final_params("deepfm", small, cv) == small
+    assert tuned == {"lr": 0.01, "seed": 0}  # not changed in place
 
 
 def test_fuxictr_gets_the_published_bars_config_and_the_right_columns(movielens, criteo, tmp_path):
@@ -256,3 +273,43 @@ def test_the_platform_choice_reads_validation_only_and_the_ensemble_competes(cri
         np.mean(own)
     )
     assert quality.platform_ensemble({"platform_logreg": models["platform_logreg"]}, y_val) is None
+
+
+def test_cross_fitted_templates_are_chosen_on_their_out_of_fold_rows(criteo):
+    """With every run cross-fitted, the choice reads the pooled out-of-fold rows, not the
+    validation predictions (which the folds' average trained on)."""
+    rng = np.random.default_rng(1)
+    y_val, y_test = criteo.labels("validation"), criteo.labels("test")
+    y_pool = criteo.frame.loc[criteo.frame["split"] != "test", quality.LABEL].to_numpy(float)
+
+    def prob(y, signal):
+        return 1 / (1 + np.exp(-(signal * (2 * y - 1) + rng.normal(0, 1, len(y)))))
+
+    def runs(val_signal: float, oof_signal: float) -> dict:
+        return {
+            "runs": [
+                {
+                    "validation": prob(y_val, val_signal),
+                    "test": prob(y_test, 1.0),
+                    "out_of_fold": {"label": y_pool, "prob": prob(y_pool, oof_signal)},
+                }
+                for _ in range(2)
+            ]
+        }
+
+    models = {
+        "platform_logreg": runs(0.2, 2.0),  # poor on validation, good out of fold
+        "platform_deepfm": runs(3.0, 0.2),  # memorised the validation rows
+        "lr": runs(1.0, 1.0),
+    }
+    assert quality.choose_template(y_val, {m: models[m] for m in models if m != "lr"}) == (
+        "platform_logreg"
+    )
+    blended = quality.platform_ensemble(models, y_val)
+    assert blended is not None
+    assert all(b["weights"]["platform_logreg"] > 0.5 for b in blended["params"]["blends"])
+    # Without out-of-fold rows on every run, the validation rows decide.
+    del models["platform_logreg"]["runs"][0]["out_of_fold"]
+    assert quality.choose_template(y_val, {m: models[m] for m in models if m != "lr"}) == (
+        "platform_deepfm"
+    )
