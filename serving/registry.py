@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -259,20 +260,22 @@ def model_version_register(
     try:
         with transaction.atomic():
             version, target = _register_locked(
-                actor=actor,
-                workspace=workspace,
-                name=name,
-                staging=staging,
-                files=files,
-                source=source,
-                job=job,
-                dataset=dataset,
-                spec=spec,
-                metrics=metrics,
-                evaluation=evaluation,
-                importance=importance,
-                mlflow_run_id=mlflow_run_id,
-                description=description,
+                _Registration(
+                    actor=actor,
+                    workspace=workspace,
+                    name=name,
+                    files=files,
+                    source=source,
+                    job=job,
+                    dataset=dataset,
+                    spec=spec,
+                    metrics=metrics,
+                    evaluation=evaluation,
+                    importance=importance,
+                    mlflow_run_id=mlflow_run_id,
+                    description=description,
+                ),
+                staging,
             )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -284,26 +287,30 @@ def model_version_register(
     return version
 
 
-def _register_locked(
-    *,
-    actor: Actor,
-    workspace: Workspace,
-    name: str,
-    staging: Path,
-    files: list[dict],
-    source: str,
-    job: TrainingJob | None,
-    dataset: Dataset | None,
-    spec: BundleSpec,
-    metrics: dict,
-    evaluation: dict,
-    importance: dict,
-    mlflow_run_id: str,
-    description: str,
-) -> tuple[ModelVersion, Path]:
+@dataclass(frozen=True)
+class _Registration:
+    """What one registration records, checked and read before the model's row lock is taken."""
+
+    actor: Actor
+    workspace: Workspace
+    name: str
+    files: list[dict]
+    source: str
+    job: TrainingJob | None
+    dataset: Dataset | None
+    spec: BundleSpec
+    metrics: dict
+    evaluation: dict
+    importance: dict
+    mlflow_run_id: str
+    description: str
+
+
+def _register_locked(reg: _Registration, staging: Path) -> tuple[ModelVersion, Path]:
     """Within the caller's transaction: lock the model, take the next number, move the staged
     files to their version folder and record the version."""
-    model = _model_get_or_create(actor=actor, workspace=workspace, name=name)
+    workspace = reg.workspace
+    model = _model_get_or_create(actor=reg.actor, workspace=workspace, name=reg.name)
     model = RegisteredModel.objects.for_workspace(workspace).select_for_update().get(pk=model.pk)
     latest = (
         ModelVersion.objects.for_workspace(workspace)
@@ -311,60 +318,41 @@ def _register_locked(
         .aggregate(latest=Max("version"))["latest"]
     )
     number = (latest or 0) + 1
-    relative = version_dir(workspace, name, number)
+    relative = version_dir(workspace, reg.name, number)
     target = artifacts.resolve_artifact(relative)
     if target.exists():
         shutil.rmtree(target)
     os.replace(staging, target)
     try:
-        return _record_version(
-            actor=actor, workspace=workspace, model=model, name=name, number=number,
-            relative=relative, files=files, source=source, job=job, dataset=dataset, spec=spec,
-            metrics=metrics, evaluation=evaluation, importance=importance,
-            mlflow_run_id=mlflow_run_id, description=description,
-        ), target  # fmt: skip
+        return _record_version(reg, model=model, number=number, relative=relative), target
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)  # the transaction rolls back: no files either
         raise
 
 
 def _record_version(
-    *,
-    actor: Actor,
-    workspace: Workspace,
-    model: RegisteredModel,
-    name: str,
-    number: int,
-    relative: str,
-    files: list[dict],
-    source: str,
-    job: TrainingJob | None,
-    dataset: Dataset | None,
-    spec: BundleSpec,
-    metrics: dict,
-    evaluation: dict,
-    importance: dict,
-    mlflow_run_id: str,
-    description: str,
+    reg: _Registration, *, model: RegisteredModel, number: int, relative: str
 ) -> ModelVersion:
+    actor, workspace, name, job, dataset = reg.actor, reg.workspace, reg.name, reg.job, reg.dataset
+    metrics, files = reg.metrics, reg.files
     try:
         with transaction.atomic():
             version = ModelVersion.objects.create(
                 workspace=workspace,
                 model=model,
                 version=number,
-                source=source,
+                source=reg.source,
                 job=job,
                 dataset=dataset,
                 artifact_path=relative,
-                spec=spec.to_json(),
-                features=[f.ref for f in spec.features],
+                spec=reg.spec.to_json(),
+                features=[f.ref for f in reg.spec.features],
                 metrics=metrics,
-                evaluation=evaluation,
-                importance=importance,
+                evaluation=reg.evaluation,
+                importance=reg.importance,
                 artifacts=files,
-                mlflow_run_id=mlflow_run_id or "",
-                description=description[:2000],
+                mlflow_run_id=reg.mlflow_run_id or "",
+                description=reg.description[:2000],
                 created_by=actor_user(actor),
             )
     except IntegrityError as exc:
@@ -385,7 +373,7 @@ def _record_version(
         payload={
             "model": name,
             "version": number,
-            "source": source,
+            "source": reg.source,
             "features": version.features,
             "metrics": metrics,
             "artifact_path": relative,
