@@ -17,6 +17,18 @@ FEATURES = ["profile:age", "profile:city", "profile:emb", "profile:is_new"]
 
 
 @pytest.fixture
+def producer(workspace):
+    """A developer of ``workspace``: the member who pushes in the ingestion tests."""
+    return make_member(workspace, Role.DEVELOPER)
+
+
+@pytest.fixture
+def group(workspace, producer):
+    """An empty user group ``user_profile`` (the factory's features), made by ``producer``."""
+    return make_group(workspace, actor=producer, name="user_profile")
+
+
+@pytest.fixture
 def profile(workspace):
     """A user group ``profile`` with five users pushed (online and offline)."""
     group = make_group(workspace, name="profile")

@@ -19,8 +19,6 @@ from features.lookup import online_lookup
 from features.models import Batch, Dtype, EntityKind, Feature
 from features.tests.factories import make_group
 from features.views import example_value
-from workspaces.models import Role
-from workspaces.testing.factories import make_member
 
 pytestmark = pytest.mark.django_db
 
@@ -28,11 +26,6 @@ FEATURES = [
     {"name": "age", "dtype": "int"},
     {"name": "recent", "dtype": "categorical_list"},
 ]
-
-
-@pytest.fixture
-def producer(workspace):
-    return make_member(workspace, Role.DEVELOPER)
 
 
 @pytest.fixture

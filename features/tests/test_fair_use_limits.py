@@ -11,22 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.models import Batch
-from features.tests.factories import make_group, user_row
-from workspaces.models import Event, Role
+from features.tests.factories import user_row
+from workspaces.models import Event
 from workspaces.services import workspace_policy_set
-from workspaces.testing.factories import make_member
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def producer(workspace):
-    return make_member(workspace, Role.DEVELOPER)
-
-
-@pytest.fixture
-def group(workspace, producer):
-    return make_group(workspace, actor=producer, name="user_profile")
 
 
 def batches_url(group) -> str:

@@ -13,19 +13,9 @@ import pytest
 from features import offline_store
 from features.lookup import online_lookup
 from features.models import Batch, FeatureGroup
-from features.tests.factories import make_group, user_row
+from features.tests.factories import user_row
 from workspaces.models import Event, Role
 from workspaces.testing.factories import make_member
-
-
-@pytest.fixture
-def producer(workspace):
-    return make_member(workspace, Role.DEVELOPER)
-
-
-@pytest.fixture
-def group(workspace, producer):
-    return make_group(workspace, actor=producer, name="user_profile")
 
 
 def batches_url(group) -> str:

@@ -8,23 +8,12 @@ import pytest
 
 from features import offline_store
 from features.models import Batch
-from features.tests.factories import make_group, user_row
-from workspaces.models import Event, Role
+from features.tests.factories import user_row
+from workspaces.models import Event
 from workspaces.quota import GIB, quota_summary
 from workspaces.services import quota_set
-from workspaces.testing.factories import make_member
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def producer(workspace):
-    return make_member(workspace, Role.DEVELOPER)
-
-
-@pytest.fixture
-def group(workspace, producer):
-    return make_group(workspace, actor=producer, name="user_profile")
 
 
 def _push(client, group, rows):
