@@ -354,6 +354,15 @@ class TuningCreateForm(forms.Form):
         help_text="The registered model the best trial becomes a version of (default: the "
         "tuning job's name).",
     )
+    refit_cv_folds = forms.IntegerField(
+        label="Refit the best with cv_folds",
+        initial=0,
+        min_value=0,
+        required=False,
+        help_text="0: register the best trial as it is. k (2 to 20): train its params once "
+        "more with cv_folds = k, on the train and validation rows pooled, and register that; "
+        "worth it when the validation split is small.",
+    )
     cpu_milli = forms.IntegerField(label="CPU per trial (milli-cores)", initial=1000)
     memory_mb = forms.IntegerField(label="Memory per trial (MiB)", initial=1024)
     priority_class = forms.ChoiceField(
@@ -432,6 +441,7 @@ class TuningCreateForm(forms.Form):
             "parallelism": data["parallelism"],
             "seed": data["seed"],
             "model_name": data["model_name"],
+            "refit_cv_folds": data["refit_cv_folds"] or 0,
             "cpu_milli": data["cpu_milli"],
             "memory_mb": data["memory_mb"],
             "priority_class": data["priority_class"],

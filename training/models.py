@@ -415,7 +415,8 @@ class TuningJob(WorkspaceOwned, CreatedRecord):
     """A hyperparameter search (Katib's Experiment): trials are training jobs of one template on
     one dataset, sampled by Optuna's TPE from ``space`` and placed by the scheduler, at most
     ``parallelism`` at once, until ``n_trials`` or ``max_minutes``; the best trial by the
-    validation ``metric`` is registered as a model version. ``training.tuning`` advances it."""
+    validation ``metric`` is registered as a model version, or first trained again with
+    ``cv_folds`` (``refit_cv_folds``, ``refit_job``). ``training.tuning`` advances it."""
 
     event_kind = "tuning_job"
 
@@ -451,6 +452,21 @@ class TuningJob(WorkspaceOwned, CreatedRecord):
     seed = models.PositiveIntegerField(default=0)
     model_name = models.CharField(
         max_length=63, validators=[job_name_validator], help_text="Registered model of the best."
+    )
+    refit_cv_folds = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="0: the best trial's model is registered as it is. k >= 2: once the trials "
+        "are done, the best trial's params are trained again with cv_folds = k (train and "
+        "validation rows pooled into k folds, the model their average) and that job's model "
+        "is registered.",
+    )
+    refit_job = models.OneToOneField(
+        TrainingJob,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tuning_refit",
+        help_text="The best trial's cross-fitted retraining (refit_cv_folds >= 2).",
     )
 
     # What each trial job asks for.

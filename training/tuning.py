@@ -16,7 +16,10 @@ tuning job's row lock; each call:
    ``n_trials`` have started, each with the params Optuna's TPE asks for next from the study
    rebuilt from the trials recorded (``training.tuner``): a restarted controller repeats nothing;
 5. when every trial job has ended and the budget is spent, registers the best complete trial's
-   model and marks the tuning job succeeded (failed when no trial completed).
+   model and marks the tuning job succeeded (failed when no trial completed); with
+   ``refit_cv_folds`` it first starts one more job, the best trial's params with
+   ``cv_folds = k`` (its ``refit_job``), and registers that job's model when it succeeds (a
+   refit that fails or is cancelled fails the tuning job, saying so; the trials stay).
 
 It runs when a trial job ends or stores a validation value (``job_transition`` and
 ``job_record_progress`` call ``tuning_wake_for_job``, which queues ``advance_tuning_job`` after
@@ -53,6 +56,7 @@ from training.models import (
     TuningState,
     TuningTrial,
 )
+from training.params import ParamError, params_schema, template_names, template_schemas
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
@@ -114,6 +118,43 @@ def _int_in(errors: dict[str, str], name: str, value: Any, low: int, high: int) 
         errors[name] = f"a whole number from {low} to {high}"
 
 
+def _check_refit(
+    errors: dict[str, str],
+    template: str,
+    folds: Any,
+    fixed: dict[str, Any],
+    searched: tuner.SearchSpace,
+) -> None:
+    """``refit_cv_folds``: 0 or 1 (off), else within the template's ``cv_folds`` bounds, for
+    a template that has it, with trials that are not cross-fitted or averaged themselves."""
+    if isinstance(folds, bool) or not isinstance(folds, int):
+        errors["refit_cv_folds"] = "give a whole number: 0 (off) or the folds, e.g. 5"
+        return
+    if folds in (0, 1):
+        return
+    param = params_schema(template, policy=False).get("cv_folds")
+    if param is None:
+        having = [name for name in template_names() if "cv_folds" in template_schemas()[name]]
+        errors["refit_cv_folds"] = (
+            f"template '{template}' has no cv_folds; leave 0, or use one of: {', '.join(having)}"
+        )
+        return
+    try:
+        param.clean(folds)
+    except ParamError as exc:
+        errors["refit_cv_folds"] = str(exc)
+        return
+    if int(fixed.get("cv_folds") or 0) >= 2 or "cv_folds" in searched:
+        errors["refit_cv_folds"] = (
+            "the trials are cross-fitted already (cv_folds in the params or the space); leave 0"
+        )
+    elif int(fixed.get("members") or 1) > 1 or "members" in searched:
+        errors["refit_cv_folds"] = (
+            "cv_folds cannot be combined with members > 1 (the folds' models are the members); "
+            "leave 0 or drop members"
+        )
+
+
 @transaction.atomic
 def tuning_job_create(
     *,
@@ -132,6 +173,7 @@ def tuning_job_create(
     parallelism: int = 2,
     seed: int = 0,
     model_name: str = "",
+    refit_cv_folds: int = 0,
     cpu_milli: int | None = None,
     memory_mb: int | None = None,
     gpu_count: int | None = None,
@@ -145,8 +187,11 @@ def tuning_job_create(
     ``base_job`` (a job of this workspace) gives what is not given: template, dataset, params
     (less the searched ones), resources and priority class. ``space`` defaults to the
     template's (``training.tuner.DEFAULT_SPACES``) and is checked against its param schema;
-    ``parallelism`` may not exceed what the workspace's quota holds at once. Every bad field
-    at once: ``ValidationError`` by field (``space.<param>``, ``params.<param>``, ...)."""
+    ``parallelism`` may not exceed what the workspace's quota holds at once.
+    ``refit_cv_folds`` (k >= 2; the template must have ``cv_folds``) trains the best trial's
+    params once more with ``cv_folds = k`` when the trials are done, and registers that job's
+    model instead. Every bad field at once: ``ValidationError`` by field (``space.<param>``,
+    ``params.<param>``, ...)."""
     from training.services import check_job_input
 
     if base_job is not None:
@@ -217,6 +262,8 @@ def tuning_job_create(
     _int_in(errors, "seed", seed, 0, 2**31 - 1)
     if max_minutes is not None:
         _int_in(errors, "max_minutes", max_minutes, 1, MAX_MINUTES)
+    if "template" not in errors:
+        _check_refit(errors, template, refit_cv_folds, cleaned, searched)
     if "parallelism" not in errors and not any(k in errors for k in resources):
         limit = parallelism_limit(workspace, {**resources, "gpu_type": gpu_type})
         if limit is not None and parallelism > limit:
@@ -243,13 +290,16 @@ def tuning_job_create(
         parallelism=parallelism,
         seed=seed,
         model_name=(model_name or name),
+        refit_cv_folds=refit_cv_folds if refit_cv_folds >= 2 else 0,
         gpu_type=gpu_type,
         priority_class=priority_class,
         created_by=actor_user(actor),
         **resources,
     )
     try:
-        tuning.full_clean(exclude=["workspace", "dataset", "base_job", "created_by", "best_trial"])
+        tuning.full_clean(
+            exclude=["workspace", "dataset", "base_job", "created_by", "best_trial", "refit_job"]
+        )
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
     tuning.save()
@@ -268,6 +318,7 @@ def tuning_job_create(
             "n_trials": n_trials,
             "max_minutes": max_minutes,
             "parallelism": parallelism,
+            "refit_cv_folds": tuning.refit_cv_folds,
         },
     )
     if dispatch:
@@ -284,6 +335,7 @@ def tuning_job_cancel(*, actor: Actor, tuning_job: TuningJob) -> TuningJob:
         raise ConflictError(f"tuning job {locked.pk} is already {locked.state}", attr="state")
     reason = f"cancelled by {actor}" if actor is not None else "cancelled"
     _stop_open_trials(locked, _trials(locked), reason=reason, actor=actor)
+    _stop_refit(locked, reason=reason, actor=actor)
     _set_state(locked, TuningState.CANCELLED, actor=actor, reason=reason)
     for field in locked._meta.concrete_fields:
         setattr(tuning_job, field.attname, getattr(locked, field.attname))
@@ -305,15 +357,28 @@ def _dispatch(tuning_job_id: int, countdown: float = 0.0) -> None:
     transaction.on_commit(send)
 
 
-def tuning_wake_for_job(job_id: int) -> None:
-    """A trial job ended or stored a validation value: advance its tuning job after the commit
-    (nothing for a job that is not a trial)."""
+def tuning_of_job(job_id: int) -> int | None:
+    """The id of the tuning job that ``job_id`` is a trial or the refit of (``None``: neither)."""
     tuning_id = (
         TuningTrial.objects.unscoped()
         .filter(job_id=job_id)
         .values_list("tuning_job_id", flat=True)
         .first()
     )
+    if tuning_id is None:
+        tuning_id = (
+            TuningJob.objects.unscoped()
+            .filter(refit_job_id=job_id)
+            .values_list("pk", flat=True)
+            .first()
+        )
+    return tuning_id
+
+
+def tuning_wake_for_job(job_id: int) -> None:
+    """A trial job (or a refit job) ended or stored a validation value: advance its tuning job
+    after the commit (nothing for a job of no tuning job)."""
+    tuning_id = tuning_of_job(job_id)
     if tuning_id is not None:
         _dispatch(tuning_id)
 
@@ -507,6 +572,17 @@ def _stop_open_trials(
                 job_request_stop(job=trial.job, mode="cancel", reason=reason, actor=actor)
 
 
+def _stop_refit(tuning: TuningJob, *, reason: str, actor: Actor = None) -> None:
+    from training.services import job_request_stop
+
+    if tuning.refit_job_id is None:
+        return
+    job = TrainingJob.objects.for_workspace(tuning.workspace_id).get(pk=tuning.refit_job_id)
+    if not job.is_terminal and not job.stop_requested:
+        with contextlib.suppress(ConflictError):  # it ended meanwhile
+            job_request_stop(job=job, mode="cancel", reason=reason, actor=actor)
+
+
 def _trial_name(tuning: TuningJob, number: int) -> str:
     suffix = f"-t{number}"
     return f"{tuning.name[: 63 - len(suffix)]}{suffix}"
@@ -556,6 +632,27 @@ def _finish(tuning: TuningJob, trials: list[TuningTrial]) -> None:
     winner = next(t for t in trials if t.number == best.number)
     tuning.best_trial = winner
     tuning.best_value = best.value
+    chosen = f"trial {winner.number}, validation {tuning.metric} {best.value:.5g}"
+    source = winner.job
+    if tuning.refit_cv_folds >= 2:
+        refit = _refit(tuning, winner)
+        if refit is None or not refit.is_terminal:
+            return  # started now, or still training: its end wakes this job again
+        if refit.state != JobState.SUCCEEDED:
+            _set_state(
+                tuning,
+                TuningState.FAILED,
+                reason=f"the refit job {refit.name} #{refit.pk} {refit.state}: "
+                f"{refit.state_reason}",
+                best_trial=winner.number,
+                best_value=best.value,
+            )
+            return
+        source = refit
+        folded = tuner.validation_value((refit.metrics or {}).get("validation"), tuning.metric)
+        chosen += f"; refit with cv_folds={tuning.refit_cv_folds}" + (
+            f" (out-of-fold {tuning.metric} {folded:.5g})" if folded is not None else ""
+        )
     registered: dict[str, Any] = {}
     if _REGISTRAR:
         try:
@@ -564,9 +661,8 @@ def _finish(tuning: TuningJob, trials: list[TuningTrial]) -> None:
                     actor=tuning.created_by,
                     workspace=tuning.workspace,
                     name=tuning.model_name.replace("_", "-"),
-                    job=winner.job,
-                    description=f"best of tuning job {tuning.name} #{tuning.pk}: trial "
-                    f"{winner.number}, validation {tuning.metric} {best.value:.5g}",
+                    job=source,
+                    description=f"best of tuning job {tuning.name} #{tuning.pk}: {chosen}",
                 )
         except Exception as exc:  # any failure ends the job saying why (logged)
             logger.warning("tuning job %s: registration failed", tuning.pk, exc_info=True)
@@ -577,13 +673,62 @@ def _finish(tuning: TuningJob, trials: list[TuningTrial]) -> None:
     _set_state(
         tuning,
         TuningState.SUCCEEDED,
-        reason=f"best: trial {winner.number} ({tuning.metric} {best.value:.5g})"
+        reason=f"best: {chosen}"
         + (f", registered as {tuning.model_version_label}" if registered else ""),
         best_trial=winner.number,
         best_value=best.value,
         best_params=winner.params,
         model_version_id=tuning.model_version_id,
+        refit_job=tuning.refit_job_id,
     )
+
+
+def _refit(tuning: TuningJob, winner: TuningTrial) -> TrainingJob | None:
+    """The tuning job's refit job: the one started before, else a new one (``None`` when it
+    could not start: the tuning job is failed, saying why). The new job has the best trial's
+    params with ``cv_folds``, its resources and priority."""
+    from training.services import job_create
+
+    if tuning.refit_job_id is not None:
+        return TrainingJob.objects.for_workspace(tuning.workspace_id).get(pk=tuning.refit_job_id)
+    suffix = "-refit"
+    try:
+        job = job_create(
+            actor=tuning.created_by,
+            workspace=tuning.workspace,
+            name=f"{tuning.name[: 63 - len(suffix)]}{suffix}",
+            dataset=tuning.dataset,
+            template=tuning.template,
+            params={**winner.job.params, "cv_folds": tuning.refit_cv_folds},
+            cpu_milli=tuning.cpu_milli,
+            memory_mb=tuning.memory_mb,
+            gpu_count=tuning.gpu_count,
+            gpu_milli=tuning.gpu_milli,
+            gpu_type=tuning.gpu_type,
+            priority_class=tuning.priority_class,
+        )
+    except ValidationError as exc:
+        _set_state(
+            tuning,
+            TuningState.FAILED,
+            reason=f"could not start the refit of trial {winner.number}: {exc}",
+            best_trial=winner.number,
+            best_value=tuning.best_value,
+        )
+        return None
+    tuning.refit_job = job
+    tuning.state_reason = (
+        f"refitting trial {winner.number} with cv_folds={tuning.refit_cv_folds}: job {job.name}"
+    )[:500]
+    tuning.save()
+    event_record(
+        actor=None,
+        workspace=tuning.workspace,
+        verb="training.tuning_job.refit_started",
+        refs=[Ref.to(tuning), Ref.to(winner.job, role="input"), Ref.to(job, role="output")],
+        payload={"best_trial": winner.number, "cv_folds": tuning.refit_cv_folds},
+    )
+    return job
 
 
 def trial_cap(tuning: TuningJob, trials: list[TuningTrial]) -> int:

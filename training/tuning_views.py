@@ -29,7 +29,7 @@ METRIC_LABELS = {"logloss": "Validation logloss", "auc": "Validation AUC"}
 def _tuning_jobs(workspace):
     return (
         TuningJob.objects.for_workspace(workspace)
-        .select_related("dataset", "best_trial")
+        .select_related("dataset", "best_trial", "refit_job")
         .prefetch_related("trials")
     )
 

@@ -440,12 +440,21 @@ def jobs_logs(state: State, job_id, follow) -> None:
 @click.option("--template", default="logreg", show_default=True)
 @click.option("--space", required=True, help='JSON, e.g. {"lr": {"low": 1e-4, "high": 0.1}}')
 @click.option("--trials", type=int, default=10, show_default=True)
+@click.option(
+    "--refit-cv-folds",
+    type=int,
+    default=0,
+    show_default=True,
+    help="k >= 2: train the best trial's params again with cv_folds = k and register that.",
+)
 @pass_state
-def tune(state: State, name, dataset, template, space, trials) -> None:
+def tune(state: State, name, dataset, template, space, trials, refit_cv_folds) -> None:
     """Start a hyper-parameter search."""
+    extra = {"refit_cv_folds": refit_cv_folds} if refit_cv_folds else {}
     tuning = state.client.tune(
-        name, dataset=dataset, template=template, space=json.loads(space), n_trials=trials
-    )
+        name, dataset=dataset, template=template, space=json.loads(space), n_trials=trials,
+        **extra,
+    )  # fmt: skip
     emit(state, tuning if state.as_json else _pick(tuning, "id", "name", "state", "n_trials"))
 
 

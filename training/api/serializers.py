@@ -293,6 +293,12 @@ class TuningJobSerializer(serializers.ModelSerializer):
         source="best_trial.number", default=None, help_text="The best trial's number."
     )
     created_by = serializers.CharField(source="created_by.username", default=None)
+    refit_job = serializers.IntegerField(
+        source="refit_job_id",
+        allow_null=True,
+        help_text="The job that trains the best trial's params again with cv_folds "
+        "(refit_cv_folds >= 2); its model is the one registered.",
+    )
     trials_started = serializers.SerializerMethodField()
     trials_finished = serializers.SerializerMethodField()
 
@@ -314,6 +320,8 @@ class TuningJobSerializer(serializers.ModelSerializer):
             "parallelism",
             "seed",
             "model_name",
+            "refit_cv_folds",
+            "refit_job",
             "cpu_milli",
             "memory_mb",
             "gpu_count",
@@ -401,6 +409,13 @@ class TuningJobCreateSerializer(serializers.Serializer):
         max_length=63, required=False, allow_blank=True, default="",
         help_text="Registered model for the best trial (default: the tuning job's name).",
     )  # fmt: skip
+    refit_cv_folds = serializers.IntegerField(
+        required=False,
+        default=0,
+        help_text="0: register the best trial's model. k >= 2 (a template with cv_folds): "
+        "train the best trial's params once more with cv_folds = k on the train and "
+        "validation rows pooled, and register that model.",
+    )
     cpu_milli = serializers.IntegerField(required=False, allow_null=True, default=None)
     memory_mb = serializers.IntegerField(required=False, allow_null=True, default=None)
     gpu_count = serializers.IntegerField(required=False, allow_null=True, default=None)

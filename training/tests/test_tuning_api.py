@@ -151,3 +151,16 @@ def test_the_list_does_not_query_per_tuning_job(
     assert response.status_code == 200 and len(response.json()["results"]) == 4
     assert {r["trials_started"] for r in response.json()["results"]} == {2}
     assert TuningTrial.objects.for_workspace(workspace).count() == 8
+
+
+def test_refit_cv_folds_is_taken_shown_and_a_bad_one_names_the_field(workspace, dev, dataset):
+    bad = dev.post(_url(workspace), _body(dataset, template="two_tower", refit_cv_folds=3),
+                   format="json")  # fmt: skip
+    assert bad.status_code == 400 and "refit_cv_folds" in _attrs(bad), bad.content
+    assert "lightgbm" in bad.content.decode()  # names the templates that have cv_folds
+    wrong_type = dev.post(_url(workspace), _body(dataset, refit_cv_folds="x"), format="json")
+    assert wrong_type.status_code == 400 and "refit_cv_folds" in _attrs(wrong_type)
+    response = dev.post(_url(workspace), _body(dataset, refit_cv_folds=4), format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["refit_cv_folds"] == 4 and body["refit_job"] is None

@@ -166,3 +166,17 @@ def test_cancel_from_the_page(client, developer, workspace, dataset):
     assert tj.state == "cancelled"
     again = client.post(url, follow=True)
     assert "already cancelled" in again.content.decode()
+
+
+def test_the_form_takes_a_refit_and_names_a_bad_one(client, developer, workspace, dataset):
+    bad = client.post(_new_url(workspace), _form(dataset, refit_cv_folds="40"))
+    assert bad.status_code == 400
+    assert "from 0 to 20" in " ".join(bad.context["form"].errors["refit_cv_folds"])
+    assert 'data-error-for="refit_cv_folds"' in bad.content.decode()
+    assert not TuningJob.objects.for_workspace(workspace).exists()
+    response = client.post(_new_url(workspace), _form(dataset, refit_cv_folds="5"))
+    assert response.status_code == 302
+    created = TuningJob.objects.for_workspace(workspace).get()
+    assert created.refit_cv_folds == 5 and created.refit_job is None
+    page = client.get(response["Location"]).content.decode()
+    assert 'data-testid="refit"' in page and "cv_folds=5" in page
