@@ -358,7 +358,13 @@ class TuningCreateForm(forms.Form):
         label="Refit the best with cv_folds",
         initial=0,
         min_value=0,
+        max_value=20,
         required=False,
+        error_messages={
+            "min_value": "Give a whole number from 0 to 20 (0: off).",
+            "max_value": "Give a whole number from 0 to 20 (0: off).",
+            "invalid": "Give a whole number from 0 to 20 (0: off).",
+        },
         help_text="0: register the best trial as it is. k (2 to 20): train its params once "
         "more with cv_folds = k, on the train and validation rows pooled, and register that; "
         "worth it when the validation split is small.",
