@@ -562,45 +562,41 @@ def _stop_open_trials(
     tuning: TuningJob, trials: list[TuningTrial], *, reason: str, actor: Actor = None
 ):
     """Cancel every unfinished trial job (a pruned one is already on its way out)."""
-    from training.services import job_request_stop
 
     for trial in trials:
         if trial.state == TrialState.RUNNING:
             _trial_state(tuning, trial, TrialState.CANCELLED, actor=actor, reason=reason)
-        if not trial.job.is_terminal and not trial.job.stop_requested:
-            with contextlib.suppress(ConflictError):  # it ended meanwhile
-                job_request_stop(job=trial.job, mode="cancel", reason=reason, actor=actor)
+        _cancel_job(trial.job, reason=reason, actor=actor)
 
 
-def _stop_refit(tuning: TuningJob, *, reason: str, actor: Actor = None) -> None:
+def _cancel_job(job: TrainingJob, *, reason: str, actor: Actor = None) -> None:
+    """Cancel a child job that is neither ended nor already asked to stop."""
     from training.services import job_request_stop
 
-    if tuning.refit_job_id is None:
-        return
-    job = TrainingJob.objects.for_workspace(tuning.workspace_id).get(pk=tuning.refit_job_id)
     if not job.is_terminal and not job.stop_requested:
         with contextlib.suppress(ConflictError):  # it ended meanwhile
             job_request_stop(job=job, mode="cancel", reason=reason, actor=actor)
 
 
-def _trial_name(tuning: TuningJob, number: int) -> str:
-    suffix = f"-t{number}"
+def _stop_refit(tuning: TuningJob, *, reason: str, actor: Actor = None) -> None:
+    if tuning.refit_job_id is not None:
+        job = TrainingJob.objects.for_workspace(tuning.workspace_id).get(pk=tuning.refit_job_id)
+        _cancel_job(job, reason=reason, actor=actor)
+
+
+def _child_name(tuning: TuningJob, suffix: str) -> str:
     return f"{tuning.name[: 63 - len(suffix)]}{suffix}"
 
 
-def _start_trial(tuning: TuningJob, trials: list[TuningTrial]) -> TuningTrial:
+def _child_job(tuning: TuningJob, *, name: str, params: dict[str, Any]) -> TrainingJob:
+    """A training job of the tuning job's template and dataset with ``params``, asking for
+    the resources and priority each of its jobs asks for (a trial or the refit)."""
     from training.services import job_create
 
-    space = tuning_space(tuning)
-    number = len(trials)
-    sampled = tuner.ask(
-        space, [trial_record(t) for t in trials], metric=tuning.metric, seed=tuning.seed
-    )
-    params = {**tuning.params, **tuner.derived_params(tuning.template, sampled)}
-    job = job_create(
+    return job_create(
         actor=tuning.created_by,
         workspace=tuning.workspace,
-        name=_trial_name(tuning, number),
+        name=name,
         dataset=tuning.dataset,
         template=tuning.template,
         params=params,
@@ -611,6 +607,16 @@ def _start_trial(tuning: TuningJob, trials: list[TuningTrial]) -> TuningTrial:
         gpu_type=tuning.gpu_type,
         priority_class=tuning.priority_class,
     )
+
+
+def _start_trial(tuning: TuningJob, trials: list[TuningTrial]) -> TuningTrial:
+    space = tuning_space(tuning)
+    number = len(trials)
+    sampled = tuner.ask(
+        space, [trial_record(t) for t in trials], metric=tuning.metric, seed=tuning.seed
+    )
+    params = {**tuning.params, **tuner.derived_params(tuning.template, sampled)}
+    job = _child_job(tuning, name=_child_name(tuning, f"-t{number}"), params=params)
     trial = TuningTrial.objects.create(
         workspace=tuning.workspace, tuning_job=tuning, number=number, job=job, params=sampled
     )
@@ -687,25 +693,13 @@ def _refit(tuning: TuningJob, winner: TuningTrial) -> TrainingJob | None:
     """The tuning job's refit job: the one started before, else a new one (``None`` when it
     could not start: the tuning job is failed, saying why). The new job has the best trial's
     params with ``cv_folds``, its resources and priority."""
-    from training.services import job_create
-
     if tuning.refit_job_id is not None:
         return TrainingJob.objects.for_workspace(tuning.workspace_id).get(pk=tuning.refit_job_id)
-    suffix = "-refit"
     try:
-        job = job_create(
-            actor=tuning.created_by,
-            workspace=tuning.workspace,
-            name=f"{tuning.name[: 63 - len(suffix)]}{suffix}",
-            dataset=tuning.dataset,
-            template=tuning.template,
+        job = _child_job(
+            tuning,
+            name=_child_name(tuning, "-refit"),
             params={**winner.job.params, "cv_folds": tuning.refit_cv_folds},
-            cpu_milli=tuning.cpu_milli,
-            memory_mb=tuning.memory_mb,
-            gpu_count=tuning.gpu_count,
-            gpu_milli=tuning.gpu_milli,
-            gpu_type=tuning.gpu_type,
-            priority_class=tuning.priority_class,
         )
     except ValidationError as exc:
         _set_state(
