@@ -31,8 +31,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
-from scipy.optimize import brentq
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_TUNING = 5000.0
@@ -237,6 +235,8 @@ def compare(
     CupedStats pairs get their pooled theta here. Degenerate inputs (no units, a zero control
     mean, no variance) give an uninformative result with ``error`` set, as gbstats does.
     """
+    from scipy import stats as sps
+
     if isinstance(a, CupedStats) and isinstance(b, CupedStats):
         theta = cuped_theta(a, b)
         a, b = a.with_theta(theta), b.with_theta(theta)
@@ -294,6 +294,8 @@ def relative_tests_arrays(
     ``a``/``b`` map n, sum_m, sum_m2, sum_d, sum_d2, sum_md to arrays of equal shape. Returns
     estimate, ci_low, ci_high, p_value and se arrays; the same formulas as ``compare``.
     """
+    from scipy import stats as sps
+
     keys = ("n", "sum_m", "sum_m2", "sum_d", "sum_d2", "sum_md")
     var_a = ratio_variance_arrays(*(np.asarray(a[k], float) for k in keys))
     var_b = ratio_variance_arrays(*(np.asarray(b[k], float) for k in keys))
@@ -345,6 +347,8 @@ def srm_check(
     observed: Sequence[float], planned_weights: Sequence[float], *, threshold=SRM_P_THRESHOLD
 ) -> SrmResult:
     """Chi-square goodness of fit of the units per arm against the planned split."""
+    from scipy import stats as sps
+
     obs = np.asarray(observed, dtype=float)
     weights = np.asarray(planned_weights, dtype=float)
     total = obs.sum()
@@ -371,6 +375,8 @@ def power_relative(
 ) -> float:
     """Power of the two-sided relative test for a lift, both arms with the control's variance
     scaled like the mean (the variance of a ratio metric grows with the square of its level)."""
+    from scipy import stats as sps
+
     mean_b = mean * (1 + relative_lift)
     var_b = unit_variance * (1 + relative_lift) ** 2
     se = relative_se(unit_variance, var_b, mean, mean_b, n_per_arm, n_per_arm)
@@ -388,6 +394,8 @@ def sample_size_per_arm(
     power: float = 0.8,
 ) -> int:
     """Units per arm for ``power`` at ``relative_lift`` (normal approximation, rounded up)."""
+    from scipy import stats as sps
+
     z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
     # se^2 = c / n with c from the relative variance at n = 1
     c = (
@@ -480,6 +488,8 @@ def analyze(
     judged against this look's alpha-spending boundary, which keeps the type-I error at alpha
     when the experiment is read at each of its planned looks; ``sequential_method`` names the
     one a decision should use."""
+    from scipy import stats as sps
+
     out_arms: dict[str, Any] = {}
     plan = looks.as_dict(alpha) if looks is not None else None
     bound = plan["bounds"][-1] if plan is not None else None
@@ -558,6 +568,8 @@ def alpha_spent(t: float | np.ndarray, alpha: float = DEFAULT_ALPHA, spending="o
     side spending half): O'Brien-Fleming-type ``2 (2 - 2 Phi(z_{alpha/4} / sqrt t))``,
     Pocock-type ``alpha ln(1 + (e - 1) t)``. Both spend all of alpha at ``t = 1``; the
     O'Brien-Fleming one gives the published K=5 bounds 4.877, 3.357, 2.680, 2.290, 2.031."""
+    from scipy import stats as sps
+
     t = np.clip(np.asarray(t, dtype=float), 0.0, 1.0)
     if spending == "obrien_fleming":
         with np.errstate(divide="ignore"):
@@ -586,6 +598,8 @@ class _Recursion:
 
     def exit_probability(self, t: float, bound: float) -> float:
         """P(no earlier crossing and |B(t)| >= bound), bound on the score scale."""
+        from scipy import stats as sps
+
         sd = math.sqrt(t - self.t)
         if self.x is None:
             return float(2 * sps.norm.sf(bound / sd))
@@ -593,6 +607,8 @@ class _Recursion:
         return float(self.f @ tails)
 
     def advance(self, t: float, bound: float) -> None:
+        from scipy import stats as sps
+
         sd = math.sqrt(t - self.t)
         x = np.linspace(-bound, bound, _GRID)
         w = _simpson_weights(_GRID, 2 * bound)
@@ -625,6 +641,8 @@ def group_sequential_bounds(
     ``sqrt(I_j / I_k)`` when alpha is spent on another clock (calendar time, Lan & DeMets 1989);
     by default it is the fractions themselves. Looks that spend nothing get an infinite bound.
     """
+    from scipy.optimize import brentq
+
     t = _fractions(fractions)
     info = t if information is None else np.asarray(information, dtype=float)
     if info.shape != t.shape or np.any(info <= 0) or np.any(np.diff(info) <= 0):
@@ -667,6 +685,8 @@ def crossing_probability(
 
 def pocock_constant(looks: int, *, alpha: float = DEFAULT_ALPHA) -> float:
     """Pocock's (1977) constant boundary for ``looks`` equally spaced looks."""
+    from scipy.optimize import brentq
+
     t = np.arange(1, looks + 1) / looks
     return brentq(lambda c: crossing_probability(t, [c] * looks) - alpha, 1.0, 6.0, xtol=1e-10)
 
@@ -675,6 +695,8 @@ def group_sequential_effect(effect: Effect, bound: float) -> dict[str, Any]:
     """A fixed-horizon effect read at a look with boundary ``bound``: the repeated confidence
     interval ``estimate +- bound * se`` and whether it crossed (a two-sided z-test: at a look's
     sample size Student's t is the normal)."""
+    from scipy import stats as sps
+
     out = effect.as_dict()
     if effect.error:
         out.update(bound=_finite(bound), sequential=True, significant=False)

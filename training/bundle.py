@@ -40,6 +40,7 @@ consistency check verifies end to end. It encodes, as the reference CTR librarie
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -354,6 +355,22 @@ def register_template(
         return builder
 
     return decorate
+
+
+def declare_template(
+    name: str, *, params: Mapping[str, Any], builder: str, model_file: str = ""
+) -> None:
+    """Register a template by the path of its builder, ``"module:function"``, imported on its
+    first build: the params (the API's and the forms' schema) are known without importing the
+    module, so a built-in network's torch loads only where a model is built
+    (``training.templates.schemas``)."""
+    module_name, _, attr = builder.partition(":")
+
+    def build(spec: BundleSpec) -> Any:
+        return getattr(importlib.import_module(module_name), attr)(spec)
+
+    build.__qualname__ = build.__name__ = f"build_{name}"
+    register_template(name, params=params, model_file=model_file)(build)
 
 
 def model_file(template: str) -> str:

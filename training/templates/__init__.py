@@ -11,7 +11,8 @@ as the sanity floor, ``fine_ranking`` or ``deepfm`` when many categorical fields
 there are enough rows for embeddings, ``two_tower`` for recall (user and item vectors).
 """
 
-from training.templates import deepfm, fine_ranking, lightgbm, logreg, two_tower  # noqa: F401
+# Registers each template's params and builder; the networks (and torch) load on the first build.
+from training.templates import schemas  # noqa: F401
 
 # Template name -> one line shown in the API and the UI: what it is and when to pick it.
 DESCRIPTIONS = {

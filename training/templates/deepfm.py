@@ -28,43 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.bundle import BundleSpec, register_template
-from training.params import Param
-from training.templates.inputs import CV_FOLDS, MEMBERS, FieldEmbedding, field_weights
-
-PARAMS = {
-    "embedding_dim": Param(
-        "int",
-        10,
-        "Width of every field's embedding (shared by the FM and the DNN).",
-        min=1,
-        max=512,
-    ),
-    "hidden": Param(
-        "int_list",
-        [128, 64],
-        "Widths of the DNN's hidden layers, e.g. 128,64 (the paper: 400,400,400).",
-        min=1,
-        max=4096,
-        label="Hidden layers",
-    ),
-    "dropout": Param("float", 0.0, "Dropout after each DNN layer.", min=0.0, max=0.9),
-    "batch_norm": Param(
-        "bool", False, "Batch normalisation before each DNN activation.", label="Batch norm"
-    ),
-    "embedding_l2": Param(
-        "float",
-        0.0,
-        "L2 penalty on the embedding tables, added to the loss (DeepCTR uses 1e-5).",
-        min=0.0,
-        max=1.0,
-        label="Embedding L2",
-        advanced=True,
-    ),
-    "members": MEMBERS,
-    "cv_folds": CV_FOLDS,
-}
-DEFAULTS = {name: param.default for name, param in PARAMS.items()}
+from training.bundle import BundleSpec
+from training.templates.inputs import FieldEmbedding, field_weights
+from training.templates.schemas import DEEPFM_DEFAULTS
 
 
 class _BatchNorm(nn.BatchNorm1d):
@@ -157,7 +123,7 @@ class DeepFM(nn.Module):
 
 
 def hparams(spec: BundleSpec) -> dict:
-    merged = {**DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in DEFAULTS}}
+    merged = {**DEEPFM_DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in DEEPFM_DEFAULTS}}
     hidden = merged["hidden"]
     if isinstance(hidden, str):
         hidden = [int(x) for x in hidden.split(",") if x.strip()]
@@ -165,7 +131,6 @@ def hparams(spec: BundleSpec) -> dict:
     return merged
 
 
-@register_template("deepfm", params=PARAMS)
 def build(spec: BundleSpec) -> nn.Module:
     h = hparams(spec)
     return DeepFM(

@@ -12,30 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.bundle import BundleSpec, register_template
-from training.params import Param
-from training.templates.inputs import CV_FOLDS, MEMBERS, FieldEmbedding
-
-PARAMS = {
-    "embedding_dim": Param(
-        "int", 8, "Width of each categorical feature's embedding.", min=1, max=512
-    ),
-    "cross_layers": Param(
-        "int", 2, "Full-rank cross layers (explicit interactions).", min=0, max=8
-    ),
-    "hidden": Param(
-        "int_list",
-        [64, 32],
-        "Widths of the MLP's hidden layers, e.g. 64,32.",
-        min=1,
-        max=4096,
-        label="Hidden layers",
-    ),
-    "dropout": Param("float", 0.0, "Dropout after each MLP layer.", min=0.0, max=0.9),
-    "members": MEMBERS,
-    "cv_folds": CV_FOLDS,
-}
-DEFAULTS = {name: param.default for name, param in PARAMS.items()}
+from training.bundle import BundleSpec
+from training.templates.inputs import FieldEmbedding
+from training.templates.schemas import FINE_RANKING_DEFAULTS
 
 
 class CrossLayer(nn.Module):
@@ -92,15 +71,17 @@ class DCNv2(nn.Module):
 
 
 def hparams(spec: BundleSpec) -> dict:
-    merged = {**DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in DEFAULTS}}
-    hidden = spec.hparams.get("hidden", DEFAULTS["hidden"])
+    merged = {
+        **FINE_RANKING_DEFAULTS,
+        **{k: v for k, v in spec.hparams.items() if k in FINE_RANKING_DEFAULTS},
+    }
+    hidden = spec.hparams.get("hidden", FINE_RANKING_DEFAULTS["hidden"])
     if isinstance(hidden, str):
         hidden = [int(x) for x in hidden.split(",") if x.strip()]
     merged["hidden"] = [int(x) for x in hidden]
     return merged
 
 
-@register_template("fine_ranking", params=PARAMS)
 def build(spec: BundleSpec) -> nn.Module:
     h = hparams(spec)
     return DCNv2(

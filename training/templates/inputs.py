@@ -22,41 +22,6 @@ import torch
 from torch import nn
 
 from training.bundle import CATEGORICAL_LIST, BundleSpec, categorical_columns
-from training.params import Param
-
-# The templates that train an average of networks declare this param (``training.bundle.
-# build_model`` builds the members, ``Averaged`` trains and averages them).
-MEMBERS = Param(
-    "int",
-    1,
-    "Networks trained one after another, each as a run of its own with the seed, seed + 1, "
-    "... (its initialisation, batch order and early-stopping epoch); the model's logit is "
-    "their mean, and the calibration is fitted on that mean. Averaging removes most of the "
-    "spread between seeds: on the quality bench (MovieLens 100K, time-ordered split) three "
-    "DCN-v2 runs averaged gained 0.004 AUC and 0.005 log loss over one, at three times the "
-    "training and serving cost.",
-    min=1,
-    max=16,
-    label="Averaged networks",
-)
-
-# The templates that can be cross-fitted declare this param (``training.runner.train_members``
-# trains the folds' models, ``Averaged`` averages them, as it does ``members``).
-CV_FOLDS = Param(
-    "int",
-    0,
-    "k-fold cross-fitting for small datasets (0 or 1: off). The train and validation rows "
-    "are pooled and dealt into k folds (interleaved in time order); k models are trained, "
-    "each on k - 1 folds and early-stopped on the one left out, and the model's logit is "
-    "their mean. The validation metrics (and the calibration, and what the tuner compares) "
-    "are out of fold: every pooled row scored by the model that did not train on it, so "
-    "they rest on all those rows instead of the validation split alone. The encoding is "
-    "fitted on the pooled rows (labels unread). The test rows stay out. Not with members "
-    "> 1 (the folds' models are the members). k times the training and serving cost.",
-    min=0,
-    max=20,
-    label="Cross-validation folds",
-)
 
 
 class FieldEmbedding(nn.ModuleList):

@@ -35,98 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from training.bundle import BundleSpec, register_template
-from training.params import Param
-from training.templates.inputs import CV_FOLDS
-
-MODEL_FILE = "model.txt"
-
-PARAMS = {
-    "num_boost_round": Param(
-        "int",
-        1000,
-        "Boosting rounds (trees) at most; early stopping usually ends sooner.",
-        min=1,
-        max=100_000,
-        label="Boosting rounds",
-    ),
-    "learning_rate": Param(
-        "float",
-        0.05,
-        "Shrinkage of each tree's contribution (lower: more rounds, often better).",
-        min=0.0001,
-        max=1.0,
-    ),
-    "num_leaves": Param(
-        "int", 31, "Leaves per tree at most (the main capacity knob).", min=2, max=131_072
-    ),
-    "min_data_in_leaf": Param(
-        "int",
-        20,
-        "Training rows a leaf needs at least (higher: smoother, less overfitting).",
-        min=1,
-        max=1_000_000,
-        label="Min rows in a leaf",
-    ),
-    "feature_fraction": Param(
-        "float",
-        0.9,
-        "Share of the columns each tree may use (sampled per tree).",
-        min=0.01,
-        max=1.0,
-    ),
-    "bagging_fraction": Param(
-        "float",
-        1.0,
-        "Share of the training rows each bagging draw keeps (with bagging_freq > 0).",
-        min=0.01,
-        max=1.0,
-    ),
-    "bagging_freq": Param(
-        "int",
-        0,
-        "Draw a new bag every N rounds (0: no bagging).",
-        min=0,
-        max=10_000,
-        label="Bagging frequency",
-    ),
-    "lambda_l1": Param(
-        "float", 0.0, "L1 penalty on the leaf values.", min=0.0, max=1000.0, label="L1 penalty"
-    ),
-    "lambda_l2": Param(
-        "float", 0.0, "L2 penalty on the leaf values.", min=0.0, max=1000.0, label="L2 penalty"
-    ),
-    "max_bin": Param(
-        "int",
-        255,
-        "Histogram bins per numeric column.",
-        min=2,
-        max=65_535,
-        advanced=True,
-        label="Max bins",
-    ),
-    "early_stopping_rounds": Param(
-        "int",
-        50,
-        "Stop after this many rounds without a better validation metric and keep the best "
-        "round's trees (0: run every round and keep them all).",
-        min=0,
-        max=100_000,
-    ),
-    "categorical": Param(
-        "bool",
-        True,
-        "Pass the categorical codes as LightGBM categorical features (false: as numbers).",
-        label="Native categorical splits",
-    ),
-    "cv_folds": CV_FOLDS,
-}
-DEFAULTS = {name: param.default for name, param in PARAMS.items()}
+from training.bundle import BundleSpec
+from training.templates.schemas import LIGHTGBM_DEFAULTS
 
 
 def hparams(spec_or_params: BundleSpec | dict[str, Any]) -> dict[str, Any]:
     given = spec_or_params.hparams if isinstance(spec_or_params, BundleSpec) else spec_or_params
-    return {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+    return {**LIGHTGBM_DEFAULTS, **{k: v for k, v in given.items() if k in LIGHTGBM_DEFAULTS}}
 
 
 def feature_layout(spec: BundleSpec) -> tuple[list[str], list[int]]:
@@ -252,7 +167,6 @@ def averaged(models: Sequence[LightGBMModel], spec: BundleSpec) -> LightGBMModel
     return LightGBMModel(spec, lgb.Booster(model_str=text))
 
 
-@register_template("lightgbm", params=PARAMS, model_file=MODEL_FILE)
 def build(spec: BundleSpec) -> LightGBMModel:
     """An empty model: ``training.gbdt`` trains its booster, ``load_bundle`` reads it."""
     return LightGBMModel(spec)

@@ -16,41 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.bundle import BundleSpec, register_template
-from training.params import Param
-from training.templates.inputs import CV_FOLDS, field_weights
-
-SOLVERS = ("lbfgs", "adam")
-
-PARAMS: dict = {
-    "solver": Param(
-        "choice",
-        "lbfgs",
-        "lbfgs: the convex fit to convergence on all training rows (as scikit-learn's "
-        "LogisticRegression; lr, batch_size, epochs and early stopping are not used); adam: "
-        "minibatch steps with early stopping, as the deep templates train.",
-        choices=SOLVERS,
-    ),
-    "l2": Param(
-        "float",
-        1e-4,
-        "L2 penalty of the convex fit per training row (l2 = 1 / (C * rows) in scikit-learn's "
-        "terms); the bias is not penalised.",
-        min=0.0,
-        max=100.0,
-        label="L2 penalty",
-    ),
-    "max_iter": Param(
-        "int",
-        200,
-        "Most L-BFGS iterations of the convex fit.",
-        min=1,
-        max=10_000,
-        label="Most iterations",
-        advanced=True,
-    ),
-    "cv_folds": CV_FOLDS,
-}
+from training.bundle import BundleSpec
+from training.templates.inputs import field_weights
 
 
 class LogisticRegression(nn.Module):
@@ -71,6 +38,5 @@ class LogisticRegression(nn.Module):
         return self.cat_weights.first_order(cat, out)
 
 
-@register_template("logreg", params=PARAMS)
 def build(spec: BundleSpec) -> nn.Module:
     return LogisticRegression(spec)

@@ -16,21 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.bundle import BundleSpec, register_template
-from training.params import Param
+from training.bundle import BundleSpec
 from training.templates.inputs import FieldEmbedding
-
-PARAMS = {
-    "embedding_dim": Param(
-        "int", 8, "Width of each categorical feature's embedding.", min=1, max=512
-    ),
-    "tower_dim": Param("int", 32, "Width of the user and item vectors.", min=1, max=1024),
-    "hidden": Param("int", 64, "Width of each tower's hidden layer.", min=1, max=4096),
-    "temperature": Param(
-        "float", 0.1, "Divides the dot product (lower: sharper scores).", min=0.001, max=10.0
-    ),
-}
-DEFAULTS = {name: param.default for name, param in PARAMS.items()}
+from training.templates.schemas import TWO_TOWER_DEFAULTS
 
 
 def _columns(spec: BundleSpec, item: bool) -> tuple[list[int], list[int]]:
@@ -102,7 +90,6 @@ class TwoTower(nn.Module):
         return F.cross_entropy(logits, target) + pointwise
 
 
-@register_template("two_tower", params=PARAMS)
 def build(spec: BundleSpec) -> nn.Module:
-    h = {**DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in DEFAULTS}}
+    h = {**TWO_TOWER_DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in TWO_TOWER_DEFAULTS}}
     return TwoTower(spec, h)
