@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User as AuthUser
@@ -214,24 +214,32 @@ def membership_revoke(*, actor: Actor, workspace: Workspace, user: AuthUser) -> 
     )
 
 
+class ResourceLimits(TypedDict, total=False):
+    """A quota's scheduler limits, as keywords of ``quota_set`` and ``quota_request_create``
+    (``None`` or left out: unlimited)."""
+
+    cpu_milli: int | None
+    memory_mb: int | None
+    gpu_milli: int | None
+
+
+class QuotaLimits(ResourceLimits, total=False):
+    storage_gb: int | None  # on the all-types quota only; enforced at feature pushes
+
+
 @transaction.atomic
 def quota_set(
-    *,
-    actor: Actor,
-    workspace: Workspace,
-    gpu_type: str = "",
-    cpu_milli: int | None = None,
-    memory_mb: int | None = None,
-    gpu_milli: int | None = None,
-    storage_gb: int | None = None,
+    *, actor: Actor, workspace: Workspace, gpu_type: str = "", **limits: Unpack[QuotaLimits]
 ) -> WorkspaceQuota:
-    """Create or change a workspace's quota for one GPU type (blank: all types); ``None`` is
-    unlimited. Records ``quota.changed`` with the limits before and after (A2).
+    """Create or change a workspace's quota for one GPU type (blank: all types); a limit left
+    out or ``None`` is unlimited. Records ``quota.changed`` with the limits before and after
+    (A2).
 
     Only platform admins (superusers) or the platform itself (``actor=None``) change quotas;
     workspace admins file a quota request instead."""
     if actor is not None and getattr(actor, "is_authenticated", False) and not actor.is_superuser:
         raise PermissionDenied("Quotas are changed by platform admins only.")
+    storage_gb = limits.get("storage_gb")
     if gpu_type and storage_gb is not None:
         raise ValidationError({"storage_gb": "storage is limited on the all-types quota only"})
     existing: WorkspaceQuota | None = (
@@ -243,8 +251,8 @@ def quota_set(
     created = existing is None
     quota = existing or WorkspaceQuota(workspace=workspace, gpu_type=gpu_type)
     before = None if existing is None else existing.limits()
-    quota.cpu_milli, quota.memory_mb = cpu_milli, memory_mb
-    quota.gpu_milli, quota.storage_gb = gpu_milli, storage_gb
+    quota.cpu_milli, quota.memory_mb = limits.get("cpu_milli"), limits.get("memory_mb")
+    quota.gpu_milli, quota.storage_gb = limits.get("gpu_milli"), storage_gb
     _validate(quota, exclude=["workspace"] if created else None)
     after = quota.limits()
     if before == after:
@@ -403,13 +411,13 @@ def quota_request_create(
     actor: Actor,
     workspace: Workspace,
     gpu_type: str = "",
-    cpu_milli: int | None = None,
-    memory_mb: int | None = None,
-    gpu_milli: int | None = None,
     reason: str = "",
+    **limits: Unpack[ResourceLimits],
 ) -> QuotaRequest:
     """A workspace admin asks the platform admins for a different scheduler quota (recorded;
     nothing changes until a platform admin approves it)."""
+    cpu_milli, memory_mb = limits.get("cpu_milli"), limits.get("memory_mb")
+    gpu_milli = limits.get("gpu_milli")
     request = QuotaRequest(
         workspace=workspace,
         gpu_type=gpu_type,

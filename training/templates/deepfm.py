@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from training.bundle import BundleSpec
 from training.templates.inputs import FieldEmbedding, field_weights
-from training.templates.schemas import DEEPFM_DEFAULTS
+from training.templates.schemas import DEEPFM_PARAMS, with_defaults
 
 
 class _BatchNorm(nn.BatchNorm1d):
@@ -123,12 +123,7 @@ class DeepFM(nn.Module):
 
 
 def hparams(spec: BundleSpec) -> dict:
-    merged = {**DEEPFM_DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in DEEPFM_DEFAULTS}}
-    hidden = merged["hidden"]
-    if isinstance(hidden, str):
-        hidden = [int(x) for x in hidden.split(",") if x.strip()]
-    merged["hidden"] = [int(x) for x in hidden]
-    return merged
+    return with_defaults(DEEPFM_PARAMS, spec.hparams)
 
 
 def build(spec: BundleSpec) -> nn.Module:

@@ -14,7 +14,7 @@ from torch import nn
 
 from training.bundle import BundleSpec
 from training.templates.inputs import FieldEmbedding
-from training.templates.schemas import FINE_RANKING_DEFAULTS
+from training.templates.schemas import FINE_RANKING_PARAMS, with_defaults
 
 
 class CrossLayer(nn.Module):
@@ -71,15 +71,7 @@ class DCNv2(nn.Module):
 
 
 def hparams(spec: BundleSpec) -> dict:
-    merged = {
-        **FINE_RANKING_DEFAULTS,
-        **{k: v for k, v in spec.hparams.items() if k in FINE_RANKING_DEFAULTS},
-    }
-    hidden = spec.hparams.get("hidden", FINE_RANKING_DEFAULTS["hidden"])
-    if isinstance(hidden, str):
-        hidden = [int(x) for x in hidden.split(",") if x.strip()]
-    merged["hidden"] = [int(x) for x in hidden]
-    return merged
+    return with_defaults(FINE_RANKING_PARAMS, spec.hparams)
 
 
 def build(spec: BundleSpec) -> nn.Module:

@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from training.bundle import BundleSpec
-from training.templates.schemas import LIGHTGBM_DEFAULTS
+from training.templates.schemas import LIGHTGBM_PARAMS, with_defaults
 
 
 def hparams(spec_or_params: BundleSpec | dict[str, Any]) -> dict[str, Any]:
     given = spec_or_params.hparams if isinstance(spec_or_params, BundleSpec) else spec_or_params
-    return {**LIGHTGBM_DEFAULTS, **{k: v for k, v in given.items() if k in LIGHTGBM_DEFAULTS}}
+    return with_defaults(LIGHTGBM_PARAMS, given)
 
 
 def feature_layout(spec: BundleSpec) -> tuple[list[str], list[int]]:

@@ -15,6 +15,9 @@ params do to it; ``DESCRIPTIONS`` in ``training.templates`` says what each one i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from training.bundle import declare_template
 from training.params import Param
 
@@ -105,7 +108,6 @@ FINE_RANKING_PARAMS: dict[str, Param] = {
     "members": MEMBERS,
     "cv_folds": CV_FOLDS,
 }
-FINE_RANKING_DEFAULTS = {name: param.default for name, param in FINE_RANKING_PARAMS.items()}
 
 # deepfm (``training.templates.deepfm``)
 DEEPFM_PARAMS: dict[str, Param] = {
@@ -140,7 +142,6 @@ DEEPFM_PARAMS: dict[str, Param] = {
     "members": MEMBERS,
     "cv_folds": CV_FOLDS,
 }
-DEEPFM_DEFAULTS = {name: param.default for name, param in DEEPFM_PARAMS.items()}
 
 # two_tower (``training.templates.two_tower``)
 TWO_TOWER_PARAMS: dict[str, Param] = {
@@ -153,7 +154,6 @@ TWO_TOWER_PARAMS: dict[str, Param] = {
         "float", 0.1, "Divides the dot product (lower: sharper scores).", min=0.001, max=10.0
     ),
 }
-TWO_TOWER_DEFAULTS = {name: param.default for name, param in TWO_TOWER_PARAMS.items()}
 
 # lightgbm (``training.templates.lightgbm``)
 LIGHTGBM_PARAMS: dict[str, Param] = {
@@ -236,10 +236,22 @@ LIGHTGBM_PARAMS: dict[str, Param] = {
     ),
     "cv_folds": CV_FOLDS,
 }
-LIGHTGBM_DEFAULTS = {name: param.default for name, param in LIGHTGBM_PARAMS.items()}
 
 
 LIGHTGBM_MODEL_FILE = "model.txt"
+
+
+def with_defaults(params: Mapping[str, Param], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A template's params as its network reads them: each declared param's given value, else
+    its default (undeclared names dropped), an ``int_list`` given as ``"64,32"`` made a list."""
+    merged = {name: given.get(name, param.default) for name, param in params.items()}
+    for name, param in params.items():
+        value = merged[name]
+        if param.type == "int_list":
+            items = value.split(",") if isinstance(value, str) else value
+            merged[name] = [int(x) for x in items if str(x).strip()]
+    return merged
+
 
 declare_template("logreg", params=LOGREG_PARAMS, builder="training.templates.logreg:build")
 declare_template(

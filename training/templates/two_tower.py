@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from training.bundle import BundleSpec
 from training.templates.inputs import FieldEmbedding
-from training.templates.schemas import TWO_TOWER_DEFAULTS
+from training.templates.schemas import TWO_TOWER_PARAMS, with_defaults
 
 
 def _columns(spec: BundleSpec, item: bool) -> tuple[list[int], list[int]]:
@@ -91,5 +91,5 @@ class TwoTower(nn.Module):
 
 
 def build(spec: BundleSpec) -> nn.Module:
-    h = {**TWO_TOWER_DEFAULTS, **{k: v for k, v in spec.hparams.items() if k in TWO_TOWER_DEFAULTS}}
+    h = with_defaults(TWO_TOWER_PARAMS, spec.hparams)
     return TwoTower(spec, h)
