@@ -49,10 +49,11 @@ from serving.models import (
     DeploymentStatus,
 )
 from training import sandbox as user_code
+from workspaces import kube
+from workspaces.kube import manifest_objects
 
 log = logging.getLogger(__name__)
 TEMPLATE = Path(settings.BASE_DIR) / "platform" / "k8s" / "serving" / "model-server.yaml.tmpl"
-FIELD_MANAGER = "rankops"
 
 
 class ControllerInTransactionError(RuntimeError):
@@ -273,13 +274,6 @@ def render_manifest(dep: Deployment) -> str:
     )
 
 
-def manifest_objects(manifest: str) -> list[dict[str, Any]]:
-    """The objects of a rendered manifest, as the bodies the API server takes."""
-    import yaml
-
-    return [doc for doc in yaml.safe_load_all(manifest) if doc]
-
-
 class KubernetesController:
     """Server-side apply of the Deployment and Service with the official client; readiness
     from the Deployment's status as the cluster reports it."""
@@ -287,59 +281,36 @@ class KubernetesController:
     timeout_s = 30
 
     def _client(self):
-        from kubernetes import config
-
-        path = settings.SERVING_KUBECONFIG
-        if not path:
-            raise BackendUnavailableError("no cluster configured (SERVING_KUBECONFIG)")
-        return config.new_client_from_config(config_file=path)
+        try:
+            return kube.new_client(settings.SERVING_KUBECONFIG, setting="SERVING_KUBECONFIG")
+        except kube.ClusterUnavailableError as exc:
+            raise BackendUnavailableError(str(exc)) from None
 
     def apply(self, dep: Deployment) -> Observation:
         """Apply both objects (idempotent: the same body twice changes nothing), then read the
         Deployment's rollout from what the API server answered."""
-        from kubernetes import client as k8s
-
         manifest = render_manifest(dep)
-        objects = manifest_objects(manifest)
         applied: dict[str, Any] = {}
         with self._client() as api_client:
-            apps, core = k8s.AppsV1Api(api_client), k8s.CoreV1Api(api_client)
-            for body in objects:
-                meta = body["metadata"]
-                patch = {
-                    "Deployment": apps.patch_namespaced_deployment,
-                    "Service": core.patch_namespaced_service,
-                }[body["kind"]]
-                applied[body["kind"]] = patch(
-                    meta["name"],
-                    meta["namespace"],
-                    body,
-                    field_manager=FIELD_MANAGER,
-                    force=True,
-                    _content_type="application/apply-patch+yaml",
-                    _request_timeout=self.timeout_s,
-                )
+            for body in manifest_objects(manifest):
+                applied[body["kind"]] = kube.apply(api_client, body, timeout=self.timeout_s)
         observation = self._rollout(dep, applied["Deployment"])
         return dataclasses.replace(observation, manifest=manifest)
 
     def drifted(self, dep: Deployment, status: DeploymentStatus) -> bool:
         """The cluster's Deployment is gone, runs another version or replica count, or is not
         all ready: apply again (server-side apply is idempotent)."""
-        from kubernetes import client as k8s
-        from kubernetes.client.exceptions import ApiException
-
-        body = manifest_objects(render_manifest(dep))[0]
-        try:
-            with self._client() as api_client:
-                live = k8s.AppsV1Api(api_client).read_namespaced_deployment(
-                    body["metadata"]["name"],
-                    body["metadata"]["namespace"],
-                    _request_timeout=self.timeout_s,
-                )
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
+        meta = manifest_objects(render_manifest(dep))[0]["metadata"]
+        with self._client() as api_client:
+            live = kube.read(
+                api_client,
+                "Deployment",
+                meta["name"],
+                meta["namespace"],
+                timeout=self.timeout_s,
+            )
+        if live is None:
+            return True
         labels = (live.spec.template.metadata.labels or {}) if live.spec else {}
         if live.spec.replicas != wanted_replicas(dep) or labels.get("rankops.io/version-id") != str(
             dep.version_id

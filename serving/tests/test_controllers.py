@@ -7,11 +7,7 @@ endpoints it uses (server-side apply and read of Deployments and Services)."""
 
 from __future__ import annotations
 
-import json
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.conf import settings as django_settings
@@ -39,6 +35,7 @@ from serving.models import Backend, Deployment, DeploymentPhase, DeploymentStatu
 from serving.tasks import deployments_reconcile
 from serving.tests.helpers import deployed
 from workspaces.models import Role
+from workspaces.testing.kube_api import fake_api_server
 from workspaces.testing.waiting import wait_until
 from workspaces.testing.workers import embedded_worker
 
@@ -288,113 +285,12 @@ def test_the_beat_runs_the_resync():
 # Kubernetes, against a loopback API server
 
 
-class FakeApiServer(ThreadingHTTPServer):
-    """Just enough of a Kubernetes API server for the controller: server-side apply (PATCH with
-    ``application/apply-patch+yaml``) and GET of Deployments and Services, with a generation
-    that moves when the spec changes and a rollout the test declares finished."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), FakeApiHandler)
-        self.objects: dict[str, dict] = {}
-        self.requests: list[dict] = []
-        self.rolled_out = False
-        self.lock = threading.Lock()
-
-    def status_of(self, obj: dict) -> dict:
-        want = obj["spec"].get("replicas", 1)
-        done = want if self.rolled_out else 0
-        return {
-            "observedGeneration": obj["metadata"]["generation"],
-            "replicas": want,
-            "updatedReplicas": done,
-            "readyReplicas": done,
-        }
-
-
-class FakeApiHandler(BaseHTTPRequestHandler):
-    server: FakeApiServer
-
-    def log_message(self, *args) -> None:  # quiet
-        return
-
-    def _answer(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _kind(self, path: str) -> str:
-        return "Deployment" if "/deployments/" in path else "Service"
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        with self.server.lock:
-            self.server.requests.append({"method": "GET", "path": path})
-            obj = self.server.objects.get(path)
-            if obj is None:
-                self._answer(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
-                return
-            if obj["kind"] == "Deployment":
-                obj = {**obj, "status": self.server.status_of(obj)}
-        self._answer(200, obj)
-
-    def do_PATCH(self) -> None:
-        parts = urlsplit(self.path)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.server.lock:
-            self.server.requests.append(
-                {
-                    "method": "PATCH",
-                    "path": parts.path,
-                    "content_type": self.headers["Content-Type"],
-                    "query": parse_qs(parts.query),
-                    "body": body,
-                }
-            )
-            old = self.server.objects.get(parts.path)
-            generation = 1 if old is None else old["metadata"]["generation"]
-            if old is not None and old["spec"] != body["spec"]:
-                generation += 1
-            stored = {**body, "metadata": {**body["metadata"], "generation": generation}}
-            self.server.objects[parts.path] = stored
-            answer = dict(stored)
-            if stored["kind"] == "Deployment":
-                answer["status"] = self.server.status_of(stored)
-        self._answer(200, answer)
-
-
 @pytest.fixture
 def fake_cluster(tmp_path, settings):
-    server = FakeApiServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "fake",
-                        "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"},
-                    }
-                ],
-                "users": [{"name": "fake", "user": {"token": "test-token"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    settings.SERVING_KUBECONFIG = str(kubeconfig)
-    settings.SERVING_K8S_NAMESPACE = "serving-test"
-    yield server
-    server.shutdown()
-    server.server_close()
+    with fake_api_server() as server:
+        settings.SERVING_KUBECONFIG = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+        settings.SERVING_K8S_NAMESPACE = "serving-test"
+        yield server
 
 
 def test_the_kubernetes_controller_applies_with_the_client_and_follows_the_rollout(
