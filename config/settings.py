@@ -264,6 +264,16 @@ NOTEBOOK_PLATFORM_URL = os.environ.get("NOTEBOOK_PLATFORM_URL", "")
 NOTEBOOK_IDLE_TIMEOUT_S = env_int("NOTEBOOK_IDLE_TIMEOUT_S", 3600)
 NOTEBOOK_TOKEN_TTL_S = env_int("NOTEBOOK_TOKEN_TTL_S", 12 * 3600)
 NOTEBOOK_START_TIMEOUT_S = env_int("NOTEBOOK_START_TIMEOUT_S", 120)
+# "process" (a JupyterLab process on the web server that took the request) or "kubernetes" (a
+# pod per server in NOTEBOOK_K8S_NAMESPACE of the cluster NOTEBOOK_KUBECONFIG names, from
+# platform/k8s/notebooks/notebook-server.yaml.tmpl, reached through its Ingress at
+# NOTEBOOK_PUBLIC_URL + /notebooks/<id>/).
+NOTEBOOK_BACKEND = os.environ.get("NOTEBOOK_BACKEND", "process")
+NOTEBOOK_KUBECONFIG = os.environ.get("NOTEBOOK_KUBECONFIG", "")
+NOTEBOOK_K8S_NAMESPACE = os.environ.get("NOTEBOOK_K8S_NAMESPACE", "rankops-notebooks")
+NOTEBOOK_IMAGE = os.environ.get("NOTEBOOK_IMAGE", "rankops:latest")
+NOTEBOOK_PUBLIC_URL = os.environ.get("NOTEBOOK_PUBLIC_URL", "")
+NOTEBOOK_STORAGE = os.environ.get("NOTEBOOK_STORAGE", "5Gi")
 if TESTING:
     TEST_STATE_DIR.mkdir(parents=True, exist_ok=True)
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

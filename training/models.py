@@ -553,9 +553,15 @@ class NotebookState(models.TextChoices):
 NOTEBOOK_LIVE = (NotebookState.STARTING, NotebookState.RUNNING)
 
 
+class NotebookBackend(models.TextChoices):
+    PROCESS = "process", "Process on the web server"
+    KUBERNETES = "kubernetes", "Pod in the cluster"
+
+
 class NotebookServer(WorkspaceOwned):
     """A JupyterLab server one member started for themself in one workspace (X1): a process
-    under a uid of its own (``training.sandbox.notebook_uid``) whose kernels hold an API token
+    under a uid of its own (``training.sandbox.notebook_uid``), or a pod of its own under
+    Kubernetes (``backend``), whose kernels hold an API token
     narrowed to this workspace and short-lived, and nothing of the platform's. It stops itself
     after ``idle_timeout_s`` without activity (``training.notebooks``)."""
 
@@ -564,6 +570,9 @@ class NotebookServer(WorkspaceOwned):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     state = models.CharField(
         max_length=10, choices=NotebookState.choices, default=NotebookState.STARTING
+    )
+    backend = models.CharField(
+        max_length=12, choices=NotebookBackend.choices, default=NotebookBackend.PROCESS
     )
     port = models.PositiveIntegerField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)

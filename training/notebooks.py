@@ -17,10 +17,19 @@ What a server is given, and nothing else:
 * **No network of its own**: the news feed, the update check and the PyPI extension manager are
   off (nothing is fetched at run time).
 
-The server listens on ``NOTEBOOK_BIND`` at a free port and the browser is sent to it with
-Jupyter's own token in the URL (shown to its member only), on ``NOTEBOOK_PUBLIC_HOST`` or the host
-the page was asked on. The process runs on the web server that took the request (a pod per server
-under Kubernetes is not built yet).
+Where it runs (``NOTEBOOK_BACKEND``):
+
+* ``process``: a process on the web server that took the request, listening on ``NOTEBOOK_BIND``
+  at a free port; the browser is sent to it with Jupyter's own token in the URL (shown to its
+  member only), on ``NOTEBOOK_PUBLIC_HOST`` or the host the page was asked on.
+* ``kubernetes``: a pod of its own (``platform/k8s/notebooks/notebook-server.yaml.tmpl``, applied
+  with the official client through ``workspaces.kube``) in ``NOTEBOOK_K8S_NAMESPACE`` of the
+  cluster ``NOTEBOOK_KUBECONFIG`` names: its tokens and Jupyter's settings in a Secret of its
+  own, the member's folder a claim that outlives the pod, no service-account token, never
+  restarted; reached through its Ingress at ``NOTEBOOK_PUBLIC_URL`` + ``/notebooks/<id>/``.
+  The pod's phase is the server's state: Running and ready is running, Succeeded (Jupyter
+  stopped itself when idle) is stopped, Failed is failed. Stopping deletes the Secret, Pod,
+  Service and Ingress, never the claim.
 """
 
 from __future__ import annotations
@@ -40,11 +49,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from training import notebook_pods as pods
 from training import sandbox
-from training.models import NOTEBOOK_LIVE, NotebookServer, NotebookState
+from training.models import NOTEBOOK_LIVE, NotebookBackend, NotebookServer, NotebookState
 from workspaces.events import Ref, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
@@ -114,6 +125,7 @@ def notebook_open(*, actor, workspace: Workspace, platform_url: str) -> tuple[No
             server = NotebookServer.objects.create(
                 workspace=workspace,
                 user=actor,
+                backend=backend(),
                 secret=secrets.token_hex(24),
                 api_token=token,
                 idle_timeout_s=idle,
@@ -125,11 +137,25 @@ def notebook_open(*, actor, workspace: Workspace, platform_url: str) -> tuple[No
         return again, False
     url = str(_setting("NOTEBOOK_PLATFORM_URL", "") or platform_url).rstrip("/")
     try:
-        _start(server, key=key, platform_url=url)
-    except (OSError, subprocess.SubprocessError) as exc:
+        if server.backend == NotebookBackend.KUBERNETES:
+            pods.start(server, key=key, platform_url=url, config=jupyter_settings(server))
+            _record_started(server)
+        else:
+            _start(server, key=key, platform_url=url)
+    except pods.errors(subprocess.SubprocessError) as exc:
         _finish(server, NotebookState.FAILED, f"the server could not start: {exc}"[:500])
         return server, True
     return server, True
+
+
+def backend() -> str:
+    """Where new servers run: ``NOTEBOOK_BACKEND`` (``process`` or ``kubernetes``)."""
+    name = str(_setting("NOTEBOOK_BACKEND", NotebookBackend.PROCESS))
+    if name not in NotebookBackend.values:
+        raise ImproperlyConfigured(
+            f"NOTEBOOK_BACKEND is {name!r}; allowed: {', '.join(NotebookBackend.values)}"
+        )
+    return name
 
 
 def _stage_examples(scratch: sandbox.Scratch) -> None:
@@ -141,10 +167,10 @@ def _stage_examples(scratch: sandbox.Scratch) -> None:
     scratch.own(target)
 
 
-def _jupyter_config(scratch: sandbox.Scratch, server: NotebookServer) -> Path:
-    folder = scratch.path / ".jupyter"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    config = {
+def jupyter_settings(server: NotebookServer) -> dict:
+    """Jupyter's own settings for the server, as its ``jupyter_server_config.json`` holds
+    them: its idle limits, and nothing fetched at run time."""
+    return {
         "ServerApp": {
             "shutdown_no_activity_timeout": server.idle_timeout_s,
             "port_retries": 0,
@@ -163,6 +189,12 @@ def _jupyter_config(scratch: sandbox.Scratch, server: NotebookServer) -> Path:
             "extension_manager": "readonly",
         },
     }
+
+
+def _jupyter_config(scratch: sandbox.Scratch, server: NotebookServer) -> Path:
+    folder = scratch.path / ".jupyter"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    config = jupyter_settings(server)
     (folder / "jupyter_server_config.json").write_text(json.dumps(config, indent=1))
     scratch.own(folder)
     return folder
@@ -218,6 +250,10 @@ def _start(server: NotebookServer, *, key: str, platform_url: str) -> None:
     threading.Thread(target=_reap, args=(process,), daemon=True).start()
     server.port, server.pid = port, process.pid
     server.folder, server.isolation = str(scratch.path), scratch.isolation
+    _record_started(server)
+
+
+def _record_started(server: NotebookServer) -> None:
     server.started_at = timezone.now()
     with transaction.atomic():
         server.save(update_fields=["port", "pid", "folder", "isolation", "started_at"])
@@ -288,6 +324,8 @@ def notebook_refresh(server: NotebookServer) -> NotebookServer:
     ``NOTEBOOK_START_TIMEOUT_S``."""
     if not server.is_live:
         return server
+    if server.backend == NotebookBackend.KUBERNETES:
+        return _refresh_pod(server)
     if _alive(server.pid):
         if _answers(server):
             if server.state != NotebookState.RUNNING:
@@ -314,7 +352,48 @@ def notebook_refresh(server: NotebookServer) -> NotebookServer:
     return server
 
 
+def _refresh_pod(server: NotebookServer) -> NotebookServer:
+    """The server's state from its pod's (an unreachable cluster changes nothing)."""
+    try:
+        seen = pods.observe(server)
+    except pods.errors() as exc:
+        logger.warning("notebook server %s: the cluster did not answer: %s", server.pk, exc)
+        return server
+    if seen.phase == pods.READY:
+        if server.state != NotebookState.RUNNING:
+            server.state = NotebookState.RUNNING
+            server.save(update_fields=["state"])
+        return server
+    if seen.phase == pods.STARTING:
+        limit = int(_setting("NOTEBOOK_START_TIMEOUT_S", 120))
+        started = server.started_at or server.created_at
+        if timezone.now() - started > timedelta(seconds=limit):
+            _kill(server)
+            _finish(server, NotebookState.FAILED, f"its pod was not ready within {limit} s")
+        return server
+    # Ended: Succeeded (Jupyter stopped itself when idle), Failed, or gone. Its Secret, Service
+    # and Ingress go with it.
+    _kill(server)
+    if seen.phase == pods.SUCCEEDED and server.state == NotebookState.RUNNING:
+        _finish(
+            server,
+            NotebookState.STOPPED,
+            f"it stopped itself (idle for {server.idle_timeout_s} s): {seen.detail}",
+        )
+    elif server.state == NotebookState.RUNNING and seen.phase == pods.GONE:
+        _finish(server, NotebookState.STOPPED, seen.detail)
+    else:
+        _finish(server, NotebookState.FAILED, seen.detail)
+    return server
+
+
 def _kill(server: NotebookServer) -> None:
+    if server.backend == NotebookBackend.KUBERNETES:
+        try:
+            pods.delete(server)
+        except pods.errors() as exc:
+            logger.warning("notebook server %s: its pod was not deleted: %s", server.pk, exc)
+        return
     if not server.pid or not _alive(server.pid):
         return
     try:
@@ -363,6 +442,9 @@ def notebook_stop(*, actor, server: NotebookServer) -> NotebookServer:
 def notebook_url(server: NotebookServer, request_host: str) -> str:
     """Where the member's browser opens JupyterLab (with Jupyter's token): the public host when
     one is configured, else the host the platform's page was asked on."""
+    if server.backend == NotebookBackend.KUBERNETES:
+        base = str(_setting("NOTEBOOK_PUBLIC_URL", "") or f"http://{request_host}").rstrip("/")
+        return f"{base}{pods.base_url(server)}lab?token={server.secret}"
     host = str(_setting("NOTEBOOK_PUBLIC_HOST", "") or request_host.rsplit(":", 1)[0])
     if host.startswith("[") is False and host.count(":") > 1:
         host = f"[{host}]"

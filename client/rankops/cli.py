@@ -608,6 +608,43 @@ def lineage(state: State, node, direction, depth) -> None:
         click.echo(f"{edge.get('source')} -> {edge.get('target')}  {edge.get('kind', '')}")
 
 
+# ------------------------------------------------------------------------------ notebooks
+
+
+@main.group()
+def notebooks() -> None:
+    """Your JupyterLab servers, with the client set up for the workspace."""
+
+
+NOTEBOOK_COLUMNS = ["id", "state", "backend", "url", "stop_reason"]
+
+
+@notebooks.command("open")
+@click.option("--wait/--no-wait", default=True, help="Wait until it runs and print its URL.")
+@click.option("--timeout", type=float, default=300, show_default=True)
+@pass_state
+def notebooks_open(state: State, wait, timeout) -> None:
+    """Open your notebook server in the workspace (the running one, or a new one); prints the
+    URL to open in a browser. Exit 8 if it fails to start."""
+    server = state.client.open_notebook(wait=wait, timeout=timeout)
+    emit(state, server if state.as_json else _pick(server, *NOTEBOOK_COLUMNS))
+
+
+@notebooks.command("list")
+@pass_state
+def notebooks_list(state: State) -> None:
+    emit(state, state.client.notebooks(), NOTEBOOK_COLUMNS)
+
+
+@notebooks.command("stop")
+@click.argument("server_id", type=int)
+@pass_state
+def notebooks_stop(state: State, server_id: int) -> None:
+    """Stop notebook server SERVER_ID and revoke its token."""
+    server = state.client.stop_notebook(server_id)
+    emit(state, server if state.as_json else _pick(server, *NOTEBOOK_COLUMNS))
+
+
 def _pick(body: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: body.get(k) for k in keys if k in body}
 

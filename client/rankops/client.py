@@ -664,6 +664,31 @@ class Client:
             ws=ws,
         )
 
+    # ------------------------------------------------------------------------- notebooks
+
+    def open_notebook(
+        self, *, wait: bool = False, timeout: float = 300, ws: str | None = None
+    ) -> dict[str, Any]:
+        """Your JupyterLab server in the workspace (the live one, or one started now); with
+        ``wait``, once it runs (its ``url`` opens it). Raises ``JobFailed`` if it fails."""
+        server = self.call("v1_workspaces_notebooks_create", json={}, ws=ws)
+        if not wait:
+            return server
+        return self._poll(
+            lambda: self.call("v1_workspaces_notebooks_retrieve", id=server["id"], ws=ws),
+            done=lambda s: s.get("state") != "starting",
+            failed=lambda s: s.get("state") != "running",
+            what=f"notebook server {server['id']}",
+            timeout=timeout,
+        )
+
+    def notebooks(self, *, ws: str | None = None) -> list[dict[str, Any]]:
+        return list(self.iterate("v1_workspaces_notebooks_list", ws=ws))
+
+    def stop_notebook(self, server_id: int, *, ws: str | None = None) -> dict[str, Any]:
+        """Stop the server now (its kernels with it) and revoke its token."""
+        return self.call("v1_workspaces_notebooks_stop_create", id=server_id, json={}, ws=ws)
+
     # ------------------------------------------------------------------------- helpers
 
     def _poll(

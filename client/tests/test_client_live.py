@@ -202,3 +202,16 @@ def test_the_installed_client_and_cli_drive_a_live_server(client_venv, live_serv
     assert listed.returncode == 0, listed.stderr
     assert {g["name"] for g in json.loads(listed.stdout)} == {"users", "clicks", "recency"}
     assert os.stat(Path(env["HOME"]) / ".config/rankops/profiles.json").st_mode & 0o077 == 0
+
+    # A notebook server from the command line: opened and waited for (its URL printed), listed,
+    # stopped; a second stop is a conflict (exit 6).
+    opened = run(client_venv, profile_env, "rankops", "--json", "notebooks", "open", timeout=200)
+    assert opened.returncode == 0, opened.stderr[-3000:]
+    server = json.loads(opened.stdout)
+    assert server["state"] == "running" and "/lab?token=" in server["url"], server
+    listed = run(client_venv, profile_env, "rankops", "notebooks", "list")
+    assert listed.returncode == 0 and "running" in listed.stdout, listed.stderr
+    stopped = run(client_venv, profile_env, "rankops", "notebooks", "stop", str(server["id"]))
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+    again = run(client_venv, profile_env, "rankops", "notebooks", "stop", str(server["id"]))
+    assert again.returncode == 6 and "already stopped" in again.stderr, again.stderr

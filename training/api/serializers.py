@@ -454,6 +454,7 @@ class NotebookServerSerializer(serializers.ModelSerializer):
             "id",
             "state",
             "url",
+            "backend",
             "isolation",
             "idle_timeout_s",
             "created_at",
