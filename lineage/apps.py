@@ -14,11 +14,11 @@ class LineageConfig(AppConfig):
         # Project each committed event soon after its transaction commits.
         post_save.connect(schedule_after_commit, sender=Event, dispatch_uid="lineage-project")
 
-        from lineage.openlineage import CONSUMER, openlineage_export
+        from lineage.openlineage import CONSUMER, EXPORTED_VERBS, openlineage_export
         from workspaces import outbox
 
         # OpenLineage export is a consumer of the event log with a cursor of its own.
-        outbox.consumer_register(CONSUMER, openlineage_export, verbs=["training.job.*"])
+        outbox.consumer_register(CONSUMER, openlineage_export, verbs=EXPORTED_VERBS)
 
         from lineage.views import dashboard_section
         from workspaces.dashboard import register_section

@@ -1,13 +1,17 @@
-"""OpenLineage out (RunEvents for the platform's training jobs) and in (events from Spark,
-Airflow, dbt ... posted to ``POST /api/v1/lineage``).
+"""OpenLineage out (RunEvents for the platform's jobs: training, tuning, pipeline runs, sample
+builds, materialisation, deployments) and in (events from Spark, Airflow, dbt ... posted to
+``POST /api/v1/lineage``).
 
 Out: when ``OPENLINEAGE_URL`` is set, the ``lineage.openlineage`` consumer of the event log
-(``workspaces.outbox``, its own cursor) sends one RunEvent per training-job state that
-OpenLineage knows (running -> START, succeeded -> COMPLETE, failed -> FAIL, cancelled -> ABORT),
-with the job's input datasets and the model versions it produced. It waits until the projection
-has applied the event (the outputs come from the graph), sends in event order, and a send that
-fails keeps the cursor before the event, so it is sent again later: at least once, with the same
-run id, event type and time on a repeat (a receiver such as Marquez upserts on them).
+(``workspaces.outbox``, its own cursor) sends one RunEvent per exported event (``EXPORTED``:
+a job's states as OpenLineage knows them, running -> START, succeeded -> COMPLETE, failed ->
+FAIL, cancelled -> ABORT; a sample build, a materialisation or a deployment change as a
+COMPLETE run of its own), with its input and output datasets under the names intake joins on
+(``dataset_identity``) and facets (job type, ownership, error message, schema, output rows).
+It waits until the projection has applied the event (the outputs come from the graph), sends
+in event order, and a send that fails keeps the cursor before the event, so it is sent again
+later: at least once, with the same run id, event type and time on a repeat (a receiver such
+as Marquez upserts on them).
 Our namespace is ``<OPENLINEAGE_NAMESPACE_PREFIX>/<workspace slug>`` (so our own events posted
 back to us never map to a workspace). Unset: nothing is sent.
 
@@ -57,42 +61,208 @@ def namespace_of(workspace: Workspace) -> str:
     return f"{setting('OPENLINEAGE_NAMESPACE_PREFIX')}/{workspace.slug}"
 
 
+# What is exported: a verb's prefix -> the kind of the job that ran, the OpenLineage event type
+# of each last verb segment, and its job type (the ``jobType`` facet). A job that runs across
+# several events (training, tuning, pipeline runs) keeps one run id from START to its end; one
+# that is a single event (a sample build, a materialisation, a deployment change) is a run of
+# its own.
+EXPORTED: dict[str, tuple[str, dict[str, str], str, bool]] = {
+    "training.job": ("training_job", STATE_TO_EVENT, "TRAINING", True),
+    "training.tuning_job": ("tuning_job", STATE_TO_EVENT, "TUNING", True),
+    "training.pipeline_run": (
+        "pipeline_run",
+        {"started": "START", "succeeded": "COMPLETE", "failed": "FAIL"},
+        "PIPELINE",
+        True,
+    ),
+    "dataset": ("dataset", {"built": "COMPLETE", "failed": "FAIL"}, "SAMPLE_BUILD", False),
+    "feature_group": ("feature_group", {"materialized": "COMPLETE"}, "MATERIALIZATION", False),
+    "serving.deployment": (
+        "deployment",
+        dict.fromkeys(("created", "released", "rolled_back", "scaled", "stopped"), "COMPLETE"),
+        "DEPLOYMENT",
+        False,
+    ),
+}
+EXPORTED_VERBS = [f"{prefix}.*" for prefix in EXPORTED]
+# How each kind is named as an OpenLineage dataset (a feature group: its own name, the name a
+# producer's job writes it under; see ``dataset_identity``).
+DATASET_PREFIXES = {"dataset": "datasets", "model_version": "models", "deployment": "deployments"}
+# How a job is named, by the kind of its subject: a job kind's own name, or what the job does
+# to its subject (builds a sample, materialises a group, deploys).
+JOB_PREFIXES = {"dataset": "build", "feature_group": "materialize", "deployment": "deploy"}
+# The event types whose run ended in an error (the ``errorMessage`` run facet).
+FAILED_TYPES = {"FAIL", "ABORT"}
+
+
+def dataset_identity(
+    workspace: Workspace, kind: str, object_id: str, label: str
+) -> tuple[str, str]:
+    """``(namespace, name)`` of one of the platform's objects as an OpenLineage dataset, so that
+    what intake heard of and what export says are one graph: a feature group fed by an external
+    job's dataset (intake linked them, ``DERIVED_FROM``) is named as that dataset; any other
+    feature group by its name in the workspace's namespace; samples, model versions and
+    deployments under ``datasets/``, ``models/`` and ``deployments/``."""
+    from lineage.models import Node
+
+    namespace = namespace_of(workspace)
+    if kind == "external_dataset":
+        ns, _, name = label.partition("/")
+        return ns, name
+    if kind == "feature_group":
+        external = (
+            Node.objects.for_workspace(workspace)
+            .filter(
+                kind="external_dataset",
+                out_edges__dst__kind="feature_group",
+                out_edges__dst__object_id=str(object_id),
+            )
+            .order_by("id")
+            .first()
+        )
+        if external is not None:
+            ns, _, name = external.label.partition("/")
+            return ns, name
+        return namespace, label or f"feature_group/{object_id}"
+    prefix = DATASET_PREFIXES.get(kind, kind)
+    return namespace, f"{prefix}/{label or object_id}"
+
+
+def _schema_facet(workspace: Workspace, group_id: str) -> Any | None:
+    """A feature group's columns, from the newest event that declared them."""
+    from openlineage.client.facet_v2 import schema_dataset
+
+    declared = (
+        Event.objects.filter(
+            workspace=workspace,
+            verb__in=["feature_group.registered", "feature_group.versioned"],
+            refs__kind="feature_group",
+            refs__object_id=str(group_id),
+        )
+        .order_by("-id")
+        .first()
+    )
+    features = (declared.payload or {}).get("features") if declared is not None else None
+    if not isinstance(features, list):
+        return None
+    fields = [
+        schema_dataset.SchemaDatasetFacetFields(
+            name=str(spec.get("name")), type=str(spec.get("dtype") or "") or None
+        )
+        for spec in features
+        if isinstance(spec, dict) and spec.get("name")
+    ]
+    return schema_dataset.SchemaDatasetFacet(fields=fields, producer=PRODUCER)
+
+
 def run_event_for(event: Event, refs: list) -> Any | None:
-    """The OpenLineage RunEvent of one ``training.job.<state>`` event (None for other states)."""
+    """The OpenLineage RunEvent of one exported event (``EXPORTED``; None for other verbs and
+    states): the job, its input and output datasets named as ``dataset_identity`` says, and
+    facets: the job's type and owner, the run's error on FAIL or ABORT, and on datasets the
+    columns (feature groups) and the rows written (outputs)."""
     from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent
+    from openlineage.client.facet_v2 import (
+        error_message_run,
+        job_type_job,
+        output_statistics_output_dataset,
+        ownership_job,
+    )
 
     from lineage.models import Node
 
-    state = event.verb.rsplit(".", 1)[-1]
-    event_type = STATE_TO_EVENT.get(state)
-    job = next((r for r in refs if r.role == "subject" and r.kind == "training_job"), None)
-    if event_type is None or job is None:
+    prefix, _, state = event.verb.rpartition(".")
+    spec = EXPORTED.get(prefix)
+    if spec is None:
         return None
-    namespace = namespace_of(event.workspace)
-    inputs = [
-        InputDataset(namespace=namespace, name=f"{r.kind}/{r.object_id}")
-        for r in refs
-        if r.role == "input"
-    ]
-    node = (
-        Node.objects.for_workspace(event.workspace_id)
-        .filter(kind="training_job", object_id=job.object_id)
-        .first()
-    )
-    outputs = []
-    if node is not None:
-        for produced in Node.objects.for_workspace(event.workspace_id).filter(
-            in_edges__src=node, kind="model_version"
+    kind, types, job_type, lasting = spec
+    event_type = types.get(state)
+    if event_type is None:
+        return None
+    subject = next((r for r in refs if r.kind == kind and r.role == "subject"), None)
+    subject = subject or next((r for r in refs if r.kind == kind), None)
+    if subject is None:
+        return None
+    workspace = event.workspace
+    if workspace is None:
+        return None
+    namespace = namespace_of(workspace)
+    payload = event.payload or {}
+
+    def dataset(ref, cls, **extra):
+        ns, name = dataset_identity(workspace, ref.kind, ref.object_id, ref.label)
+        facets = {}
+        if ref.kind == "feature_group":
+            schema = _schema_facet(workspace, ref.object_id)
+            if schema is not None:
+                facets["schema"] = schema
+        return cls(namespace=ns, name=name, facets=facets, **extra)
+
+    inputs = [dataset(r, InputDataset) for r in refs if r.role == "input"]
+    read = payload.get("group_versions")  # a sample build: every group it joined, by name
+    if isinstance(read, dict):
+        named = {i.name for i in inputs}
+        for node in Node.objects.for_workspace(event.workspace_id).filter(
+            kind="feature_group", label__in=[str(n) for n in read]
         ):
-            outputs.append(
-                OutputDataset(namespace=namespace, name=f"model_version/{produced.object_id}")
+            candidate = dataset(node, InputDataset)
+            if candidate.name not in named:
+                inputs.append(candidate)
+                named.add(candidate.name)
+    rows = payload.get("rows", payload.get("rows_written"))
+    statistics = (
+        {
+            "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+                rowCount=int(rows), size=payload.get("bytes"), producer=PRODUCER
             )
-    run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/training_job/{job.object_id}"))
+        }
+        if isinstance(rows, int) and not isinstance(rows, bool)
+        else {}
+    )
+    outputs = [
+        dataset(r, OutputDataset, outputFacets=statistics) for r in refs if r.role == "output"
+    ]
+    if lasting:  # what the job produced, as the graph knows it (a training job's versions)
+        node = (
+            Node.objects.for_workspace(event.workspace_id)
+            .filter(kind=kind, object_id=subject.object_id)
+            .first()
+        )
+        if node is not None:
+            seen = {(o.namespace, o.name) for o in outputs}
+            for made in Node.objects.for_workspace(event.workspace_id).filter(
+                in_edges__src=node, kind="model_version"
+            ):
+                out = dataset(made, OutputDataset)
+                if (out.namespace, out.name) not in seen:
+                    outputs.append(out)
+    job_name = f"{JOB_PREFIXES.get(kind, kind)}/{subject.label or subject.object_id}"
+    run_key = f"{kind}/{subject.object_id}" if lasting else f"event/{event.pk}"
+    run_facets: dict[str, Any] = {}
+    error = payload.get("error") or payload.get("reason")
+    if event_type in FAILED_TYPES and error:
+        run_facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
+            message=str(error)[:2000], programmingLanguage="python", producer=PRODUCER
+        )
+    owner = event.actor.get_username() if event.actor is not None else "the platform"
+    job_facets = {
+        "jobType": job_type_job.JobTypeJobFacet(
+            processingType="BATCH", integration="RANKOPS", jobType=job_type, producer=PRODUCER
+        ),
+        "ownership": ownership_job.OwnershipJobFacet(
+            owners=[
+                ownership_job.Owner(name=f"workspace:{workspace.slug}", type="TEAM"),
+                ownership_job.Owner(name=f"user:{owner}", type="USER"),
+            ],
+            producer=PRODUCER,
+        ),
+    }
     return RunEvent(
         eventType=event_type,
         eventTime=event.created_at.isoformat(),
-        run=Run(runId=run_id),
-        job=Job(namespace=namespace, name=f"training_job/{job.object_id}"),
+        run=Run(
+            runId=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{run_key}")), facets=run_facets
+        ),
+        job=Job(namespace=namespace, name=job_name, facets=job_facets),
         producer=PRODUCER,
         inputs=inputs,
         outputs=outputs,
@@ -129,8 +299,8 @@ def emit_run_events(pending: list) -> int:
 
 
 def openlineage_export(event: Event) -> None:
-    """The ``lineage.openlineage`` consumer's handler for one ``training.job.*`` event: send its
-    RunEvent once the projection has applied the event (``NotYet`` until then)."""
+    """The ``lineage.openlineage`` consumer's handler for one exported event (``EXPORTED``):
+    send its RunEvent once the projection has applied the event (``NotYet`` until then)."""
     from lineage.models import Cursor, CursorGap
     from lineage.projection import CURSOR, IGNORED_KINDS, R, canonical_kind
     from workspaces.outbox import NotYet

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from openlineage.client import OpenLineageClient
@@ -18,6 +16,7 @@ from lineage.models import Node
 from lineage.openlineage import CONSUMER
 from lineage.projection import project
 from lineage.queries import traverse
+from lineage.tests.conftest import _Collector
 from lineage.tests.helpers import group, record
 from workspaces.events import Ref
 from workspaces.models import ConsumerCursor, Event, Role
@@ -95,38 +94,6 @@ def test_intake_checks_role_namespace_and_body(workspace, members, client_for):
     assert client_for(None).post(URL, body, format="json").status_code == 401
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list = []
-    # Statuses to answer before the 201s (a lineage server that is failing for a while).
-    failures: list = []
-
-    def do_POST(self):
-        length = int(self.headers.get("Content-Length", 0))
-        body = json.loads(self.rfile.read(length))
-        if type(self).failures:
-            self.send_response(type(self).failures.pop(0))
-            self.end_headers()
-            return
-        type(self).received.append((self.path, self.headers.get("Authorization"), body))
-        self.send_response(201)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def collector():
-    _Collector.received = []
-    _Collector.failures = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", _Collector.received
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.mark.django_db
 def test_training_jobs_are_sent_as_run_events(
     workspace, settings, collector, django_capture_on_commit_callbacks
@@ -160,10 +127,10 @@ def test_training_jobs_are_sent_as_run_events(
     assert {a for _, a, _ in received} == {"Bearer secret-key"}
     namespace = f"rankops/{workspace.slug}"
     job_of = events[0]["job"]
-    assert (job_of["namespace"], job_of["name"]) == (namespace, "training_job/7")
+    assert (job_of["namespace"], job_of["name"]) == (namespace, "training_job/job-7")
     assert events[0]["run"]["runId"] == events[1]["run"]["runId"]
-    assert [d["name"] for d in events[1]["inputs"]] == ["dataset/3"]
-    assert [d["name"] for d in events[1]["outputs"]] == ["model_version/9"]
+    assert [d["name"] for d in events[1]["inputs"]] == ["datasets/clicks v1"]
+    assert [d["name"] for d in events[1]["outputs"]] == ["models/m"]
 
 
 @pytest.mark.django_db
