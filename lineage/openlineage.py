@@ -25,10 +25,12 @@ node of that feature group.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -407,6 +409,9 @@ def parse_event(body: Any) -> dict[str, Any]:
             raise ValidationError(
                 {key: f"The spec requires {key} as a URI (e.g. https://github.com/OpenLineage)."}
             )
+    problem = spec_error(body)
+    if problem is not None:
+        raise ValidationError({problem[0]: problem[1]})
     return {
         "event_type": event_type,
         "event_time": event_time,
@@ -418,6 +423,41 @@ def parse_event(body: Any) -> dict[str, Any]:
         "schema_url": str(body.get("schemaURL", ""))[:300],
         "facets": _facets(body, job),
     }
+
+
+SPEC_DIR = Path(__file__).with_name("openlineage_spec")
+
+
+@functools.cache
+def spec_validator() -> Any:
+    """A validator of OpenLineage.json (the vendored spec, ``openlineage_spec/NOTICE``), its
+    references resolved to the vendored files only (nothing is fetched)."""
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+    from referencing import Registry, Resource
+
+    schemas = [json.loads(path.read_text()) for path in sorted(SPEC_DIR.glob("*.json"))]
+    registry = Registry().with_resources(
+        (schema["$id"], Resource.from_contents(schema)) for schema in schemas
+    )
+    core = next(s for s in schemas if s["$id"].endswith("/OpenLineage.json"))
+    return Draft202012Validator(
+        core, registry=registry, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+
+
+def spec_error(body: dict[str, Any]) -> tuple[str, str] | None:
+    """Where ``body`` breaks the OpenLineage spec, as ``(field path, message)``; ``None`` when
+    it is a valid event. The spec is a ``oneOf`` of three event kinds (and its facets are
+    ``anyOf``s): the error named is the deepest one inside them, which is where the body comes
+    closest to an event and still breaks it (``job.facets.sql``, not "matches no kind")."""
+    errors = list(spec_validator().iter_errors(body))
+    if not errors:
+        return None
+    error = max(errors, key=lambda e: len(e.absolute_path))
+    while error.context:
+        error = max(error.context, key=lambda e: len(e.absolute_path))
+    path = ".".join(str(part) for part in error.absolute_path) or "body"
+    return path, f"Not an OpenLineage event: {error.message[:300]}"
 
 
 def _is_uri(value: str) -> bool:

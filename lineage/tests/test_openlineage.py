@@ -209,6 +209,18 @@ def test_spec_invalid_and_broken_gzip_events_are_refused(workspace, members, cli
     for key in ("producer", "schemaURL"):
         refused = developer.post(URL, {**body, key: "not a uri"}, format="json")
         assert refused.status_code == 400 and refused.json()["attr"] == key
+    # What only the whole spec catches (lineage/openlineage_spec): a facet that is no facet, a
+    # run id that is no UUID, a dataset without a name; 400 naming where.
+    job = {**body["job"], "facets": {"sql": "SELECT 1"}}
+    refused = developer.post(URL, {**body, "job": job}, format="json")
+    assert refused.status_code == 400 and refused.json()["attr"] == "job.facets.sql"
+    assert "Not an OpenLineage event" in refused.json()["detail"]
+    run = {**body["run"], "runId": "run-1"}
+    refused = developer.post(URL, {**body, "run": run}, format="json")
+    assert refused.status_code == 400 and refused.json()["attr"].startswith("run"), refused.json()
+    nameless = {**body, "outputs": [{"namespace": workspace.slug}]}
+    refused = developer.post(URL, nameless, format="json")
+    assert refused.status_code == 400 and refused.json()["attr"].startswith("outputs")
     assert not Event.objects.for_workspace(workspace).filter(verb__startswith="lineage.").exists()
     broken = developer.generic(
         "POST", URL, b"not gzip", content_type="application/json", HTTP_CONTENT_ENCODING="gzip"

@@ -1,7 +1,7 @@
 """OpenLineage export of every job kind, checked against the OpenLineage JSON schema: the spec
-and the facets the export writes are vendored in ``openlineage_spec/`` (OpenLineage's own
-``spec/`` files, Apache-2.0, from commit 8f02abfb7 of the OpenLineage repository), and each sent
-event validates against ``OpenLineage.json`` and each of its facets against its facet's schema.
+and the facets the export writes are vendored in ``lineage/openlineage_spec/`` (see its NOTICE),
+and each sent event validates against ``OpenLineage.json`` and each of its facets against its
+facet's schema.
 Intake and export join on one graph: a feature group that an external job's dataset feeds is
 exported under that dataset's namespace and name."""
 
@@ -22,7 +22,7 @@ from workspaces.models import Role
 from workspaces.outbox import consume
 from workspaces.testing.factories import make_member
 
-SPEC = Path(__file__).with_name("openlineage_spec")
+SPEC = Path(__file__).parents[1] / "openlineage_spec"
 SCHEMAS = {path.name: json.loads(path.read_text()) for path in SPEC.glob("*.json")}
 REGISTRY = Registry().with_resources(
     (schema["$id"], Resource.from_contents(schema)) for schema in SCHEMAS.values()
