@@ -512,7 +512,7 @@ def namespace_workspace_slug(parsed: dict[str, Any]) -> str:
     return mapped_namespace(parsed["outputs"][0][0]) if parsed["outputs"] else ""
 
 
-def _slug_named_by(namespace: str) -> str:
+def namespace_slug(namespace: str) -> str:
     """The workspace slug a dataset namespace names: ``<slug>`` or our ``<prefix>/<slug>``."""
     prefix = f"{setting('OPENLINEAGE_NAMESPACE_PREFIX')}/"
     return namespace[len(prefix) :] if namespace.startswith(prefix) else mapped_namespace(namespace)
@@ -531,7 +531,7 @@ def openlineage_scope_check(*, workspace: Workspace, parsed: dict[str, Any]) -> 
         asked=len(parsed["inputs"]) + len(parsed["outputs"]),
     )
     named = {
-        _slug_named_by(namespace) for key in ("inputs", "outputs") for namespace, _ in parsed[key]
+        namespace_slug(namespace) for key in ("inputs", "outputs") for namespace, _ in parsed[key]
     }
     named.discard(workspace.slug)
     if named and Workspace.objects.filter(slug__in=named).exists():
@@ -579,3 +579,120 @@ def openlineage_event_record(
             "received_at": timezone.now(),
         },
     )
+
+
+# --- read: Marquez's lineage endpoint ---------------------------------------------------------
+
+# Our job nodes, named ``<kind>/<label>`` in the workspace's namespace, as the export names them.
+JOB_KINDS = ("training_job", "tuning_job", "pipeline_run")
+MARQUEZ_MAX_DEPTH = 20
+
+
+def marquez_node_id(node_type: str, namespace: str, name: str) -> str:
+    return f"{node_type}:{namespace}:{name}"
+
+
+def parse_marquez_node_id(node_id: str) -> tuple[str, str, str]:
+    """``dataset:<namespace>:<name>`` or ``job:...`` as ``(type, namespace, name)``; a namespace
+    may hold colons (``postgres://host:5432``), so the name is what follows the last one."""
+    node_type, _, rest = node_id.partition(":")
+    namespace, _, name = rest.rpartition(":")
+    if node_type not in ("dataset", "job") or not namespace or not name:
+        raise ValidationError(
+            {"nodeId": "Give dataset:<namespace>:<name> or job:<namespace>:<name>."}
+        )
+    return node_type, namespace, name
+
+
+def marquez_identity(workspace: Workspace, node: Any) -> tuple[str, str, str]:
+    """``(type, namespace, name)`` of a graph node under the names the export uses."""
+    if node.kind in JOB_KINDS:
+        return "job", namespace_of(workspace), f"{node.kind}/{node.label or node.object_id}"
+    if node.kind == "external_job":
+        namespace, _, name = node.label.partition("/")
+        return "job", namespace, name
+    return ("dataset", *dataset_identity(workspace, node.kind, node.object_id, node.label))
+
+
+def marquez_start(workspace: Workspace, node_type: str, namespace: str, name: str) -> Any:
+    """The graph node a Marquez ``nodeId`` names in ``workspace`` (404 when none)."""
+    from lineage.models import Node
+
+    nodes = Node.objects.for_workspace(workspace)
+    if namespace != namespace_of(workspace):  # an external job's or dataset's own name
+        kind = "external_job" if node_type == "job" else "external_dataset"
+        found = nodes.filter(kind=kind, label=f"{namespace}/{name}").order_by("id").first()
+    else:
+        prefix, _, label = name.partition("/")
+        by_prefix = (
+            {**{k: k for k in JOB_KINDS}, **{v: k for k, v in JOB_PREFIXES.items()}}
+            if node_type == "job"
+            else {v: k for k, v in DATASET_PREFIXES.items()}
+        )
+        wanted = by_prefix.get(prefix)
+        if wanted is None and node_type == "dataset":  # a feature group: its own name
+            wanted, label = "feature_group", name
+        found = nodes.filter(kind=wanted, label=label).order_by("-id").first() if wanted else None
+    if found is None:
+        raise Http404(f"No {node_type} {namespace}:{name} in the lineage graph.")
+    return found
+
+
+def marquez_graph(workspace: Workspace, node_id: str, depth: int) -> dict[str, Any]:
+    """Marquez's ``GET /api/v1/lineage?nodeId=`` answer: the nodes within ``depth`` steps of
+    ``node_id`` both ways, each with its ``inEdges`` and ``outEdges`` (origin -> destination),
+    under the names the export sends, so a Marquez client reads our graph as it reads
+    Marquez's."""
+    from lineage.models import Node
+    from lineage.queries import traverse
+
+    node_type, namespace, name = parse_marquez_node_id(node_id)
+    start = marquez_start(workspace, node_type, namespace, name)
+    sub = traverse(
+        workspace=workspace,
+        node=start,
+        direction="both",
+        depth=max(1, min(depth, MARQUEZ_MAX_DEPTH)),
+    )
+    keys = [n["key"] for n in sub["nodes"]]
+    by_key = {
+        n.key: n
+        for n in Node.objects.for_workspace(workspace).filter(
+            kind__in={k.split(":", 1)[0] for k in keys},
+            object_id__in={k.split(":", 1)[1] for k in keys},
+        )
+        if n.key in keys
+    }
+    ids = {key: marquez_identity(workspace, node) for key, node in by_key.items()}
+    graph: dict[str, dict[str, Any]] = {}
+    for key, (kind, ns, nm) in ids.items():
+        graph.setdefault(
+            marquez_node_id(kind, ns, nm),
+            {
+                "id": marquez_node_id(kind, ns, nm),
+                "type": kind.upper(),
+                "data": {
+                    "type": kind.upper(),
+                    "id": {"namespace": ns, "name": nm},
+                    "namespace": ns,
+                    "name": nm,
+                    "platform": {"kind": by_key[key].kind, "live": by_key[key].live},
+                },
+                "inEdges": [],
+                "outEdges": [],
+            },
+        )
+    for edge in sub["edges"]:
+        if edge["src"] not in ids or edge["dst"] not in ids:
+            continue
+        origin, destination = (
+            marquez_node_id(*ids[edge["src"]]),
+            marquez_node_id(*ids[edge["dst"]]),
+        )
+        if origin == destination:  # a feature group and the external dataset it is named as
+            continue
+        pair = {"origin": origin, "destination": destination}
+        if pair not in graph[origin]["outEdges"]:
+            graph[origin]["outEdges"].append(pair)
+            graph[destination]["inEdges"].append(pair)
+    return {"graph": list(graph.values())}

@@ -109,6 +109,16 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "summary": "``POST /api/v1/lineage``: the OpenLineage HTTP transport's "
         "endpoint (Marquez-compatible).",
     },
+    "v1_lineage_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/lineage",
+        "path_params": [],
+        "query": ["depth", "nodeId"],
+        "summary": "Marquez's lineage read: the graph around ``nodeId``, each node with its edges.",
+    },
     "v1_notifications_list": {
         "content_types": [],
         "idempotent_key": False,

@@ -15,10 +15,14 @@ from rest_framework.views import APIView
 from lineage import cost, queries
 from lineage.models import Node
 from lineage.openlineage import (
+    MARQUEZ_MAX_DEPTH,
+    marquez_graph,
+    namespace_slug,
     namespace_workspace_slug,
     openlineage_event_record,
     openlineage_scope_check,
     parse_event,
+    parse_marquez_node_id,
 )
 from lineage.projection import catch_up
 from workspaces.api.viewsets import ROLE_PERMISSION, WorkspaceScopedViewSet, request_token
@@ -187,6 +191,33 @@ class OpenLineageIntakeView(APIView):
     """
 
     permission_classes = [permissions.IsAuthenticated]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "nodeId",
+                str,
+                required=True,
+                description="dataset:<namespace>:<name> or job:<namespace>:<name>, as exported",
+            ),
+            OpenApiParameter("depth", int, description=f"1-{MARQUEZ_MAX_DEPTH} (default 20)"),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        """Marquez's lineage read: the graph around ``nodeId``, each node with its edges.
+
+        The namespace in ``nodeId`` names the workspace, as for intake (the viewer role is
+        enough); the names are those the export sends."""
+        node_id = str(request.query_params.get("nodeId", ""))
+        _, namespace, _ = parse_marquez_node_id(node_id)
+        raw_depth = request.query_params.get("depth", str(MARQUEZ_MAX_DEPTH))
+        if not raw_depth.isdigit() or not 1 <= int(raw_depth) <= MARQUEZ_MAX_DEPTH:
+            raise ValidationError({"depth": f"Give a whole number from 1 to {MARQUEZ_MAX_DEPTH}."})
+        workspace, _ = workspace_access(
+            user=request.user, slug=namespace_slug(namespace), token=request_token(request)
+        )
+        return Response(marquez_graph(workspace, node_id, int(raw_depth)))
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:

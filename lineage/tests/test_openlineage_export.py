@@ -20,7 +20,7 @@ from lineage.tests.helpers import build_scene, record
 from workspaces.events import Ref
 from workspaces.models import Role
 from workspaces.outbox import consume
-from workspaces.testing.factories import make_member
+from workspaces.testing.factories import make_member, make_workspace
 
 SPEC = Path(__file__).parents[1] / "openlineage_spec"
 SCHEMAS = {path.name: json.loads(path.read_text()) for path in SPEC.glob("*.json")}
@@ -137,3 +137,54 @@ def test_the_vendored_spec_is_the_one_the_client_writes():
     from openlineage.client.event_v2 import RunEvent
 
     assert RunEvent._get_schema().split("#")[0] == SCHEMAS["OpenLineage.json"]["$id"]
+
+
+@pytest.mark.django_db
+def test_the_marquez_read_answers_the_graph_under_the_exported_names(
+    workspace, settings, client_for, django_capture_on_commit_callbacks
+):
+    settings.OPENLINEAGE_NAMESPACES = {"default": workspace.slug}
+    actor = make_member(workspace, Role.MAINTAINER)
+    record(
+        workspace,
+        "lineage.openlineage.complete",
+        [
+            Ref("external_job", "x1", "default/airflow.build_users"),
+            Ref("external_dataset", "e1", "default/users", role="output"),
+        ],
+    )
+    scene = build_scene(workspace, actor)
+    with django_capture_on_commit_callbacks(execute=True):
+        project()
+    viewer = client_for(make_member(workspace, Role.VIEWER))
+    answer = viewer.get("/api/v1/lineage", {"nodeId": "dataset:default:users", "depth": 6})
+    assert answer.status_code == 200, answer.content
+    graph = {node["id"]: node for node in answer.json()["graph"]}
+    namespace = f"rankops/{workspace.slug}"
+    airflow, users = "job:default:airflow.build_users", "dataset:default:users"
+    job = f"job:{namespace}:training_job/job-{scene['job']}"
+    sample = f"dataset:{namespace}:datasets/clicks v1"
+    model = f"dataset:{namespace}:models/ctr-model v1"
+    assert {airflow, users, sample, job, model} <= set(graph), sorted(graph)
+    assert {"origin": airflow, "destination": users} in graph[users]["inEdges"]
+    assert {"origin": users, "destination": sample} in graph[users]["outEdges"]
+    assert {"origin": job, "destination": model} in graph[model]["inEdges"]
+    assert graph[job]["type"] == "JOB" and graph[users]["data"]["namespace"] == "default"
+    # The same graph from one of our own names, with a smaller depth.
+    mine = viewer.get("/api/v1/lineage", {"nodeId": sample, "depth": 1})
+    assert mine.status_code == 200
+    assert {n["id"] for n in mine.json()["graph"]} >= {sample, users, job}
+
+    # Bad input names its field; another workspace's member gets 404.
+    for params, attr in (
+        ({"nodeId": "table:x:y"}, "nodeId"),
+        ({"nodeId": sample, "depth": 0}, "depth"),
+        ({"nodeId": sample, "depth": "deep"}, "depth"),
+    ):
+        refused = viewer.get("/api/v1/lineage", params)
+        assert refused.status_code == 400 and refused.json()["attr"] == attr, refused.json()
+    missing = viewer.get("/api/v1/lineage", {"nodeId": f"dataset:{namespace}:nope"})
+    assert missing.status_code == 404
+    other = make_workspace(slug="ol-other")
+    outsider = client_for(make_member(other, Role.MAINTAINER))
+    assert outsider.get("/api/v1/lineage", {"nodeId": sample}).status_code == 404
