@@ -40,6 +40,19 @@ def validate(schema: dict, instance: dict) -> None:
     assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
 
 
+def airflow_wrote_users(workspace) -> None:
+    """An Airflow job (namespace "default", mapped to the workspace) writes the "users" table,
+    as intake records it."""
+    record(
+        workspace,
+        "lineage.openlineage.complete",
+        [
+            Ref("external_job", "x1", "default/airflow.build_users"),
+            Ref("external_dataset", "e1", "default/users", role="output"),
+        ],
+    )
+
+
 def facets_of(event: dict) -> list[dict]:
     found = [*event["run"].get("facets", {}).values(), *event["job"].get("facets", {}).values()]
     for dataset in [*event.get("inputs", []), *event.get("outputs", [])]:
@@ -59,15 +72,7 @@ def test_every_exported_event_validates_and_names_the_datasets_intake_joins_on(
     settings.OPENLINEAGE_URL = url
     settings.OPENLINEAGE_NAMESPACES = {"default": workspace.slug}
     actor = make_member(workspace, Role.MAINTAINER)
-    # An Airflow job (namespace "default", mapped to this workspace) writes the "users" table.
-    record(
-        workspace,
-        "lineage.openlineage.complete",
-        [
-            Ref("external_job", "x1", "default/airflow.build_users"),
-            Ref("external_dataset", "e1", "default/users", role="output"),
-        ],
-    )
+    airflow_wrote_users(workspace)
     scene = build_scene(workspace, actor)
     failed = Ref("training_job", 999, "job-999")
     record(workspace, "training.job.running", [failed], actor=actor)
@@ -145,14 +150,7 @@ def test_the_marquez_read_answers_the_graph_under_the_exported_names(
 ):
     settings.OPENLINEAGE_NAMESPACES = {"default": workspace.slug}
     actor = make_member(workspace, Role.MAINTAINER)
-    record(
-        workspace,
-        "lineage.openlineage.complete",
-        [
-            Ref("external_job", "x1", "default/airflow.build_users"),
-            Ref("external_dataset", "e1", "default/users", role="output"),
-        ],
-    )
+    airflow_wrote_users(workspace)
     scene = build_scene(workspace, actor)
     with django_capture_on_commit_callbacks(execute=True):
         project()
