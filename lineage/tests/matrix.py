@@ -56,4 +56,14 @@ ENDPOINTS = [
     Endpoint("GET", WS + "/unused-features/", role=Role.VIEWER),
     Endpoint("GET", WS + "/cost/", role=Role.VIEWER),
     Endpoint("POST", "/api/v1/lineage", role=None, body=_openlineage),
+    # Marquez's read: the namespace names the workspace. One that is no workspace answers the
+    # same 404 to every authenticated caller (the roles inside a workspace, and another
+    # workspace's 404: lineage/tests/test_openlineage_export.py).
+    Endpoint(
+        "GET",
+        "/api/v1/lineage",
+        role=None,
+        success=404,
+        body=lambda ctx: {"nodeId": "dataset:not-a-workspace-anywhere:table"},
+    ),
 ]
