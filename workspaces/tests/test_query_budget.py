@@ -197,6 +197,14 @@ def _consumer(ctx: MatrixContext) -> dict[str, Any]:
     return {"node": "feature_group:budget"}
 
 
+def _marquez(ctx: MatrixContext) -> dict[str, Any]:
+    """One more model version around the feature group Marquez's read is asked about."""
+    from lineage.openlineage import namespace_of
+
+    _consumer(ctx)
+    return {"nodeId": f"dataset:{namespace_of(ctx.workspace)}:group budget", "depth": 3}
+
+
 def _webhook_delivery(ctx: MatrixContext) -> dict[str, Any]:
     """One more delivery attempt logged for the same webhook (created on the first call)."""
     from django.utils import timezone
@@ -251,6 +259,7 @@ SEEDS: dict[str, Seed] = {
     WS + "/lineage/models/": _consumer,
     WS + "/lineage/unused-features/": _consumer,
     WS + "/lineage/cost/": _consumer,
+    "/api/v1/lineage": _marquez,
 }
 UNSEEDED: dict[str, str] = {}
 
