@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import uuid
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -98,36 +99,54 @@ FAILED_TYPES = {"FAIL", "ABORT"}
 
 
 def dataset_identity(
-    workspace: Workspace, kind: str, object_id: str, label: str
+    workspace: Workspace,
+    kind: str,
+    object_id: str,
+    label: str,
+    externals: Mapping[str, str] | None = None,
 ) -> tuple[str, str]:
     """``(namespace, name)`` of one of the platform's objects as an OpenLineage dataset, so that
     what intake heard of and what export says are one graph: a feature group fed by an external
     job's dataset (intake linked them, ``DERIVED_FROM``) is named as that dataset; any other
     feature group by its name in the workspace's namespace; samples, model versions and
-    deployments under ``datasets/``, ``models/`` and ``deployments/``."""
-    from lineage.models import Node
+    deployments under ``datasets/``, ``models/`` and ``deployments/``.
 
+    ``externals`` (feature group id -> external dataset label, from ``external_names``) saves
+    the query per feature group when many are named at once."""
     namespace = namespace_of(workspace)
     if kind == "external_dataset":
         ns, _, name = label.partition("/")
         return ns, name
     if kind == "feature_group":
-        external = (
-            Node.objects.for_workspace(workspace)
-            .filter(
-                kind="external_dataset",
-                out_edges__dst__kind="feature_group",
-                out_edges__dst__object_id=str(object_id),
-            )
-            .order_by("id")
-            .first()
-        )
+        if externals is None:
+            externals = external_names(workspace, [str(object_id)])
+        external = externals.get(str(object_id))
         if external is not None:
-            ns, _, name = external.label.partition("/")
+            ns, _, name = external.partition("/")
             return ns, name
         return namespace, label or f"feature_group/{object_id}"
     prefix = DATASET_PREFIXES.get(kind, kind)
     return namespace, f"{prefix}/{label or object_id}"
+
+
+def external_names(workspace: Workspace, group_ids: Iterable[str]) -> dict[str, str]:
+    """Feature group id -> the label of the external dataset it is named as (the first linked
+    one), for all of ``group_ids`` in one query."""
+    from lineage.models import Edge
+
+    names: dict[str, str] = {}
+    for group_id, label in (
+        Edge.objects.for_workspace(workspace)
+        .filter(
+            src__kind="external_dataset",
+            dst__kind="feature_group",
+            dst__object_id__in=[str(g) for g in group_ids],
+        )
+        .order_by("src_id")
+        .values_list("dst__object_id", "src__label")
+    ):
+        names.setdefault(group_id, label)
+    return names
 
 
 def _schema_facet(workspace: Workspace, group_id: str) -> Any | None:
@@ -604,14 +623,19 @@ def parse_marquez_node_id(node_id: str) -> tuple[str, str, str]:
     return node_type, namespace, name
 
 
-def marquez_identity(workspace: Workspace, node: Any) -> tuple[str, str, str]:
+def marquez_identity(
+    workspace: Workspace, node: Any, externals: Mapping[str, str] | None = None
+) -> tuple[str, str, str]:
     """``(type, namespace, name)`` of a graph node under the names the export uses."""
     if node.kind in JOB_KINDS:
         return "job", namespace_of(workspace), f"{node.kind}/{node.label or node.object_id}"
     if node.kind == "external_job":
         namespace, _, name = node.label.partition("/")
         return "job", namespace, name
-    return ("dataset", *dataset_identity(workspace, node.kind, node.object_id, node.label))
+    return (
+        "dataset",
+        *dataset_identity(workspace, node.kind, node.object_id, node.label, externals),
+    )
 
 
 def marquez_start(workspace: Workspace, node_type: str, namespace: str, name: str) -> Any:
@@ -663,7 +687,10 @@ def marquez_graph(workspace: Workspace, node_id: str, depth: int) -> dict[str, A
         )
         if n.key in keys
     }
-    ids = {key: marquez_identity(workspace, node) for key, node in by_key.items()}
+    externals = external_names(
+        workspace, [n.object_id for n in by_key.values() if n.kind == "feature_group"]
+    )
+    ids = {key: marquez_identity(workspace, node, externals) for key, node in by_key.items()}
     graph: dict[str, dict[str, Any]] = {}
     for key, (kind, ns, nm) in ids.items():
         graph.setdefault(

@@ -198,11 +198,25 @@ def _consumer(ctx: MatrixContext) -> dict[str, Any]:
 
 
 def _marquez(ctx: MatrixContext) -> dict[str, Any]:
-    """One more model version around the feature group Marquez's read is asked about."""
+    """One more feature group consumed by the model version Marquez's read is asked about
+    (each group's exported name is looked up: one query for all, not one per group)."""
     from lineage.openlineage import namespace_of
+    from lineage.projection import project
 
-    _consumer(ctx)
-    return {"nodeId": f"dataset:{namespace_of(ctx.workspace)}:group budget", "depth": 3}
+    n = next(_n)
+    with transaction.atomic():
+        event_record(
+            actor=None,
+            workspace=ctx.workspace,
+            verb="feature_consumer.registered",
+            refs=[
+                Ref("feature_group", f"g{n}", f"group {n}", role="input"),
+                Ref("model_version", "budget", "model budget", role="output"),
+            ],
+            resources={"cpu_hours": 1},
+        )
+    project(gap_wait=0)
+    return {"nodeId": f"dataset:{namespace_of(ctx.workspace)}:models/model budget", "depth": 3}
 
 
 def _webhook_delivery(ctx: MatrixContext) -> dict[str, Any]:
