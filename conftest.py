@@ -70,11 +70,16 @@ def client_for():
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_test_state_dir():
-    """Each test run writes artifacts and the embedded online store under its own folder."""
+    """Each test run writes artifacts and the embedded online store under its own folder; the
+    notebook servers its tests started (and left running) stop with it."""
     yield
     import shutil
 
     from django.conf import settings
+
+    from training.notebooks import stop_started_here
+
+    stop_started_here()
 
     shutil.rmtree(settings.TEST_STATE_DIR, ignore_errors=True)
     shutil.rmtree(settings.TRAINING_SANDBOX_ROOT, ignore_errors=True)

@@ -410,6 +410,26 @@ def _kill(server: NotebookServer) -> None:
             os.killpg(server.pid, signal.SIGKILL)
 
 
+def stop_started_here() -> int:
+    """Stop every server this process started and has not seen exit; how many were stopped.
+
+    For a process that ends with its servers (the test suite's teardown): a server normally
+    outlives the web process that started it and stops on its idle limit."""
+    stopped = 0
+    for pid, child in list(_children.items()):
+        if child.poll() is not None:
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        stopped += 1
+    return stopped
+
+
 def _finish(server: NotebookServer, state: str, reason: str, *, actor=None) -> None:
     with transaction.atomic():
         row = NotebookServer.objects.unscoped().select_for_update().get(pk=server.pk)
