@@ -9,21 +9,22 @@ flavor             bundle model file   loaded with
 ``sklearn``        ``model.skops``     ``skops.io.load`` with the types in ``SKOPS_TRUSTED``
 ``onnx``           ``model.onnx``      ``onnxruntime.InferenceSession``
 ``lightgbm``       ``model.lgb``       ``lightgbm.Booster(model_file=...)`` (its text format)
+``xgboost``        ``model.ubj``       ``xgboost.Booster(model_file=...)`` (its JSON or UBJSON
+                                       format; kept as UBJSON)
 ``pytorch``        ``weights.pt``      a state dict (``torch.load(weights_only=True)``) into
                                        the declared architecture (``mlp``: Linear layers
                                        whose sizes the state dict gives, one activation)
 =================  ==================  ===================================================
 
 A pickled model (sklearn's ``pickle``/``cloudpickle`` formats, the pytorch flavor's full
-``model.pth``, a pyfunc ``python_model.pkl``) is refused and never opened; ``xgboost`` is
-refused while the package is not installed. Each model takes the bundle's dense matrix, i.e. the
-mapped inputs in signature order (raw values: mean 0, std 1), and gives logits, so
-``training.bundle.Bundle.predict`` turns them into probabilities as for every other bundle.
+``model.pth``, a pyfunc ``python_model.pkl``) is refused and never opened. Each model takes the
+bundle's dense matrix, i.e. the mapped inputs in signature order (raw values: mean 0, std 1), and
+gives logits, so ``training.bundle.Bundle.predict`` turns them into probabilities as for every
+other bundle.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import shutil
 from pathlib import Path
@@ -37,10 +38,9 @@ SAFE_FLAVORS: tuple[str, ...] = (
     "sklearn (skops)",
     "onnx",
     "lightgbm (Booster text)",
+    "xgboost (ubj or json)",
     "pytorch (state dict)",
 )
-if importlib.util.find_spec("xgboost") is not None:  # pragma: no cover (not installed here)
-    SAFE_FLAVORS = (*SAFE_FLAVORS, "xgboost (json/ubj)")
 SAFE_FLAVORS_TEXT = ", ".join(SAFE_FLAVORS)
 # skops refuses to build any type outside ``trusted``. Beyond skops' own default-trusted types
 # (sklearn's estimators, numpy arrays and scalars), only scikit-learn's own types are trusted
@@ -53,12 +53,15 @@ ACTIVATIONS = ("relu", "tanh", "sigmoid")
 TEMPLATE_SKLEARN = "mlflow-sklearn"
 TEMPLATE_ONNX = "mlflow-onnx"
 TEMPLATE_LIGHTGBM = "mlflow-lightgbm"
+TEMPLATE_XGBOOST = "mlflow-xgboost"
 TEMPLATE_MLP = "mlflow-mlp"
 FILES = {
     TEMPLATE_SKLEARN: "model.skops",
     TEMPLATE_ONNX: "model.onnx",
     TEMPLATE_LIGHTGBM: "model.lgb",
+    TEMPLATE_XGBOOST: "model.ubj",
 }
+XGBOOST_FORMATS = (".ubj", ".json")
 
 
 def to_logits(scores: np.ndarray, output: str):
@@ -148,6 +151,27 @@ class LightGBMBoosterModel(FileModel):
         return np.asarray(self.booster.predict(dense.astype(np.float64)))
 
 
+class XGBoostBoosterModel(FileModel):
+    """XGBoost's own model format (JSON or UBJSON, never a pickle; the sklearn wrapper's models
+    are saved in it too), kept in the bundle as UBJSON whatever it came as."""
+
+    def open(self, path: Path) -> None:
+        import xgboost
+
+        self.booster = xgboost.Booster(model_file=str(path))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_bytes(bytes(self.booster.save_raw(raw_format="ubj")))
+
+    def scores(self, dense: np.ndarray) -> np.ndarray:
+        import xgboost
+
+        # The booster's own column names (a DataFrame's, when it was trained on one): the
+        # columns arrive in signature order, which is the order it was trained with.
+        matrix = xgboost.DMatrix(dense.astype(np.float32), feature_names=self.booster.feature_names)
+        return np.asarray(self.booster.predict(matrix))
+
+
 def build_mlp(spec: BundleSpec):
     """The declared ``mlp``: ``nn.Sequential`` of Linear layers (sizes ``hparams["layers"]``,
     read from the state dict at import) with ``activation`` between them, one output."""
@@ -221,6 +245,7 @@ def _register() -> None:
         (TEMPLATE_SKLEARN, SkopsModel),
         (TEMPLATE_ONNX, OnnxModel),
         (TEMPLATE_LIGHTGBM, LightGBMBoosterModel),
+        (TEMPLATE_XGBOOST, XGBoostBoosterModel),
     ):
         register_template(template, model_file=FILES[template])(model_class)
     # No param schema: these load imported models; they are not templates a job trains.

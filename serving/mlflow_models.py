@@ -103,10 +103,14 @@ def choose_flavor(folder: Path, mlmodel: dict[str, Any]) -> tuple[str, Path, dic
             raise pickle_refusal("this LightGBM model (its scikit-learn API is pickled)")
         return flavors.TEMPLATE_LIGHTGBM, file, {}
     if "xgboost" in offered:
-        raise refuse(
-            "xgboost is not installed on this platform; export the model to ONNX, or use "
-            f"{flavors.SAFE_FLAVORS_TEXT}"
-        )
+        file = data_file(offered["xgboost"], "model.ubj")
+        if file.suffix not in flavors.XGBOOST_FORMATS:
+            raise refuse(
+                f"this XGBoost model is saved as {file.suffix or 'a file with no extension'}; "
+                f"log it as {' or '.join(flavors.XGBOOST_FORMATS)} "
+                "(mlflow.xgboost.log_model(..., model_format='ubj'))"
+            )
+        return flavors.TEMPLATE_XGBOOST, file, {}
     if "pytorch" in offered:
         if offered["pytorch"].get("serialization_format") == "pt2":
             raise refuse(

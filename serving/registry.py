@@ -629,11 +629,11 @@ def model_version_import_mlflow(
     plus a state dict (``mlflow.pytorch.log_state_dict`` -> ``state_dict.pth``, or ``weights.pt``),
     loaded with ``weights_only=True``; for a ``lightgbm`` spec, LightGBM's text model
     (``model.txt``). Without a spec: a model of one of the safe flavors (``serving.flavors``:
-    sklearn by skops, onnx, a LightGBM Booster, a pytorch state dict with its declared
-    ``architecture``) with its ``inputs`` mapping (signature -> feature refs of ``dataset``, or
-    plain names), see ``serving.mlflow_models``. A pickled model (the pytorch flavour's
-    ``model.pth``, a cloudpickle pyfunc) cannot be loaded safely and is refused with 400 naming
-    the safe flavors; it is never unpickled.
+    sklearn by skops, onnx, a LightGBM Booster, an XGBoost model (ubj or json), a pytorch
+    state dict with its declared ``architecture``) with its ``inputs`` mapping (signature ->
+    feature refs of ``dataset``, or plain names), see ``serving.mlflow_models``. A pickled model
+    (the pytorch flavour's ``model.pth``, a cloudpickle pyfunc) cannot be loaded safely and is
+    refused with 400 naming the safe flavors; it is never unpickled.
     """
     import torch
 

@@ -5,7 +5,7 @@ sklearn model (skops) and a PyTorch state dict; both import with their input map
 gates, deploy and answer predictions equal to the stock models' own arithmetic; pickles are
 refused naming the safe flavors; the rival workspace's token sees none of it; the version,
 mirrored to an HTTP MLflow server (the platform's /mlflow), opens with
-``mlflow.pyfunc.load_model``. ONNX and LightGBM models import and serve the same way.
+``mlflow.pyfunc.load_model``. ONNX, LightGBM and XGBoost models import and serve the same way.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def test_stock_client_sklearn_and_pytorch_models_import_gate_deploy_predict_and_
 
 
 @pytest.mark.django_db
-def test_onnx_and_lightgbm_models_import_and_serve_and_the_registry_page_imports(
+def test_onnx_lightgbm_and_xgboost_models_import_and_serve_and_the_registry_page_imports(
     workspace, members, client
 ):
     import lightgbm
@@ -221,13 +221,26 @@ def test_onnx_and_lightgbm_models_import_and_serve_and_the_registry_page_imports
         num_boost_round=5,
     )
     mlflow.lightgbm.save_model(booster, root / "lgb", pip_requirements=[])
+    # XGBoost: the sklearn wrapper trained on a DataFrame (named columns), saved by MLflow in
+    # XGBoost's JSON format (the bundle keeps it as UBJSON).
+    import mlflow.xgboost
+    import pandas as pd
+    import xgboost
+
+    frame = pd.DataFrame(x, columns=["age", "ctr", "price"])
+    boosted = xgboost.XGBClassifier(n_estimators=8, max_depth=2).fit(
+        frame, (x[:, 2] > 15).astype(int)
+    )
+    mlflow.xgboost.save_model(boosted, root / "xgb", model_format="json", pip_requirements=[])
 
     x_serve = np.array([[21, 0.01, 1.5 * n] for n in range(len(scene.item_ids))])
     expected = {
         "onnx": sigmoid(x_serve @ weights.astype(np.float64)).reshape(-1),
         "lgb": booster.predict(x_serve),
+        "xgb": boosted.predict_proba(pd.DataFrame(x_serve, columns=frame.columns))[:, 1],
     }
-    for name in ("onnx", "lgb"):
+    assert len(set(np.round(expected["xgb"], 4))) > 1  # the scores differ between items
+    for name in ("onnx", "lgb", "xgb"):
         version = registry.model_version_import_mlflow(
             actor=actor,
             workspace=workspace,
@@ -247,22 +260,27 @@ def test_onnx_and_lightgbm_models_import_and_serve_and_the_registry_page_imports
         columns = {refs[0]: [users["rows"][0][0]] * n, refs[1]: [users["rows"][0][1]] * n}
         columns[refs[2]] = [row[0] for row in items["rows"]]
         assert np.allclose(loaded.predict(columns, n), expected[name], atol=1e-5), name
-    # An xgboost model is refused while xgboost is not installed, naming the safe flavors.
-    (root / "xgb").mkdir()
-    (root / "xgb" / "MLmodel").write_text("flavors:\n  xgboost: {data: model.xgb}\n")
+    xgb_bundle = (
+        Path(settings.ARTIFACT_ROOT)
+        / ModelVersion.objects.get(workspace=workspace, model__name="xgb").artifact_path
+    )
+    assert (xgb_bundle / "model.ubj").read_bytes()[:1] == b"{"  # UBJSON's object marker
+    assert not (xgb_bundle / "model.ubj").read_bytes().startswith(b'{"')  # not the JSON
+    # An xgboost model in another format (the legacy binary) is refused, naming the formats.
+    (root / "xgb-old").mkdir()
+    (root / "xgb-old" / "MLmodel").write_text("flavors:\n  xgboost: {data: model.xgb}\n")
+    (root / "xgb-old" / "model.xgb").write_bytes(b"\x00binary")
     with pytest.raises(ValidationError) as refused:
         registry.model_version_import_mlflow(
-            actor=actor, workspace=workspace, name="x", source=(root / "xgb").as_uri(), inputs=refs,
-            dataset=scene.dataset,
+            actor=actor, workspace=workspace, name="x", source=(root / "xgb-old").as_uri(),
+            inputs=refs, dataset=scene.dataset,
         )  # fmt: skip
-    assert "xgboost is not installed" in str(refused.value) and "skops" in str(refused.value)
+    assert "saved as .xgb; log it as .ubj or .json" in str(refused.value)
 
     # The registry page's import form: field errors name the allowed values, then it imports.
     import mlflow.sklearn
-    import pandas as pd
     from sklearn.linear_model import LogisticRegression
 
-    frame = pd.DataFrame(x, columns=["age", "ctr", "price"])
     estimator = LogisticRegression().fit(frame, (x[:, 2] > 15).astype(int))
     mlflow.sklearn.save_model(
         estimator, root / "sk", input_example=frame.head(2), pip_requirements=[]
