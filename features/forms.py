@@ -251,3 +251,52 @@ class DatasetPreviewForm(DatasetCreateForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["name"].required = False
+
+
+class FeastImportForm(forms.Form):
+    """A ``feast registry-dump`` file (or its text pasted) for ``features.feast.feast_import``,
+    with the entity kinds the Feast entity names do not say (``merchant=item``, one a line)."""
+
+    file = forms.FileField(
+        label="Registry dump file",
+        required=False,
+        help_text="The JSON that `feast registry-dump` prints, saved as a file.",
+    )
+    text = forms.CharField(
+        label="Or the registry dump, pasted",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6}),
+    )
+    entity_kinds = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="One 'feast_entity=kind' a line, where the name does not say it (user_id is "
+        f"read as user). Kinds: {', '.join(EntityKind.values)}.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        import json
+
+        data = super().clean() or {}
+        upload = data.get("file")
+        raw = upload.read().decode("utf-8", errors="replace") if upload else data.get("text")
+        if not raw or not raw.strip():
+            raise ValidationError({"file": "Attach the registry dump or paste it below."})
+        try:
+            data["registry"] = json.loads(raw)
+        except ValueError as exc:
+            raise ValidationError(
+                {"file" if upload else "text": f"This is not JSON: {exc}."}
+            ) from exc
+        kinds: dict[str, str] = {}
+        for number, line in enumerate((data.get("entity_kinds") or "").splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, sep, kind = line.partition("=")
+            if not sep or not name.strip() or not kind.strip():
+                raise ValidationError(
+                    {"entity_kinds": f"Line {number}: write feast_entity=kind, e.g. merchant=item."}
+                )
+            kinds[name.strip()] = kind.strip()
+        data["kinds"] = kinds
+        return data

@@ -44,7 +44,7 @@ MAX_FRESHNESS_SLA_S = 90 * 24 * 3600
 RESERVED_COLUMNS = frozenset({"filename", "file_row_number"})
 
 
-def _validate_name(value: str, *, attr: str) -> None:
+def validate_name(value: str, *, attr: str) -> None:
     try:
         name_validator(value)
     except ValidationError as exc:
@@ -66,7 +66,7 @@ def normalise_features(specs: Any) -> list[dict[str, Any]]:
         name, dtype = spec.get("name"), spec.get("dtype")
         if not isinstance(name, str):
             raise ValidationError({f"{attr}.name": "required"})
-        _validate_name(name, attr=f"{attr}.name")
+        validate_name(name, attr=f"{attr}.name")
         if name in seen:
             raise ValidationError({f"{attr}.name": f"duplicate feature '{name}'"})
         seen.add(name)
@@ -98,14 +98,14 @@ def normalise_features(specs: Any) -> list[dict[str, Any]]:
     return result
 
 
-def _check_columns(entity_keys: Any, event_time_column: str, features: list[dict]) -> list[str]:
+def check_columns(entity_keys: Any, event_time_column: str, features: list[dict]) -> list[str]:
     if not isinstance(entity_keys, list) or not entity_keys or len(entity_keys) > MAX_ENTITY_KEYS:
         raise ValidationError({"entity_keys": f"give 1-{MAX_ENTITY_KEYS} entity key columns"})
     for index, key in enumerate(entity_keys):
         if not isinstance(key, str):
             raise ValidationError({f"entity_keys.{index}": "must be a column name"})
-        _validate_name(key, attr=f"entity_keys.{index}")
-    _validate_name(event_time_column, attr="event_time_column")
+        validate_name(key, attr=f"entity_keys.{index}")
+    validate_name(event_time_column, attr="event_time_column")
     reserved = [*entity_keys, event_time_column]
     for index, spec in enumerate(features):
         if spec["name"] in RESERVED_COLUMNS:
@@ -181,11 +181,11 @@ def feature_group_register(
     status: str = Lifecycle.ACTIVE,
 ) -> FeatureGroup:
     """Register a feature group with its first schema version."""
-    _validate_name(name, attr="name")
+    validate_name(name, attr="name")
     if entity not in EntityKind.values:
         raise ValidationError({"entity": f"one of {', '.join(EntityKind.values)}"})
     specs = normalise_features(features)
-    keys = _check_columns(entity_keys, event_time_column, specs)
+    keys = check_columns(entity_keys, event_time_column, specs)
     _check_group_fields(
         description=description, tags=tags, freshness_sla_seconds=freshness_sla_seconds
     )
@@ -258,7 +258,7 @@ def feature_group_new_version(
     if group.status == Lifecycle.RETIRED:
         raise ConflictError(f"feature group '{group.name}' is retired", attr="status")
     specs = normalise_features(features)
-    _check_columns(group.entity_keys, group.event_time_column, specs)
+    check_columns(group.entity_keys, group.event_time_column, specs)
     current = group.versions.get(version=group.current_version)
     if current.features == specs:
         raise ValidationError({"features": "the schema is unchanged"})

@@ -8,6 +8,7 @@ urlpatterns = [
     path("w/<slug:ws>/features/", views.feature_group_list, name="features-list"),
     # A hyphen cannot start or appear in a group name, so this never shadows a group.
     path("w/<slug:ws>/features/new-group/", views.feature_group_create, name="features-new"),
+    path("w/<slug:ws>/features/import-feast/", views.feast_import_page, name="features-feast"),
     path(
         "w/<slug:ws>/features/groups/<str:name>/",
         views.feature_group_page,

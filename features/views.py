@@ -23,10 +23,12 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from features import ingestion, registry, samples
+from features.feast import feast_import
 from features.forms import (
     BatchUploadForm,
     DatasetCreateForm,
     DatasetPreviewForm,
+    FeastImportForm,
     FeatureGroupCreateForm,
     LifecycleForm,
     SchemaRows,
@@ -236,6 +238,51 @@ def feature_group_create(request: WorkspaceRequest, workspace) -> HttpResponse:
             dtypes=_dtype_choices(),
             section="features",
         ),
+        status=status,
+    )
+
+
+@workspace_page(Role.DEVELOPER)
+def feast_import_page(request: WorkspaceRequest, workspace) -> HttpResponse:
+    """Import a ``feast registry-dump`` (``features.feast``): preview, then import. A refusal is
+    shown next to the form, naming the field of the dump it is about."""
+    result = None
+    status = 200
+    if request.method == "POST":
+        form = FeastImportForm(request.POST, request.FILES)
+        status = 400
+        if form.is_valid():
+            try:
+                result = feast_import(
+                    actor=request.user,
+                    workspace=workspace,
+                    document=form.cleaned_data["registry"],
+                    entity_kinds=form.cleaned_data["kinds"],
+                    dry_run=request.POST.get("action") != "import",
+                )
+            except ConflictError as exc:
+                form.add_error(None, f"{exc.attr}: {exc}" if exc.attr else str(exc))
+            except ValidationError as exc:
+                items = exc.message_dict.items() if hasattr(exc, "error_dict") else []
+                for key, problems in items or [("", exc.messages)]:
+                    field = "entity_kinds" if key.startswith("entity_kinds") else None
+                    for problem in problems:
+                        form.add_error(field, f"{key}: {problem}" if key and not field else problem)
+            else:
+                status = 200 if result["dry_run"] else 201
+                if not result["dry_run"]:
+                    messages.success(
+                        request,
+                        f"Imported {len(result['feature_groups'])} feature view(s) from Feast "
+                        f"project '{result['project']}'.",
+                    )
+    else:
+        form = FeastImportForm()
+    feast_url = request.build_absolute_uri(f"/api/v1/workspaces/{workspace.slug}/feast")
+    return render(
+        request,
+        "features/feast_import.html",
+        page_context(request, form=form, result=result, feast_url=feast_url, section="features"),
         status=status,
     )
 

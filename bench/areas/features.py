@@ -652,6 +652,13 @@ def render_feast_repo(
     return repo
 
 
+def feast_python() -> Path:
+    """The python of the Feast peer's virtualenv (``bench/.venvs/feast``), installed with the
+    pinned ``FEAST_REQUIREMENTS`` on first use; the test suite's stock-Feast-client test uses
+    the same one (``.ci/run`` builds it before the suite)."""
+    return peer_venv("feast", FEAST_REQUIREMENTS)
+
+
 def _feast_env() -> dict[str, str]:
     env = {
         k: v
@@ -1152,7 +1159,7 @@ def _run(ctx: Context) -> dict[str, float]:
                 )
                 ctx.log(f"Feast {FEAST_VERSION} venv (installed on first use) ...")
                 started = time.perf_counter()
-                python = peer_venv("feast", FEAST_REQUIREMENTS)
+                python = feast_python()
                 feast["venv_s"] = round(time.perf_counter() - started, 2)
                 data = ctx.workdir / "feast_repo" / "data"
                 views = [

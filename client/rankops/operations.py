@@ -592,6 +592,20 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "query": [],
         "summary": "Experiments: request, review, ramp, read and conclude.",
     },
+    "v1_workspaces_feast_import_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/feast/import/",
+        "path_params": ["ws"],
+        "query": [],
+        "summary": "Import a Feast project's feature views as feature groups (``features.feast``):",
+    },
     "v1_workspaces_feature_groups_batches_create": {
         "content_types": [
             "application/json",
@@ -1607,5 +1621,20 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "path_params": [],
         "query": [],
         "summary": "Open Inference Protocol: server metadata (name, version, extensions)",
+    },
+    "workspaces_feast_get_online_features": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/feast/get-online-features",
+        "path_params": ["ws"],
+        "query": [],
+        "summary": "Feast's ``get-online-features``: the values "
+        "``online-features/`` reads, in Feast's",
     },
 }

@@ -88,6 +88,16 @@ REFERENCES = [
         success=200,
     ),
     BodyReference(
+        "POST",
+        WS + "/feast/get-online-features",
+        "features",
+        make=lambda ctx: f"{make_group(ctx).name}:age",
+        body=lambda ctx, ref: {"features": [ref], "entities": {"user_id": ["u1"]}},
+        missing="no_such_group:age",
+        attr="features.0",
+        success=200,
+    ),
+    BodyReference(
         "PATCH",
         WS + "/feature-groups/{name}/",
         "successor",
@@ -105,4 +115,7 @@ NO_REFERENCES = {
     "DELETE " + WS + "/feature-groups/{name}/": "no body",
     "PATCH " + WS + "/feature-groups/{name}/features/{feature}/": "a status only",
     "POST " + WS + "/feature-groups/{name}/batches/": "rows of the group in the URL",
+    # a Feast registry names its own views by name; an existing group of the same name in this
+    # workspace is the one it updates (the lookup is scoped to the URL's workspace)
+    "POST " + WS + "/feast/import/": "Feast's own definitions; groups by name in this workspace",
 }

@@ -54,6 +54,29 @@ def _lookup_body(ctx: MatrixContext) -> dict:
     return {"entities": ["u1"], "features": [f"{make_group(ctx).name}:age"]}
 
 
+def _feast_import_body(ctx: MatrixContext) -> dict:
+    """A `feast registry-dump` of one feature view, named afresh for each call."""
+    return {
+        "registry": {
+            "project": "matrix",
+            "entities": [{"spec": {"name": "user_id", "joinKey": "user_id"}}],
+            "featureViews": [
+                {
+                    "spec": {
+                        "name": f"feast_view_{next(_names)}",
+                        "entities": ["user_id"],
+                        "features": [{"name": "age", "valueType": "INT64"}],
+                    }
+                }
+            ],
+        }
+    }
+
+
+def _feast_lookup_body(ctx: MatrixContext) -> dict:
+    return {"features": [f"{make_group(ctx).name}:age"], "entities": {"user_id": ["u1"]}}
+
+
 def _optional(module: str) -> list[Endpoint]:
     try:
         return importlib.import_module(module).ENDPOINTS
@@ -110,6 +133,10 @@ ENDPOINTS = [
         body=_batch_body,
     ),
     Endpoint("POST", WS + "/online-features/", role=Role.VIEWER, body=_lookup_body),
+    Endpoint(
+        "POST", WS + "/feast/import/", role=Role.DEVELOPER, success=201, body=_feast_import_body
+    ),
+    Endpoint("POST", WS + "/feast/get-online-features", role=Role.VIEWER, body=_feast_lookup_body),
     *_optional("features.tests.matrix_datasets"),
     *_optional("features.tests.matrix_health"),
 ]

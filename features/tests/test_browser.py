@@ -153,3 +153,46 @@ def test_preview_then_build_a_dataset_and_watch_its_progress(page, workspace, mo
     expect(page.locator('[data-testid="coverage"] tr[data-ref="users:age"]')).to_contain_text(
         "66.7%"
     )
+
+
+def test_import_a_feast_registry_through_the_page(page, workspace, tmp_path):
+    """From the empty feature list to imported groups: the link, a refusal naming the Feast
+    entity and the kinds, the preview that writes nothing, the import."""
+    import json
+
+    from features.tests.test_feast import dump, view
+
+    user = make_member(workspace, Role.DEVELOPER, username="feaster")
+    log_in(page, user.username)
+    page.goto(f"/w/{workspace.slug}/features/")
+    page.get_by_test_id("import-feast").click()
+    expect(page.get_by_role("heading", name="Import from Feast")).to_be_visible()
+    registry = json.dumps(dump(view(entities=["merchant"]), view(name="user_stats_2"))).encode()
+    form = page.get_by_test_id("feast-form")
+    form.get_by_label("Registry dump file").set_input_files(
+        {"name": "registry.json", "mimeType": "application/json", "buffer": registry}
+    )
+    form.get_by_role("button", name="Preview").click()
+    expect(page.get_by_test_id("field-error")).to_contain_text(
+        "say which kind the Feast entity 'merchant' is: one of user, item"
+    )
+    form.get_by_label("Registry dump file").set_input_files(
+        {"name": "registry.json", "mimeType": "application/json", "buffer": registry}
+    )
+    page.get_by_label("Entity kinds").fill("merchant=item")
+    page.get_by_role("button", name="Preview").click()
+    result = page.get_by_test_id("feast-result")
+    expect(result.get_by_test_id("outcome")).to_have_text(["would be created"] * 2)
+    assert not FeatureGroup.objects.for_workspace(workspace).exists()
+    form.get_by_label("Registry dump file").set_input_files(
+        {"name": "registry.json", "mimeType": "application/json", "buffer": registry}
+    )
+    page.get_by_role("button", name="Import", exact=True).click()
+    expect(result.get_by_test_id("outcome")).to_have_text(["created"] * 2)
+    page.screenshot(path=str(tmp_path / "feast-import.png"), full_page=True)
+    result.get_by_role("link", name="user_stats_2").click()
+    expect(page.get_by_role("heading", name="user_stats_2 v1")).to_be_visible()
+    assert set(FeatureGroup.objects.for_workspace(workspace).values_list("name", flat=True)) == {
+        "user_stats",
+        "user_stats_2",
+    }
