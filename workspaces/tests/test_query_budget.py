@@ -177,23 +177,27 @@ def _quota_request(ctx: MatrixContext) -> None:
     )
 
 
-def _consumer(ctx: MatrixContext) -> dict[str, Any]:
-    """One more model version consuming one feature group, projected into the graph."""
+def _consumed(ctx: MatrixContext, group: str, model: str) -> None:
+    """Feature group ``group`` consumed by model version ``model``, projected into the graph."""
     from lineage.projection import project
 
-    n = next(_n)
     with transaction.atomic():
         event_record(
             actor=None,
             workspace=ctx.workspace,
             verb="feature_consumer.registered",
             refs=[
-                Ref("feature_group", "budget", "group budget", role="input"),
-                Ref("model_version", f"b{n}", f"model {n}", role="output"),
+                Ref("feature_group", group, f"group {group}", role="input"),
+                Ref("model_version", model, f"model {model}", role="output"),
             ],
             resources={"cpu_hours": 1},
         )
     project(gap_wait=0)
+
+
+def _consumer(ctx: MatrixContext) -> dict[str, Any]:
+    """One more model version consuming one feature group."""
+    _consumed(ctx, "budget", f"b{next(_n)}")
     return {"node": "feature_group:budget"}
 
 
@@ -201,21 +205,8 @@ def _marquez(ctx: MatrixContext) -> dict[str, Any]:
     """One more feature group consumed by the model version Marquez's read is asked about
     (each group's exported name is looked up: one query for all, not one per group)."""
     from lineage.openlineage import namespace_of
-    from lineage.projection import project
 
-    n = next(_n)
-    with transaction.atomic():
-        event_record(
-            actor=None,
-            workspace=ctx.workspace,
-            verb="feature_consumer.registered",
-            refs=[
-                Ref("feature_group", f"g{n}", f"group {n}", role="input"),
-                Ref("model_version", "budget", "model budget", role="output"),
-            ],
-            resources={"cpu_hours": 1},
-        )
-    project(gap_wait=0)
+    _consumed(ctx, f"g{next(_n)}", "budget")
     return {"nodeId": f"dataset:{namespace_of(ctx.workspace)}:models/model budget", "depth": 3}
 
 
