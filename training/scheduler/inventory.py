@@ -18,7 +18,7 @@ from training.scheduler.placement import (
     NodeInventory,
     Request,
     TaskClass,
-    workload_classes,
+    workload_estimate,
 )
 
 HOLDING_STATES = (JobState.PLACED, JobState.RUNNING)
@@ -63,10 +63,12 @@ def build_cluster(
     *,
     workload_jobs: Iterable[TrainingJob] = (),
     workload: Sequence[TaskClass] | None = None,
+    pinned: dict[tuple[str, ...], float] | None = None,
     seed: int | None = 0,
 ) -> tuple[Cluster, dict[int, list[TrainingJob]]]:
     """The free inventory of ``nodes`` after ``jobs``; also the jobs holding each node. The
-    target workload is ``workload`` (classes) when given, else the one ``workload_jobs`` ask."""
+    target workload is ``workload`` (classes, with the ``pinned`` shares) when given, else the
+    one ``workload_jobs`` ask (in arrival order, oldest first)."""
     nodes = list(nodes)
     used_cpu: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
@@ -93,14 +95,14 @@ def build_cluster(
                 gpu_indexes=tuple(int(g["index"]) for g in gpus),
             )
         )
-    classes = (
-        list(workload)
-        if workload is not None
-        else workload_classes(job_request(j) for j in workload_jobs)
-    )
+    if workload is not None:
+        classes = list(workload)
+    else:
+        classes, pinned = workload_estimate(job_request(j) for j in workload_jobs)
     cluster = Cluster(
         inventory,
         workload=classes,
+        pinned=pinned,
         seed=seed,
         slice_pricing=getattr(settings, "SCHEDULER_SLICE_PRICING", True),
     )

@@ -12,11 +12,12 @@ from typing import Any
 from django.db.models import Sum
 
 from features.models import Batch
-from training.models import PRIORITY_RANK, JobState, Node, NodeKind, TrainingJob
+from training.models import PRIORITY_RANK, JobState, Node, NodeKind, NodeState, TrainingJob
 from training.scheduler.admission import job_usage, workspaces_usage
-from training.scheduler.inventory import build_cluster, holding_jobs, job_request
+from training.scheduler.floor import placement_floor
+from training.scheduler.inventory import build_cluster, holding_jobs, job_request, node_gpu_type
 from training.scheduler.models import JobScheduling
-from training.scheduler.placement import Cluster
+from training.scheduler.placement import Cluster, NodeInventory
 from workspaces.models import Workspace
 from workspaces.quota import Usage, quota_summary
 
@@ -135,7 +136,7 @@ def cluster_overview() -> dict[str, Any]:
     nodes = list(Node.objects.order_by("kind", "name"))
     holding = holding_jobs()
     recent = list(TrainingJob.objects.unscoped().order_by("-created_at")[:500])
-    cluster, on_node = build_cluster(nodes, holding, workload_jobs=recent)
+    cluster, on_node = build_cluster(nodes, holding, workload_jobs=reversed(recent))
     frag = (
         cluster.fragmentation_of(cluster.free, cluster.cpu, cluster.mem, cluster.typ)
         if len(nodes)
@@ -176,6 +177,40 @@ def cluster_overview() -> dict[str, Any]:
         "fragmentation_share": round(cluster.fragmentation(), 4) if capacity else 0.0,
         "inference_nodes": sum(1 for n in nodes if n.kind == NodeKind.INFERENCE),
         "slice_costs": slice_costs(cluster) if len(nodes) else [],
+        "floor": floor_now(nodes, holding),
+    }
+
+
+def floor_now(nodes: list[Node], holding: list[TrainingJob]) -> dict[str, Any]:
+    """What the cluster leaves idle now beside the least any placement could: the placement
+    floor (``floor.placement_floor``) of the jobs running or waiting on the ready nodes' full
+    capacity. ``gap`` is idle now minus the floor, in GPUs."""
+    ready = [n for n in nodes if n.state == NodeState.READY and n.gpus]
+    waiting = list(
+        TrainingJob.objects.unscoped().filter(
+            state__in=[JobState.PENDING, JobState.ADMITTED, JobState.PREEMPTED]
+        )
+    )
+    full = [
+        NodeInventory(str(n.pk), n.cpu_milli, n.memory_mb, node_gpu_type(n), (1000,) * len(n.gpus))
+        for n in ready
+    ]
+    ready_ids = {n.pk for n in ready}
+    running = [j for j in holding if j.node_id in ready_ids]
+    result = placement_floor([job_request(j) for j in running + waiting], full)
+    capacity = result["capacity_milli"]
+    used = sum(job_request(j).gpu_demand_milli * (j.workers or 1) for j in running)
+    idle = max(capacity - used, 0) / capacity if capacity else 0.0
+    return {
+        "gpus": capacity // 1000,
+        "jobs_running": len(running),
+        "jobs_waiting": len(waiting),
+        "demand_gpu": result["demand_milli"] / 1000,
+        "idle_share": round(idle, 4),
+        "floor_share": round(result["floor"], 4) if capacity else 0.0,
+        "idle_pct": round(idle * 100, 2),
+        "floor_pct": round(result["floor"] * 100, 2) if capacity else 0.0,
+        "gap_gpu": round((idle - result["floor"]) * capacity / 1000, 2) if capacity else 0.0,
     }
 
 

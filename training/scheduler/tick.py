@@ -44,9 +44,10 @@ from training.scheduler.models import JobScheduling, LendingLease
 from training.scheduler.placement import (
     Cluster,
     Placement,
+    TaskClass,
     slice_prices,
     slice_shares,
-    workload_classes,
+    workload_estimate,
 )
 from training.services import job_request_stop, job_transition
 from workspaces.exceptions import ConflictError
@@ -93,24 +94,26 @@ def _dispatch(job_id: int, queue: str) -> bool:
     return True
 
 
-def _workload() -> list:
-    """The target workload (the 500 newest requests) and its slice prices, before any lock:
-    the prices are a linear program over the workload alone (``placement.SlicePrices``), and
-    solving it here leaves the locked part of the tick with a cache hit."""
+def _workload() -> tuple[list[TaskClass], dict[tuple[str, ...], float]]:
+    """The target workload (estimated from the 500 newest requests) and its slice prices,
+    before any lock: the prices are a linear program over the workload alone
+    (``placement.SlicePrices``), and solving it here leaves the locked part of the tick with a
+    cache hit."""
     recent = list(
         TrainingJob.objects.unscoped()
         .order_by("-created_at")
         .only("cpu_milli", "memory_mb", "gpu_count", "gpu_milli", "gpu_type", "workers")[:500]
     )
-    classes = workload_classes(job_request(j) for j in recent)
+    # Oldest first: the estimate weighs the newest arrivals most (WorkloadEstimator).
+    classes, pinned = workload_estimate(job_request(j) for j in reversed(recent))
     if getattr(settings, "SCHEDULER_SLICE_PRICING", True):
         slice_prices(slice_shares(classes))
-    return classes
+    return classes, pinned
 
 
 def _tick(limit: int, summary: Counter) -> list[tuple[int, str]]:
     dispatch: list[tuple[int, str]] = []
-    workload = _workload()
+    workload, pinned = _workload()
     with transaction.atomic():
         jobs = list(
             TrainingJob.objects.unscoped()
@@ -125,7 +128,7 @@ def _tick(limit: int, summary: Counter) -> list[tuple[int, str]]:
         list(Node.objects.select_for_update().filter(state=NodeState.READY).order_by("pk"))
         nodes = schedulable_nodes(include_lending=True)
         holding = holding_jobs()
-        cluster, on_node = build_cluster(nodes, holding, workload=workload)
+        cluster, on_node = build_cluster(nodes, holding, workload=workload, pinned=pinned)
         inference = np.array([n.kind == NodeKind.INFERENCE for n in nodes], dtype=bool)
         now = timezone.now()
         for job in jobs:

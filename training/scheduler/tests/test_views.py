@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from training.models import JobState, NodeKind, PriorityClass
 from training.scheduler.models import WorkspaceQuota
-from training.scheduler.tests.factories import make_job, make_node
+from training.scheduler.tests.factories import make_job, make_node, run_on
 from training.scheduler.tick import schedule_tick
 from workspaces.models import Event, Role
 from workspaces.testing.factories import UserFactory
@@ -62,6 +62,40 @@ def test_cluster_page_is_for_staff(client, workspace):
         {"size_gpu": 0.81, "cost_gpu": 1.0, "idle_gpu": 0.19},
     ]
     assert 'data-testid="slice-costs"' in html
+
+
+def test_cluster_page_shows_idle_capacity_beside_the_floor(client, workspace):
+    staff = UserFactory(is_staff=True)
+    client.force_login(staff)
+    assert 'data-testid="floor"' in client.get("/scheduler/cluster/").content.decode()
+    assert "register a GPU node" in client.get("/scheduler/cluster/").content.decode()
+    node = make_node(gpus=2, cpu_milli=64000)
+    # Two 0.3 slices on different GPUs: the 0.7 jobs waiting behind them find no GPU with 0.7.
+    run_on(make_job(workspace, gpu_milli=300), node, gpus=[(0, 300)])
+    run_on(make_job(workspace, gpu_milli=300), node, gpus=[(1, 300)])
+    make_job(workspace, gpu_milli=700)
+    make_job(workspace, gpu_milli=700)
+    page = client.get("/scheduler/cluster/")
+    floor = page.context["overview"]["floor"]
+    assert floor["jobs_running"] == 2 and floor["jobs_waiting"] == 2
+    assert floor["idle_share"] == pytest.approx(0.7)
+    assert floor["floor_share"] == pytest.approx(0.0)  # 0.3 + 0.7 fill each GPU
+    assert floor["gap_gpu"] == pytest.approx(1.4)
+    html = page.content.decode()
+    assert '<td data-testid="idle-now">70.00% of GPU capacity</td>' in html
+    assert '<td data-testid="floor-share">0.00% of GPU capacity</td>' in html
+
+
+def test_the_floor_counts_what_no_placement_can_avoid(client, workspace):
+    client.force_login(UserFactory(is_staff=True))
+    node = make_node(gpus=2, cpu_milli=64000)
+    run_on(make_job(workspace, gpu_milli=300), node, gpus=[(0, 300)])
+    run_on(make_job(workspace, gpu_milli=700), node, gpus=[(0, 700)])
+    make_job(workspace, gpu_milli=600)
+    floor = client.get("/scheduler/cluster/").context["overview"]["floor"]
+    assert floor["idle_share"] == pytest.approx(0.5)
+    assert floor["floor_share"] == pytest.approx(0.2)  # the 0.6 slice leaves 0.4 of a GPU
+    assert floor["gap_gpu"] == pytest.approx(0.6)
 
 
 def test_admin_audit_lists_over_quota_jobs_and_review_is_recorded(client, workspace):

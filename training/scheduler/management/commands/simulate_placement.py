@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from training.scheduler.placement import POLICIES
-from training.scheduler.simulate import load_nodes, load_pods, simulate
+from training.scheduler.simulate import MIXES, load_nodes, load_pods, simulate, trace_variant
 
 
 class Command(BaseCommand):
@@ -29,6 +29,26 @@ class Command(BaseCommand):
             help=f"Comma-separated policies to run (default: all of {', '.join(POLICIES)}).",
         )
         parser.add_argument(
+            "--mix",
+            default="default",
+            help="A workload mix resampled from --pods (trace_variant): default, or "
+            f"gpushare<P>, multigpu<P>, gpuspec<P> (the benchmark runs {', '.join(MIXES)}).",
+        )
+        parser.add_argument(
+            "--workload",
+            choices=("online", "trace"),
+            default="online",
+            help="How the default policy knows the workload: online (estimated from arrivals, "
+            "as the live tick does) or trace (the whole pod list in advance, an oracle).",
+        )
+        parser.add_argument(
+            "--warmup",
+            type=int,
+            default=1000,
+            help="Arrivals of a previous period (an independent draw from the same mix) the "
+            "online estimate has seen before the run starts; 0: a cold start (default 1000).",
+        )
+        parser.add_argument(
             "--no-slice-pricing",
             action="store_true",
             help="Run the default policy on FGD's fragmentation measure alone (the ablation).",
@@ -39,19 +59,27 @@ class Command(BaseCommand):
         unknown = sorted(set(policies) - set(POLICIES))
         if unknown or not policies:
             raise CommandError(f"--policies: unknown {', '.join(unknown) or '(none given)'}")
-        pods = load_pods(options["pods"])
         nodes = load_nodes(options["nodes"])
-        runs = [
-            simulate(
-                pods,
-                nodes,
-                seed=options["seed"] + i,
-                policies=policies,
-                slice_pricing=not options["no_slice_pricing"],
+        trace = load_pods(options["pods"])
+        runs = []
+        for i in range(max(options["repeats"], 1)):
+            seed = options["seed"] + i
+            try:
+                pods = trace_variant(trace, options["mix"], nodes, seed=seed)
+            except ValueError as exc:
+                raise CommandError(f"--mix: {exc}") from exc
+            runs.append(
+                simulate(
+                    pods,
+                    nodes,
+                    seed=seed,
+                    policies=policies,
+                    slice_pricing=not options["no_slice_pricing"],
+                    workload=options["workload"],
+                    warmup=max(options["warmup"], 0),
+                )
             )
-            for i in range(max(options["repeats"], 1))
-        ]
-        result = average(runs)
+        result = {**average(runs), "mix": options["mix"]}
         self.stdout.write(json.dumps(result, sort_keys=True))
 
 
@@ -73,6 +101,8 @@ def average(runs: list[dict]) -> dict:
             out[key] = max(values)  # throughput: the best run, the least disturbed by others
         else:
             out[key] = round(sum(values) / len(values), 4)
+        if key == "default_vs_floor":
+            out["default_vs_floor_min"], out["default_vs_floor_max"] = min(values), max(values)
     others = [out[f"unallocated_gpu_share_{p}"] for p in POLICIES if p != "default" and p in ran]
     if "default" in ran and others and min(others):
         out["unallocated_vs_best_baseline"] = round(

@@ -1,0 +1,258 @@
+"""The placement floor (``floor.placement_floor``) against a brute-force optimum, the
+workload-mix variants the benchmark generates (``simulate.trace_variant``) and the online
+estimate of the workload (``placement.WorkloadEstimator``)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from functools import cache
+
+import pytest
+
+from training.scheduler.floor import placement_floor, slice_patterns
+from training.scheduler.placement import (
+    WHOLE,
+    Cluster,
+    NodeInventory,
+    Request,
+    TaskClass,
+    WorkloadEstimator,
+)
+from training.scheduler.simulate import (
+    MIXES,
+    fractional_packing_waste_lb,
+    parse_mix,
+    simulate,
+    trace_variant,
+)
+
+
+def optimum_unallocated(requests: list[Request], nodes: list[NodeInventory]) -> float:
+    """The least unallocated GPU share of any placement, by trying every one: each request goes
+    nowhere, or (whole GPUs) onto a node with enough of them free, or (a slice) onto one GPU."""
+    reqs = tuple(requests)
+    capacity = sum(len(n.gpus) for n in nodes) * WHOLE
+
+    @cache
+    def best(k: int, state: tuple) -> int:
+        if k == len(reqs):
+            return 0
+        r = reqs[k]
+        top = best(k + 1, state)  # not placed
+        for i, node in enumerate(nodes):
+            cpu, mem, free = state[i]
+            if cpu < r.cpu_milli or mem < r.memory_mb:
+                continue
+            if r.gpu_types and node.gpu_type not in r.gpu_types:
+                continue
+            options = []
+            if r.gpu_count:
+                whole = [g for g, f in enumerate(free) if f == WHOLE]
+                if len(whole) >= r.gpu_count:
+                    taken = set(whole[: r.gpu_count])
+                    options.append(tuple(0 if g in taken else f for g, f in enumerate(free)))
+            else:
+                for g in {f: g for g, f in enumerate(free) if f >= r.gpu_milli}.values():
+                    after = list(free)
+                    after[g] -= r.gpu_milli
+                    options.append(tuple(sorted(after)))
+            for after in options:
+                new = list(state)
+                new[i] = (cpu - r.cpu_milli, mem - r.memory_mb, after)
+                top = max(top, r.gpu_demand_milli + best(k + 1, tuple(new)))
+        return top
+
+    start = tuple((n.cpu_milli, n.memory_mb, tuple(n.gpus)) for n in nodes)
+    return (capacity - best(0, start)) / capacity
+
+
+def random_instance(rng: random.Random):
+    nodes = [
+        NodeInventory("a", rng.choice([6000, 12000]), 64000, "X", (WHOLE,) * rng.choice([1, 2])),
+        NodeInventory("b", rng.choice([4000, 8000]), 64000, "Y", (WHOLE,) * rng.choice([1, 2])),
+    ]
+    requests = []
+    for _ in range(rng.randint(3, 7)):
+        cpu = rng.choice([1000, 3000, 5000])
+        types = rng.choice([(), (), ("X",), ("Y",)])
+        if rng.random() < 0.35:
+            requests.append(Request(cpu, 1000, rng.choice([1, 1, 2]), 0, types))
+        else:
+            requests.append(Request(cpu, 1000, 0, rng.choice([250, 300, 450, 600, 700]), types))
+    return requests, nodes
+
+
+def test_the_floor_never_exceeds_the_brute_force_optimum_and_is_often_tight():
+    rng = random.Random(7)
+    tight = 0
+    for _ in range(60):
+        requests, nodes = random_instance(rng)
+        floor = placement_floor(requests, nodes)["floor"]
+        optimum = optimum_unallocated(requests, nodes)
+        assert floor <= optimum + 1e-9, (requests, nodes, floor, optimum)
+        tight += floor >= optimum - 1e-9
+    # A floor of 0 everywhere would pass the line above: it must also meet the optimum often.
+    assert tight >= 30
+
+
+def test_the_floor_counts_slices_that_cannot_share_a_gpu():
+    nodes = [NodeInventory("a", 8000, 8000, "X", (WHOLE, WHOLE))]
+    # Three 0.6 slices on two GPUs: two placed at best, 0.8 of 2 GPUs idle.
+    result = placement_floor([Request(0, 0, 0, 600)] * 3, nodes)
+    assert result["floor"] == pytest.approx(0.4)
+    assert optimum_unallocated([Request(0, 0, 0, 600)] * 3, nodes) == pytest.approx(0.4)
+    # 0.6 pairs with 0.4: nothing idle.
+    assert placement_floor([Request(0, 0, 0, 600), Request(0, 0, 0, 400)] * 2, nodes)[
+        "floor"
+    ] == pytest.approx(0.0)
+
+
+def test_the_floor_sees_cpu_gpu_types_and_whole_gpus_per_node():
+    nodes = [
+        NodeInventory("a", 4000, 8000, "X", (WHOLE,) * 2),
+        NodeInventory("b", 64000, 8000, "Y", (WHOLE,) * 2),
+    ]
+    # Only node b has the CPU for these: two of its GPUs, half the cluster, stay usable.
+    hungry = [Request(32000, 0, 1, 0)] * 4
+    assert placement_floor(hungry, nodes)["floor"] == pytest.approx(0.5)
+    # Pinned to X: node b's GPUs are out of reach.
+    pinned = [Request(0, 0, 1, 0, ("X",))] * 4
+    assert placement_floor(pinned, nodes)["floor"] == pytest.approx(0.5)
+    # A 3-GPU worker fits on no node.
+    assert placement_floor([Request(0, 0, 3, 0)], nodes)["floor"] == pytest.approx(1.0)
+
+
+def test_the_slice_only_bound_is_not_a_floor_when_arrivals_exceed_capacity():
+    """Why the benchmark's floor is ``placement_floor``: the cutting-stock waste of placing every
+    slice overstates the least idle capacity once not every request can be placed (a wasteful
+    slice is better left waiting while a whole-GPU worker takes its GPU)."""
+    nodes = [NodeInventory("a", 8000, 8000, "X", (WHOLE, WHOLE))]
+    requests = [Request(0, 0, 0, 650), Request(0, 0, 0, 650), Request(0, 0, 1, 0)]
+    optimum = optimum_unallocated(requests, nodes)
+    assert optimum == pytest.approx(0.175)  # 0.65 + 1 placed on 2 GPUs
+    assert placement_floor(requests, nodes)["floor"] == pytest.approx(optimum)
+    slices_only = fractional_packing_waste_lb(requests, 2 * WHOLE)
+    assert slices_only == pytest.approx(0.35)
+    assert slices_only > optimum
+
+
+def test_slice_patterns_are_every_fitting_multiset():
+    patterns = slice_patterns({600: 2, 400: 3})
+    assert sorted(map(tuple, patterns)) == [(0, 1), (0, 2), (1, 0), (1, 1)]
+    assert slice_patterns({10: 100}, max_patterns=5) is None
+
+
+def trace(n: int = 2000):
+    rng = random.Random(3)
+    pods = []
+    for _ in range(n):
+        roll = rng.random()
+        if roll < 0.1:
+            pods.append(Request(2000, 1000))
+        elif roll < 0.5:
+            pods.append(Request(4000, 1000, 0, rng.choice([250, 500, 700])))
+        elif roll < 0.9:
+            pods.append(Request(8000, 1000, 1, 0))
+        else:
+            pods.append(Request(16000, 1000, rng.choice([2, 4, 8]), 0))
+    nodes = [NodeInventory("a", 96000, 1 << 20, "G2", (WHOLE,) * 8)] * 3 + [
+        NodeInventory("b", 64000, 1 << 20, "V100M16", (WHOLE,) * 2),
+        NodeInventory("c", 64000, 1 << 20, "V100M32", (WHOLE,) * 4),
+    ]
+    return pods, nodes
+
+
+@pytest.mark.parametrize("mix", [m for m in MIXES if m != "default"] + ["gpushare100"])
+def test_trace_variants_have_the_share_they_name(mix):
+    pods, nodes = trace()
+    family, percent = parse_mix(mix)
+    variant = trace_variant(pods, mix, nodes, seed=1)
+    assert len(variant) == len(pods)
+    cpu_only = sum(not p.gpu_demand_milli for p in variant)
+    assert cpu_only == sum(not p.gpu_demand_milli for p in pods)  # CPU-only work kept as is
+    gpu = [p for p in variant if p.gpu_demand_milli]
+    kind = {
+        "gpushare": lambda p: not p.gpu_count,
+        "multigpu": lambda p: p.gpu_count >= 2,
+        "gpuspec": lambda p: bool(p.gpu_types),
+    }[family]
+    assert sum(map(kind, gpu)) == round(len(gpu) * percent / 100)
+    if family == "gpuspec":
+        # Pinned to what the cluster has, the V100 models together.
+        assert {p.gpu_types for p in gpu if p.gpu_types} <= {("G2",), ("V100M16", "V100M32")}
+    else:
+        # The rest of the distribution kept: the other kinds in their original proportion.
+        others = Counter(p.gpu_milli or p.gpu_count for p in gpu if not kind(p))
+        assert set(others) <= {p.gpu_milli or p.gpu_count for p in pods if not kind(p)}
+    assert trace_variant(pods, mix, nodes, seed=1) == variant  # seeded
+    assert trace_variant(pods, mix, nodes, seed=2) != variant
+
+
+@pytest.mark.parametrize("bad", ["gpushare", "gpushare101", "fancy20", "multi-gpu20", ""])
+def test_unknown_mixes_are_refused_naming_the_families(bad):
+    with pytest.raises(ValueError, match="gpushare"):
+        parse_mix(bad)
+
+
+def test_the_workload_estimate_follows_a_change_of_mix():
+    estimator = WorkloadEstimator(half_life=100)
+    whole, half = Request(8000, 1000, 1, 0), Request(4000, 1000, 0, 500)
+    took = [estimator.observe(whole) for _ in range(1000)]  # every arrival counted
+    assert any(took)
+    assert [(c.gpu_count, c.share) for c in estimator.classes()] == [(1, 1.0)]
+    # The same mix again: nothing to take.
+    assert not any(estimator.observe(whole) for _ in range(500))
+    took = [estimator.observe(half) for _ in range(300)]
+    assert any(took)
+    slices = sum(c.share for c in estimator.classes() if c.gpu_milli == 500)
+    # Three half-lives after the change: 1 - 2**-3 of the weight is the new mix.
+    assert slices == pytest.approx(0.875, abs=1e-3)
+    assert estimator.drift() == 0.0
+
+
+def test_the_simulator_learns_the_mix_online_or_takes_the_trace():
+    pods, nodes = trace(600)
+    online = simulate(pods, nodes, seed=1, policies=("default",), warmup=0)
+    assert online["workload"] == "online" and online["workload_updates"] >= 3
+    oracle = simulate(pods, nodes, seed=1, policies=("default",), workload="trace")
+    assert "workload_updates" not in oracle or oracle["workload_updates"] == 0
+    assert 0 <= online["placement_floor"] <= online["unallocated_gpu_share_default"] + 1e-9
+    with pytest.raises(ValueError, match="online or trace"):
+        simulate(pods, nodes, seed=1, workload="psychic")
+
+
+def test_work_that_runs_anywhere_leaves_room_for_work_pinned_to_a_model():
+    nodes = [
+        NodeInventory("a", 64000, 1 << 20, "A", (WHOLE,) * 2),
+        NodeInventory("b", 64000, 1 << 20, "B", (WHOLE,) * 2),
+    ]
+    anywhere, on_a = Request(1000, 100, 1, 0), Request(1000, 100, 1, 0, ("A",))
+    estimate = WorkloadEstimator().observe_all([anywhere, on_a] * 10)
+    assert estimate.pinned() == {
+        (): pytest.approx(0.5, abs=1e-3),
+        ("A",): pytest.approx(0.5, abs=1e-3),
+    }
+    cluster = Cluster(nodes, workload=estimate.classes(), pinned=estimate.pinned(), seed=1)
+    assert [cluster.place(anywhere)[0].node_name for _ in range(2)] == ["b", "b"]
+    assert [cluster.place(on_a)[0].node_name for _ in range(2)] == ["a", "a"]
+    # The reservation never turns away work that fits: with b full, A's GPUs take it.
+    cluster = Cluster(nodes, workload=estimate.classes(), pinned=estimate.pinned(), seed=1)
+    assert sorted(cluster.place(anywhere)[0].node_name for _ in range(4)) == ["a", "a", "b", "b"]
+
+
+def test_the_reservation_reads_the_pinned_shares_beyond_the_classes():
+    """Pinned work among many rare shapes may be missing from the ``max_classes`` classes; the
+    estimate's pinned shares still count it (``WorkloadEstimator.pinned``)."""
+    nodes = [
+        NodeInventory("a", 64000, 1 << 20, "A", (WHOLE,) * 2),
+        NodeInventory("b", 64000, 1 << 20, "B", (WHOLE,) * 4),
+    ]
+    classes = [TaskClass(1000, 100, 1, 0, 1.0)]
+    pinned = {(): 0.5, ("A",): 0.5}
+    anywhere = Request(1000, 100, 1, 0)
+    # Best fit alone takes the smaller node, where the pinned work will need room.
+    unaware = Cluster(nodes, workload=classes, pinned=pinned, reserve=False)
+    assert unaware.place(anywhere)[0].node_name == "a"
+    aware = Cluster(nodes, workload=classes, pinned=pinned)
+    assert aware.place(anywhere)[0].node_name == "b"
