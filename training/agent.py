@@ -334,7 +334,17 @@ def build_job_spec(job: TrainingJob):
         base_model_path=base_model,
         entry_point=entry,
         slice_column=str(job.params.get("slice_column") or ""),
+        workers=local_workers(job),
     )
+
+
+def local_workers(job: TrainingJob) -> int:
+    """The data-parallel ranks this node runs: every worker of a gang placed here alone; of a
+    gang spread over several nodes only this node's (its ranks do not yet join across nodes)."""
+    gang = list(getattr(getattr(job, "scheduling", None), "gang_nodes", None) or [])
+    if not gang:
+        return max(job.workers or 1, 1)
+    return max(sum(1 for w in gang if int(w.get("node", 0)) == job.node_id), 1)
 
 
 class Tracker:
@@ -460,7 +470,7 @@ class Usage:
 
 def _gpu_env(job: TrainingJob) -> str:
     indices = [str(g.get("index")) for g in job.assigned_gpus or [] if "index" in g]
-    return ",".join(indices)
+    return ",".join(dict.fromkeys(indices))  # slices of one GPU: that GPU once
 
 
 def _resources(job: TrainingJob, usage: Usage) -> dict[str, float]:

@@ -67,6 +67,7 @@ class JobSpec:
     base_model_path: str = ""
     entry_point: str = ""  # "module.path" or a path to a .py file (user code)
     slice_column: str = ""
+    workers: int = 1  # data-parallel ranks (training.distributed)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -137,6 +137,13 @@ class JobCreateForm(forms.Form):
     gpu_count = forms.IntegerField(label="Whole GPUs", initial=0)
     gpu_milli = forms.IntegerField(label="GPU fraction (milli-GPU)", initial=0)
     gpu_type = forms.CharField(label="GPU type", max_length=40, required=False)
+    workers = forms.IntegerField(
+        label="Workers (data-parallel ranks)",
+        initial=1,
+        required=False,
+        help_text="Each with the CPU, memory and GPUs above; 1-16. Neural templates and entry "
+        "points only (logreg with solver adam).",
+    )
     priority_class = forms.ChoiceField(
         choices=PriorityClass.choices,
         initial=PriorityClass.EXPERIMENT,
@@ -261,6 +268,7 @@ class JobCreateForm(forms.Form):
             "gpu_count": data["gpu_count"],
             "gpu_milli": data["gpu_milli"],
             "gpu_type": data["gpu_type"],
+            "workers": 1 if data["workers"] is None else data["workers"],
             "priority_class": data["priority_class"],
             "preemptible": data["preemptible"],
         }

@@ -237,7 +237,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     import torch
     from torch.nn import functional as F
 
-    from training import data, evaluation
+    from training import data, distributed, evaluation
     from training.bundle import (
         apply_calibration,
         build_model,
@@ -285,7 +285,15 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         emit("log", message=f"incremental: starting from {job.base_model_path}")
     model.to(device)
     if str(job.param("solver", getattr(model, "default_solver", "adam"))) == "lbfgs":
+        if distributed.world_of(job, device) > 1:
+            emit("log", message="the lbfgs solver trains in one process; workers ignored")
         return train_convex(job, model=model, loaded=loaded, seed=seed, emit=emit)
+    group = distributed.start(job, device=device)
+    if group.active and device.type == "cuda":
+        device = torch.device("cuda", group.rank % torch.cuda.device_count())
+        model.to(device)
+    if group.active:
+        emit("log", message=f"data-parallel: {group.world} ranks ({group.backend})")
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=float(job.param("lr", 0.01)),
@@ -340,6 +348,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         validation_rows=validation.n,
         holdout_rows=loaded.holdout.n,
         device=str(device),
+        workers=group.world,
     )
     model.train()
     window_start, window_samples = time.monotonic(), 0
@@ -358,12 +367,21 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         emit("metric", step=at, name="val_logloss", value=values["logloss"])
         stopping.update(at / order.steps_per_epoch, values[stopping.metric], model)
 
-    while step < total and not stopping.stopped:
-        if stop.requested:
-            save_checkpoint(step)
-            emit("stopped", step=step)
+    while step < total:
+        # Rank 0's decisions hold for every rank (one broadcast; nothing when alone).
+        requested, halted = distributed.decide(
+            group, stop=stop.requested, stopped_early=stopping.stopped
+        )
+        if halted:
+            break
+        if requested:
+            if group.leader:
+                save_checkpoint(step)
+                emit("stopped", step=step)
+            distributed.finish(group)
             return EXIT_STOPPED
-        index = order.indices(step).to(device)
+        batch = order.indices(step)
+        index = distributed.shard(group, batch).to(device)
         dense, cat, label = dense_all[index], cat_all[index], y_all[index]
         if custom_loss is not None:
             loss = custom_loss(dense, cat, label)
@@ -371,12 +389,15 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
             loss = F.binary_cross_entropy_with_logits(model(dense, cat), label)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(group, model)
         optimizer.step()
         step += 1
         if step_sleep_s:
             time.sleep(step_sleep_s)
-        window_samples += int(index.shape[0])
-        train_samples += int(index.shape[0])
+        if not group.leader:
+            continue  # rank 0 reports, validates and checkpoints for the job
+        window_samples += int(batch.shape[0])
+        train_samples += int(batch.shape[0])
         running_loss += float(loss.detach()) * int(index.shape[0])
         running_n += int(index.shape[0])
         epoch, _ = order.position(step - 1)
@@ -421,6 +442,12 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         ):
             save_checkpoint(step)
             last_checkpoint = time.monotonic()
+    failed = distributed.finish(group)
+    if not group.leader:
+        return 0
+    if failed:
+        emit("error", message=f"a training rank exited with code {failed}")
+        return 1
     if stopping.patience and step % order.steps_per_epoch and not stopping.stopped:
         validate(step)  # a run cut by max_steps: its last, partial epoch counts too
     # Training throughput: the time spent in evaluation between epochs is not training time.
@@ -751,7 +778,10 @@ def _stop_with_agent() -> None:
     import ctypes
 
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    # A data-parallel rank other than 0 has nothing to save: it ends with its rank 0.
+    rank = os.environ.get("RANKOPS_DDP_RANK", "0")
+    death = signal.SIGKILL if rank not in ("", "0") else signal.SIGTERM
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(death))
     if os.getppid() != int(parent):  # the agent died before the request took effect
         signal.raise_signal(signal.SIGTERM)
 
@@ -760,8 +790,10 @@ def main(argv: list[str] | None = None) -> int:
     from training.data import JobSpec
 
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "--rank" and args[1].isdigit():
+        args = args[2:]  # a data-parallel rank (training.distributed); the rank is in its env
     if len(args) != 1:
-        print("usage: python -m training.runner <spec.json>", file=sys.stderr)
+        print("usage: python -m training.runner [--rank N] <spec.json>", file=sys.stderr)
         return 2
     job = JobSpec.from_json(Path(args[0]).read_text())
     stop = StopFlag()
@@ -778,6 +810,9 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc()
         emit("error", message=f"{type(exc).__name__}: {exc}"[:2000])
+        from training import distributed
+
+        distributed.abandon_current()
         return 1
 
 

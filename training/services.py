@@ -160,6 +160,25 @@ def _model_kind(template: str, entry_point: str) -> str:
     return "torch" if entry_point or not template else template_kind(template)
 
 
+MAX_WORKERS = 16
+
+
+def _single_process(template: str, entry_point: str, params: dict[str, Any]) -> str:
+    """What in a job keeps it to one process (blank: data-parallel ranks can train it)."""
+    if _model_kind(template, entry_point) != "torch":
+        return f"template {template}"
+    if template and not entry_point:
+        import training.templates  # noqa: F401  (registers the built-in templates' params)
+        from training.bundle import TEMPLATE_PARAMS, averaged_members
+
+        solver = TEMPLATE_PARAMS.get(template, {}).get("solver")
+        if str(params.get("solver") or (solver.default if solver else "")) == "lbfgs":
+            return "the lbfgs solver (give solver adam for data-parallel ranks)"
+        if averaged_members(template, params) > 1:
+            return "an averaged or cross-fitted members run"
+    return ""
+
+
 def check_job_input(
     *,
     workspace: Workspace,
@@ -229,6 +248,13 @@ def check_job_input(
             errors[name] = "must be a non-negative integer"
     if resources.get("gpu_milli", 0) > 999:
         errors["gpu_milli"] = "a fraction of one GPU: 1-999 (use gpu_count for whole GPUs)"
+    workers = resources.get("workers", 1)
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
+        errors["workers"] = f"data-parallel ranks: an integer 1-{MAX_WORKERS}"
+    elif workers > 1 and "template" not in errors:
+        why = _single_process(template, entry_point, params if isinstance(params, dict) else {})
+        if why:
+            errors["workers"] = f"{why} trains in one process: give workers 1"
     if priority_class not in PriorityClass.values:
         errors["priority_class"] = f"use one of {PriorityClass.values}"
     if errors:
@@ -260,6 +286,7 @@ def job_create(
     gpu_count: int = 0,
     gpu_milli: int = 0,
     gpu_type: str = "",
+    workers: int = 1,
     priority_class: str = PriorityClass.EXPERIMENT,
     preemptible: bool = False,
     max_attempts: int = 3,
@@ -284,6 +311,7 @@ def job_create(
             "memory_mb": memory_mb,
             "gpu_count": gpu_count,
             "gpu_milli": gpu_milli,
+            "workers": workers,
         },
         priority_class=priority_class,
     )
@@ -300,6 +328,7 @@ def job_create(
         gpu_count=gpu_count,
         gpu_milli=gpu_milli,
         gpu_type=gpu_type,
+        workers=workers,
         priority_class=priority_class,
         preemptible=preemptible,
         max_attempts=max_attempts,

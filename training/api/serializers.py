@@ -99,6 +99,12 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     gpu_count = serializers.IntegerField(required=False, default=0)
     gpu_milli = serializers.IntegerField(required=False, default=0)
     gpu_type = serializers.CharField(max_length=40, required=False, allow_blank=True, default="")
+    workers = serializers.IntegerField(
+        required=False,
+        default=1,
+        help_text="Data-parallel ranks (1-16), each with cpu_milli, memory_mb and its GPUs; "
+        "placed all or none, on one node where one node holds them all.",
+    )
     priority_class = serializers.ChoiceField(
         choices=PriorityClass.choices, required=False, default=PriorityClass.EXPERIMENT
     )

@@ -712,8 +712,46 @@ class Cluster:
     ) -> list[Placement] | None:
         """Place every worker of ``req`` (allocating them) or none (returns None).
 
-        ``allowed``: an optional mask of the nodes this request may use at all.
+        ``allowed``: an optional mask of the nodes this request may use at all. A gang goes
+        onto one node when one node holds every worker (its ranks then talk over the loopback:
+        ``training.distributed``), else worker by worker across nodes.
         """
+        if req.workers > 1:
+            together = self._place_together(req, policy, allowed)
+            if together is not None:
+                return together
+        return self._place_each(req, policy, allowed)
+
+    def _place_together(
+        self, req: Request, policy: str, allowed: np.ndarray | None
+    ) -> list[Placement] | None:
+        w = req.workers
+        whole = Request(
+            req.cpu_milli * w,
+            req.memory_mb * w,
+            req.gpu_count * w,
+            0 if req.gpu_count else req.gpu_milli,
+            req.gpu_types,
+        )
+        mask = self.feasible(whole)
+        if allowed is not None:
+            mask &= allowed
+        if req.gpu_milli and not req.gpu_count:
+            # w slices: enough GPUs that each take one, or fewer that take several.
+            slots = np.where(self.free >= req.gpu_milli, self.free // req.gpu_milli, 0)
+            mask &= slots.sum(axis=1) >= w
+        if not mask.any():
+            return None
+        first = self._choose_one(req, policy, mask)
+        if first is None:
+            return None
+        only = np.zeros(len(self.names), dtype=bool)
+        only[first.node] = True
+        return self._place_each(req, policy, only)
+
+    def _place_each(
+        self, req: Request, policy: str, allowed: np.ndarray | None
+    ) -> list[Placement] | None:
         done: list[Placement] = []
         for _ in range(max(req.workers, 1)):
             placement = self._choose_one(req, policy, allowed)

@@ -180,7 +180,13 @@ def _try_place(job, sched, cluster: Cluster, nodes: list[Node], inference) -> tu
             expect=JobState.ADMITTED,
             reason=reason,
             node=first,
-            assigned_gpus=[{"index": g, "milli": m} for g, m in placements[0].gpus],
+            # The primary node's GPUs, every worker's there (its ranks run on that node).
+            assigned_gpus=[
+                {"index": g, "milli": m}
+                for p in placements
+                if p.node == placements[0].node
+                for g, m in p.gpus
+            ],
             stop_requested="",
             payload={"policy": policy, "workers": len(placements), "borrowed": borrowed},
         )

@@ -71,6 +71,11 @@ def test_create_job_registers_feature_consumers(workspace, dev, dataset):
         ({"dataset": "one"}, "dataset"),
         ({"base_job": "one"}, "base_job"),
         ({"gpu_milli": 1500}, "gpu_milli"),
+        ({"workers": 0}, "workers"),
+        ({"workers": 17}, "workers"),
+        ({"workers": 2}, "workers"),  # logreg's default solver, lbfgs, is one process
+        ({"workers": 2, "template": "lightgbm"}, "workers"),
+        ({"workers": 2, "template": "fine_ranking", "params": {"members": 3}}, "workers"),
     ],
 )
 def test_invalid_jobs_are_refused(workspace, dev, dataset, change, attr):
@@ -95,6 +100,18 @@ def test_missing_references_are_not_found_naming_the_field(workspace, dev, datas
     assert response.json()["type"] == "not_found"
     assert response.json()["attr"] == attr
     assert not TrainingJob.objects.for_workspace(workspace).exists()
+
+
+def test_a_job_asks_for_data_parallel_workers(workspace, dev, dataset):
+    body = {"name": "ddp", "template": "logreg", "dataset": dataset.pk, "workers": 3}
+    response = dev.post(_url(workspace, "training-jobs/"), body, format="json")
+    assert response.status_code == 400
+    assert "give solver adam" in response.json()["errors"][0]["detail"]
+    body["params"] = {"solver": "adam"}
+    response = dev.post(_url(workspace, "training-jobs/"), body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["workers"] == 3
+    assert TrainingJob.objects.for_workspace(workspace).get(name="ddp").workers == 3
 
 
 def test_dataset_must_be_ready_and_in_the_workspace(workspace, other_workspace, dev, dataset):

@@ -111,6 +111,8 @@ def test_job_form_creates_a_pending_job_and_redirects_to_its_page(
         # the service's own rules, shown next to the field they name
         ("cpu_milli", "0", "must be a positive integer"),
         ("gpu_milli", "1500", "a fraction of one GPU: 1-999"),
+        ("workers", "0", "data-parallel ranks: an integer 1-16"),
+        ("workers", "2", "the lbfgs solver (give solver adam for data-parallel ranks)"),
         ("name", "Bad Name!", ""),
     ],
 )
@@ -485,3 +487,13 @@ def test_a_rule_on_one_param_shows_next_to_its_field(workspace, dataset, entry_p
     assert form.is_valid()
     put_service_errors(form, refusal, form.service_fields)
     assert form.errors["params"] == ["params.epochs: at most 50"]
+
+
+def test_a_job_with_data_parallel_workers_from_the_form(client, workspace, dataset, developer):
+    body = _job_post(dataset, workers="2", param_solver="adam")
+    response = client.post(_new_job_url(workspace), body)
+    assert response.status_code == 302, response.context["form"].errors
+    job = TrainingJob.objects.for_workspace(workspace).get()
+    assert job.workers == 2 and job.params["solver"] == "adam"
+    page = client.get(response["Location"]).content.decode()
+    assert '<span data-testid="workers">2 data-parallel workers</span>' in page

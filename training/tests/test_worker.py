@@ -42,6 +42,35 @@ def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
     _check_results(workspace, job, client)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_job_with_two_workers_trains_with_two_ranks_in_the_sandbox(workspace, client_for):
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    client = client_for(make_member(workspace, Role.DEVELOPER))
+    response = client.post(
+        f"/api/v1/workspaces/{workspace.slug}/training-jobs/",
+        {
+            "name": "ddp-job",
+            "template": "fine_ranking",
+            "dataset": dataset.pk,
+            "params": FAST,
+            "workers": 2,
+            "cpu_milli": 500,
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    job = TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
+    name = f"t{uuid.uuid4().hex[:10]}"
+    try:
+        _run_on_worker(job, name, f"node.{name}")
+    finally:
+        agent.HEARTBEATS.shutdown()
+    assert job.state == JobState.SUCCEEDED, job.state_reason
+    log = client.get(f"/api/v1/workspaces/{workspace.slug}/training-jobs/{job.pk}/log/").json()
+    assert "data-parallel: 2 ranks (gloo)" in log["text"]
+    assert job.model_path and job.metrics["holdout"]["auc"] > 0.5
+
+
 def _run_on_worker(job, name, queue):
     with embedded_worker([queue]):
         node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=30, what="node")

@@ -56,6 +56,26 @@ def test_gang_is_all_or_nothing():
     assert cluster.gpu_free_milli == 0
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_gang_goes_onto_one_node_where_one_holds_it(policy):
+    cluster = Cluster(
+        nodes((8000, 32000, 2, "V100"), (16000, 32000, 4, "V100"), (4000, 32000, 4, "V100")),
+        seed=3,
+    )
+    # Node 0 has two GPUs; node 2 too little CPU for four ranks: only node 1 holds them all.
+    placed = cluster.place(Request(2000, 1000, 1, 0, workers=4), policy)
+    assert [p.node for p in placed] == [1, 1, 1, 1]
+    assert sorted(g for p in placed for g, _ in p.gpus) == [0, 1, 2, 3]
+    # Three slices of 0.5: one node, two GPUs.
+    cluster = Cluster(nodes((8000, 32000, 1, "V100"), (8000, 32000, 2, "V100")), seed=3)
+    placed = cluster.place(Request(1000, 1000, 0, 500, workers=3), policy)
+    assert {p.node for p in placed} == {1}
+    # No node holds the whole gang: spread across nodes, as before.
+    cluster = Cluster(nodes((8000, 32000, 2, "V100"), (8000, 32000, 2, "V100")), seed=3)
+    placed = cluster.place(Request(1000, 1000, 1, 0, workers=3), policy)
+    assert sorted(p.node for p in placed) in ([0, 0, 1], [0, 1, 1])
+
+
 def test_gpu_type_constraint_and_reason():
     cluster = Cluster(nodes((8000, 32000, 2, "V100"), (8000, 32000, 2, "T4")))
     placed = cluster.place(Request(1000, 1000, 2, 0, ("T4",)))

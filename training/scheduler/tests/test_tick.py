@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from training.agent import local_workers
 from training.models import JobState, NodeKind, PriorityClass, TrainingJob
 from training.scheduler.models import JobScheduling, WorkspaceQuota
 from training.scheduler.tests.factories import make_job, make_node, run_on
@@ -76,6 +77,21 @@ def test_gang_job_gets_all_workers_or_none(workspace):
         [n.pk for n in __import__("training.models").models.Node.objects.all()]
     )
     assert too_big.state == JobState.ADMITTED
+    # Spread over two nodes: the primary node runs its own rank only (no cross-node ranks yet).
+    assert local_workers(gang) == 1
+
+
+def test_a_gang_that_fits_one_node_runs_there_with_every_workers_gpus(workspace):
+    make_node(gpus=2, name="small")
+    big = make_node(gpus=4, name="big", cpu_milli=64000)
+    gang = make_job(workspace, gpu_count=1, cpu_milli=2000, workers=3)
+    schedule_tick()
+    gang = reload(gang)
+    assert gang.state == JobState.PLACED and gang.node_id == big.pk
+    assert {w["node"] for w in gang.scheduling.gang_nodes} == {big.pk}
+    # Its ranks run on that node (training.distributed): they see all three GPUs.
+    assert sorted(g["index"] for g in gang.assigned_gpus) == [0, 1, 2]
+    assert local_workers(gang) == 3
 
 
 def test_production_preempts_the_cheapest_exploration_job_which_requeues(workspace):

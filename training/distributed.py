@@ -1,0 +1,183 @@
+"""Data-parallel training on one node: ``workers`` ranks of the training child.
+
+A job with ``workers: N`` (N > 1) trains with N processes. The child the agent starts is rank 0:
+it opens a c10d ``TCPStore`` on the loopback (the rendezvous, as torchrun's), writes the job's
+spec beside its work folder and starts ranks 1..N-1 as ``python -m training.runner --rank r``
+(same interpreter, environment and sandbox). Every rank joins the process group (``gloo`` on the
+CPU; ``nccl`` on CUDA, one rank per visible GPU: a job given N GPUs trains on all N, and a gang
+placed on one node sees every worker's GPUs), loads the data and the
+checkpoint, and trains on its share of every batch: the batch ``data.BatchOrder`` fixes for the
+step, rows ``rank::N`` of it (the step still fixes the data position, so resume is exact).
+
+Gradients are averaged over the ranks after each backward pass: one ``all_reduce`` of all the
+gradients flattened into one tensor. That is what ``DistributedDataParallel`` does (its buckets,
+without the overlap with backward); the wrapper itself is not used because templates and entry
+points may train through their own ``training_loss`` method, which bypasses DDP's forward hooks
+and would leave the gradients unsynchronised. With equal shards the averaged gradient is the
+full batch's, so N ranks train the same model as one process (``tests/test_distributed.py``).
+
+Rank 0 alone reports (progress, metrics), validates, decides early stopping, writes checkpoints
+and the model; its decisions (stop requested, stopped early) reach the others by a broadcast at
+every step. A rank that dies breaks the next collective: the others fail, rank 0 reports the
+error and exits non-zero, and the agent's retry resumes every rank from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+RANK_ENV = "RANKOPS_DDP_RANK"
+WORLD_ENV = "RANKOPS_DDP_WORLD"
+STORE_ENV = "RANKOPS_DDP_STORE"  # host:port of rank 0's TCPStore
+SPEC_FILE = "ddp_spec.json"
+TIMEOUT = timedelta(seconds=120)
+
+
+@dataclass
+class Group:
+    """This process's place in the job's ranks (``rank`` 0 of ``world`` 1 when alone)."""
+
+    rank: int = 0
+    world: int = 1
+    backend: str = ""
+    children: list[subprocess.Popen] = field(default_factory=list)
+    store: Any = None
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+_current: list[Group] = []  # this process's group, for ``abandon_current``
+
+
+def world_of(job, device=None) -> int:
+    """How many ranks train ``job``: its ``workers``, and on CUDA at least one per visible GPU
+    (a job given N GPUs on its node trains on all N)."""
+    workers = max(int(getattr(job, "workers", 1) or 1), 1)
+    if device is not None and device.type == "cuda":
+        import torch
+
+        return ranks_for(workers, torch.cuda.device_count())
+    return workers
+
+
+def ranks_for(workers: int, visible_gpus: int) -> int:
+    return max(workers, visible_gpus, 1)
+
+
+def start(job, *, device) -> Group:
+    """Join (or, as rank 0, open and populate) the job's process group; ``Group()`` alone."""
+    world = world_of(job, device)
+    if world == 1:
+        return Group()
+    import torch.distributed as dist
+
+    rank = int(os.environ.get(RANK_ENV, "0"))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if rank == 0:
+        from torch.distributed import TCPStore
+
+        store = TCPStore("127.0.0.1", 0, world, True, timeout=TIMEOUT, wait_for_workers=False)
+        spec = Path(job.work_dir) / SPEC_FILE
+        spec.write_text(replace(job, workers=world).to_json())
+        env = {
+            **os.environ,
+            WORLD_ENV: str(world),
+            STORE_ENV: f"127.0.0.1:{store.port}",
+            "RANKOPS_AGENT_PID": str(os.getpid()),  # ranks stop when rank 0 dies
+        }
+        children = [
+            subprocess.Popen(  # noqa: S603 - this interpreter, this module, a spec we wrote
+                [sys.executable, "-m", "training.runner", "--rank", str(r), str(spec)],
+                env={**env, RANK_ENV: str(r)},
+                stdout=subprocess.DEVNULL,  # only rank 0 reports
+            )
+            for r in range(1, world)
+        ]
+    else:
+        from torch.distributed import TCPStore
+
+        host, port = os.environ[STORE_ENV].rsplit(":", 1)
+        store = TCPStore(host, int(port), world, False, timeout=TIMEOUT)
+        children = []
+    group = Group(rank=rank, world=world, backend=backend, children=children, store=store)
+    _current.append(group)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+    return group
+
+
+def shard(group: Group, index):
+    """This rank's rows of a batch."""
+    return index[group.rank :: group.world] if group.active else index
+
+
+def average_gradients(group: Group, model) -> None:
+    """Every parameter's gradient replaced by its mean over the ranks (one collective)."""
+    if not group.active:
+        return
+    import torch
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= group.world
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+def decide(group: Group, *, stop: bool, stopped_early: bool) -> tuple[bool, bool]:
+    """Rank 0's ``(stop requested, stopped early)``, the same on every rank."""
+    if not group.active:
+        return stop, stopped_early
+    import torch
+    import torch.distributed as dist
+
+    flags = torch.tensor([float(stop), float(stopped_early)])
+    dist.broadcast(flags, src=0)
+    return bool(flags[0]), bool(flags[1])
+
+
+def finish(group: Group) -> int:
+    """Leave the group; rank 0 waits for the other ranks and answers the first failure's code
+    (0 when every rank ended cleanly)."""
+    if not group.active:
+        return 0
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    codes = [child.wait() for child in group.children]
+    group.store = None  # the rendezvous closes once every rank has left
+    if group in _current:
+        _current.remove(group)
+    return next((code for code in codes if code), 0)
+
+
+def abandon(group: Group) -> None:
+    """Rank 0 failed: the other ranks are stopped (they would wait on a collective)."""
+    for child in group.children:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def abandon_current() -> None:
+    """``abandon`` this process's group, if it has one (the runner's error path)."""
+    while _current:
+        abandon(_current.pop())

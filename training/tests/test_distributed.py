@@ -1,0 +1,101 @@
+"""Data-parallel training (``training.distributed``): rank 0 runs in this process, the other
+ranks are real ``python -m training.runner --rank r`` processes joined over gloo."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training import distributed, runner, synthetic
+from training.bundle import load_bundle
+from training.tests.factories import demo_job_spec, run_spec
+
+# Full batches only (steps < one epoch): with equal shards the ranks' mean gradient is the
+# batch's, so two ranks must train the model one process trains.
+PARAMS = {"epochs": 1, "batch_size": 128, "max_steps": 12, "early_stopping_patience": 0}
+
+
+@pytest.fixture(scope="module")
+def demo_parquet(tmp_path_factory):
+    import django  # noqa: F401  (features.demo needs the app registry, set up by pytest-django)
+
+    return synthetic.write_demo_dataset(tmp_path_factory.mktemp("ddp") / "d.parquet", scale=0.1)
+
+
+def weights(job) -> dict[str, torch.Tensor]:
+    return load_bundle(job.model_dir).model.state_dict()
+
+
+def spec(path, work, workers: int, **params):
+    job = demo_job_spec(path, work, **{**PARAMS, **params})
+    job.workers = workers
+    return job
+
+
+def test_two_ranks_train_the_model_one_process_trains(demo_parquet, tmp_path):
+    alone = spec(demo_parquet, tmp_path / "one", 1)
+    pair = spec(demo_parquet, tmp_path / "two", 2)
+    assert run_spec(alone)[0] == 0
+    code, events = run_spec(pair)
+    assert code == 0, [e for e in events if e["type"] in ("error", "log")]
+    start = next(e for e in events if e["type"] == "start")
+    assert start["workers"] == 2
+    a, b = weights(alone), weights(pair)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    # Not a run that learned nothing: the weights moved from their initial values.
+    fresh = spec(demo_parquet, tmp_path / "zero", 1, max_steps=1, lr=0.0)
+    assert run_spec(fresh)[0] == 0
+    assert any(not torch.allclose(a[n], weights(fresh)[n]) for n in a)
+    assert not distributed._current  # the group was left, its ranks waited for
+
+
+def test_a_stopped_pair_resumes_from_rank_0s_checkpoint_to_the_same_model(demo_parquet, tmp_path):
+    whole = spec(demo_parquet, tmp_path / "whole", 2)
+    assert run_spec(whole)[0] == 0
+    cut = spec(demo_parquet, tmp_path / "cut", 2)
+    stop = runner.StopFlag()
+    events: list[dict] = []
+
+    def sink(event: dict) -> None:
+        events.append(event)
+        if event["type"] == "progress" and event["step"] >= 5:
+            stop.set()
+
+    assert runner.train(cut, emit=runner.Emitter(sink=sink), stop=stop) == runner.EXIT_STOPPED
+    stopped = next(e for e in events if e["type"] == "stopped")
+    assert 5 <= stopped["step"] < PARAMS["max_steps"]
+    code, resumed = run_spec(cut)
+    assert code == 0
+    assert any(
+        e["type"] == "log" and f"resumed from checkpoint at step {stopped['step']}" in e["message"]
+        for e in resumed
+    )
+    a, b = weights(whole), weights(cut)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_lost_rank_fails_the_job_and_leaves_no_rank_behind(demo_parquet, tmp_path):
+    job = spec(demo_parquet, tmp_path / "lost", 3, max_steps=400, step_sleep_s=0.01)
+    killed = []
+
+    def sink(event: dict) -> None:
+        if event["type"] == "progress" and not killed:
+            child = distributed._current[0].children[0]
+            child.kill()
+            killed.append(child)
+
+    with pytest.raises(RuntimeError):
+        runner.train(job, emit=runner.Emitter(sink=sink))
+    survivors = list(distributed._current[0].children)
+    distributed.abandon_current()  # what runner.main does on an error
+    assert killed and all(child.poll() is not None for child in survivors)
+    assert not distributed._current
+
+
+def test_on_cuda_every_visible_gpu_gets_a_rank():
+    assert distributed.ranks_for(1, 4) == 4  # a job given 4 GPUs trains on all 4
+    assert distributed.ranks_for(3, 0) == 3  # CPU ranks
+    assert distributed.ranks_for(1, 0) == 1
