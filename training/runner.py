@@ -368,18 +368,13 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         stopping.update(at / order.steps_per_epoch, values[stopping.metric], model)
 
     while step < total:
-        # Rank 0's decisions hold for every rank (one broadcast; nothing when alone).
-        requested, halted = distributed.decide(
-            group, stop=stop.requested, stopped_early=stopping.stopped
-        )
-        if halted:
-            break
-        if requested:
-            if group.leader:
+        if not group.active:
+            if stopping.stopped:
+                break
+            if stop.requested:
                 save_checkpoint(step)
                 emit("stopped", step=step)
-            distributed.finish(group)
-            return EXIT_STOPPED
+                return EXIT_STOPPED
         batch = order.indices(step)
         index = distributed.shard(group, batch).to(device)
         dense, cat, label = dense_all[index], cat_all[index], y_all[index]
@@ -389,19 +384,41 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
             loss = F.binary_cross_entropy_with_logits(model(dense, cat), label)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        distributed.average_gradients(group, model)
+        rows = int(index.shape[0])
+        step_loss = float(loss.detach()) * rows
+        if group.active:
+            # One collective: the mean gradient, rank 0's decisions and the step's loss over
+            # every rank's rows. A decision takes effect before this step is applied.
+            sync = distributed.synchronise(
+                group,
+                model,
+                stop=stop.requested,
+                stopped_early=stopping.stopped,
+                loss_sum=step_loss,
+                rows=rows,
+            )
+            if sync.stopped_early:
+                break
+            if sync.stop:
+                if group.leader:
+                    save_checkpoint(step)
+                    emit("stopped", step=step)
+                distributed.finish(group)
+                return EXIT_STOPPED
+            step_loss, rows = sync.loss_sum, sync.rows
         optimizer.step()
         step += 1
         if step_sleep_s:
             time.sleep(step_sleep_s)
         if not group.leader:
             continue  # rank 0 reports, validates and checkpoints for the job
+        running_loss += step_loss
+        running_n += rows
+        log_now = step % log_every == 0 or step == total
         window_samples += int(batch.shape[0])
         train_samples += int(batch.shape[0])
-        running_loss += float(loss.detach()) * int(index.shape[0])
-        running_n += int(index.shape[0])
         epoch, _ = order.position(step - 1)
-        if step % log_every == 0 or step == total:
+        if log_now:
             now = time.monotonic()
             rate = window_samples / max(now - window_start, 1e-9)
             steps_left = total - step

@@ -22,6 +22,11 @@ Measures:
   medians, and ``overhead_pct`` = 100 * (1 - samples_per_s_platform / samples_per_s_bare)
   (goal <= 5); the per-round ratios go to ``parameters.round_ratios``.
 - ``samples_per_s_cuda``: only where CUDA is available (the same job with ``device=cuda``).
+- ``ddp_1rank_samples_per_s``, ``ddp_2rank_samples_per_s``: the demo job (its last round's spec)
+  trained in one process and with two data-parallel ranks (``training.distributed``, gloo, one
+  thread each), ``DDP_ROUNDS`` interleaved rounds, medians; ``ddp_scaling_efficiency`` = 2-rank /
+  (2 x 1-rank) (goal >= 0.85); ``ddp_auc_1rank``, ``ddp_auc_2rank`` and their difference (goal:
+  within 0.005). Per-round figures in ``parameters``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ MOVIELENS_DIR = Path(
 )
 DEMO_SCALE = 5.0
 ROUNDS = 6
+DDP_ROUNDS = 3
 SEED = 7
 THREADS = 1
 HOLDOUT = 0.2
@@ -231,6 +237,46 @@ def bare_in_child(spec) -> float:
 # --- the platform job -------------------------------------------------------------------------
 
 
+def run_ddp(ctx: Context, spec) -> dict[str, float]:
+    """The demo job with 1 and with 2 data-parallel ranks (``training.distributed``, gloo), one
+    thread each, ``DDP_ROUNDS`` interleaved rounds: global training samples per second (rank 0's
+    count of every rank's rows) and the held-out AUC of each."""
+    from dataclasses import replace
+
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    aucs: dict[int, list[float]] = {1: [], 2: []}
+    for round_ in range(DDP_ROUNDS):
+        for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
+            work = ctx.workdir / f"ddp-{workers}-{round_}"
+            job = replace(
+                spec,
+                workers=workers,
+                work_dir=str(work),
+                params={**spec.params, "threads": THREADS},
+            )
+            metrics = _train_in_process(job)
+            rates[workers].append(metrics["train_samples_per_s"])
+            aucs[workers].append(metrics["holdout"]["auc"])
+            ctx.log(
+                f"ddp round {round_}: {workers} rank(s) {rates[workers][-1]:.0f}/s, "
+                f"AUC {aucs[workers][-1]:.4f}"
+            )
+            shutil.rmtree(work, ignore_errors=True)
+    one, two = float(np.median(rates[1])), float(np.median(rates[2]))
+    ctx.parameters["ddp_rates"] = rates
+    ctx.parameters["ddp_scaling_per_round"] = [
+        b / (2 * a) for a, b in zip(rates[1], rates[2], strict=True)
+    ]
+    return {
+        "ddp_1rank_samples_per_s": one,
+        "ddp_2rank_samples_per_s": two,
+        "ddp_scaling_efficiency": two / (2 * one),
+        "ddp_auc_1rank": float(np.mean(aucs[1])),
+        "ddp_auc_2rank": float(np.mean(aucs[2])),
+        "ddp_auc_2rank_minus_1rank": float(np.mean(aucs[2]) - np.mean(aucs[1])),
+    }
+
+
 def _platform_job(workspace, dataset, node, params: dict[str, Any], name: str):
     from training import agent
     from training.services import job_create
@@ -313,6 +359,9 @@ def _run_with_settings(ctx: Context) -> dict[str, float]:
     # are kept in the parameters.
     measures["overhead_pct"] = 100.0 * (1.0 - platform / bare)
 
+    assert spec is not None
+    measures.update(run_ddp(ctx, spec))
+
     import torch
 
     if torch.cuda.is_available():
@@ -337,6 +386,8 @@ def _run_with_settings(ctx: Context) -> dict[str, float]:
                 "oracle_auc_ratio>=0.98": measures["oracle_auc_ratio"] >= 0.98,
                 "movielens_fine>lr": measures["movielens_auc_fine"] > measures["movielens_auc_lr"],
                 "overhead_pct<=5": measures["overhead_pct"] <= 5.0,
+                "ddp_scaling_efficiency>=0.85": measures["ddp_scaling_efficiency"] >= 0.85,
+                "ddp_auc_within_0.005": abs(measures["ddp_auc_2rank_minus_1rank"]) <= 0.005,
             },
         }
     )

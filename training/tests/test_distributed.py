@@ -93,9 +93,24 @@ def test_a_lost_rank_fails_the_job_and_leaves_no_rank_behind(demo_parquet, tmp_p
     distributed.abandon_current()  # what runner.main does on an error
     assert killed and all(child.poll() is not None for child in survivors)
     assert not distributed._current
+    assert not torch.distributed.is_initialized()  # a retry in this process can start again
 
 
 def test_on_cuda_every_visible_gpu_gets_a_rank():
     assert distributed.ranks_for(1, 4) == 4  # a job given 4 GPUs trains on all 4
     assert distributed.ranks_for(3, 0) == 3  # CPU ranks
     assert distributed.ranks_for(1, 0) == 1
+
+
+def test_the_reported_loss_is_every_ranks_rows(demo_parquet, tmp_path):
+    alone = spec(demo_parquet, tmp_path / "one", 1, log_every_steps=4)
+    pair = spec(demo_parquet, tmp_path / "two", 2, log_every_steps=4)
+    losses = []
+    for job in (alone, pair):
+        code, events = run_spec(job)
+        assert code == 0
+        losses.append([(e["step"], e["loss"]) for e in events if e["type"] == "progress"])
+    # Same model, same batches: the mean loss over a window is the same however it is split.
+    assert [s for s, _ in losses[0]] == [s for s, _ in losses[1]] == [4, 8, 12]
+    for (_, one), (_, two) in zip(*losses, strict=True):
+        assert two == pytest.approx(one, rel=1e-4)
