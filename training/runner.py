@@ -459,6 +459,10 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         ):
             save_checkpoint(step)
             last_checkpoint = time.monotonic()
+    # Training throughput: the time spent in evaluation between epochs is not training time,
+    # nor is waiting for the other ranks to exit.
+    elapsed = time.monotonic() - train_start - eval_s
+    train_rate = train_samples / elapsed if elapsed > 0 else 0.0
     failed = distributed.finish(group)
     if not group.leader:
         return 0
@@ -467,9 +471,6 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         return 1
     if stopping.patience and step % order.steps_per_epoch and not stopping.stopped:
         validate(step)  # a run cut by max_steps: its last, partial epoch counts too
-    # Training throughput: the time spent in evaluation between epochs is not training time.
-    elapsed = time.monotonic() - train_start - eval_s
-    train_rate = train_samples / elapsed if elapsed > 0 else 0.0
     save_checkpoint(step)
 
     if stopping.patience and stopping.best_state is not None:
