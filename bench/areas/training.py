@@ -54,10 +54,10 @@ DDP_ROUNDS = 3
 # between two busy one-thread processes on two cores), so the efficiency is a function of the
 # compute per step: about 0.84 at 16384, 0.5 at 4096 and 0.25 at the demo job's 512.
 DDP_BATCHES = (16384, 4096)
-# Enough epochs that a run trains for seconds, not a fraction of one (the rate's noise).
-DDP_PARAMS = {"threads": THREADS, "epochs": 20, "early_stopping_patience": 0}
 SEED = 7
 THREADS = 1
+# Enough epochs that a run trains for seconds, not a fraction of one (the rate's noise).
+DDP_PARAMS = {"threads": THREADS, "epochs": 20, "early_stopping_patience": 0}
 HOLDOUT = 0.2
 DEMO_PARAMS = {
     "epochs": 6,
