@@ -268,10 +268,14 @@ NOTEBOOK_START_TIMEOUT_S = env_int("NOTEBOOK_START_TIMEOUT_S", 120)
 # pod per server in NOTEBOOK_K8S_NAMESPACE of the cluster NOTEBOOK_KUBECONFIG names, from
 # platform/k8s/notebooks/notebook-server.yaml.tmpl, reached through its Ingress at
 # NOTEBOOK_PUBLIC_URL + /notebooks/<id>/).
+# The image that pods the platform starts itself run (notebook servers, model servers): a
+# pinned tag, the release of platform/k8s/kustomization.yaml (a test keeps the two equal).
+RANKOPS_IMAGE = os.environ.get("RANKOPS_IMAGE", "rankops:0.1.0")
+SERVING_IMAGE = os.environ.get("SERVING_IMAGE", RANKOPS_IMAGE)
 NOTEBOOK_BACKEND = os.environ.get("NOTEBOOK_BACKEND", "process")
 NOTEBOOK_KUBECONFIG = os.environ.get("NOTEBOOK_KUBECONFIG", "")
 NOTEBOOK_K8S_NAMESPACE = os.environ.get("NOTEBOOK_K8S_NAMESPACE", "rankops-notebooks")
-NOTEBOOK_IMAGE = os.environ.get("NOTEBOOK_IMAGE", "rankops:latest")
+NOTEBOOK_IMAGE = os.environ.get("NOTEBOOK_IMAGE", RANKOPS_IMAGE)
 NOTEBOOK_PUBLIC_URL = os.environ.get("NOTEBOOK_PUBLIC_URL", "")
 NOTEBOOK_STORAGE = os.environ.get("NOTEBOOK_STORAGE", "5Gi")
 if TESTING:
@@ -339,6 +343,9 @@ CELERY_RESULT_EXPIRES = env_int("CELERY_RESULT_EXPIRES", 3600)
 # /readyz fails once no worker heartbeat (beat sends one every 15 s) is this recent; 0: no check.
 READYZ_WORKER_MAX_AGE_S = env_int("READYZ_WORKER_MAX_AGE_S", 60)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat writes its schedule file after every task it sends (the ticks send one every few seconds),
+# so the file's age is beat's liveness (the compose healthcheck and the Kubernetes probes).
+CELERY_BEAT_SYNC_EVERY = 1
 CELERY_TASK_ROUTES: dict = {}
 # The queue of the deployment controllers' tasks (serving.controllers). Local model-server
 # replicas are children of the worker that runs them: give this queue one worker per node

@@ -271,6 +271,7 @@ def render_manifest(dep: Deployment) -> str:
         memory="1Gi",
         gpu_limit=gpu,
         port=8080,
+        image=settings.SERVING_IMAGE,
     )
 
 
