@@ -61,6 +61,13 @@ class Group:
 
 
 _current: list[Group] = []  # this process's group, for ``abandon_current``
+_joined: list[bool] = []  # this process has been a rank of a group
+
+
+def joined() -> bool:
+    """Whether this process has joined a process group (``runner.main`` then exits without the
+    interpreter's teardown)."""
+    return bool(_joined)
 
 
 def world_of(job, device=None) -> int:
@@ -115,6 +122,7 @@ def start(job, *, device) -> Group:
         children = []
     group = Group(rank=rank, world=world, backend=backend, children=children, store=store)
     _current.append(group)
+    _joined.append(True)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT)
     return group
 

@@ -821,17 +821,25 @@ def main(argv: list[str] | None = None) -> int:
     # Anything a library prints goes to stderr (the log); stdout carries only events.
     sys.stdout = sys.stderr
     emit = Emitter(stream=out)
+    from training import distributed
+
     try:
-        return train(job, emit=emit, stop=stop)
+        code = train(job, emit=emit, stop=stop)
     except Exception as exc:  # noqa: BLE001 - reported to the agent, then exit 1
         import traceback
 
         traceback.print_exc()
         emit("error", message=f"{type(exc).__name__}: {exc}"[:2000])
-        from training import distributed
-
         distributed.abandon_current()
-        return 1
+        code = 1
+    if distributed.joined():
+        # torch.distributed's threads can abort the interpreter's teardown ("terminate called
+        # without an active exception", exit -6: seen in a CI run, from a rank that had
+        # finished cleanly): everything is written, so leave without it.
+        out.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
