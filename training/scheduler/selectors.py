@@ -199,7 +199,7 @@ def floor_now(nodes: list[Node], holding: list[TrainingJob]) -> dict[str, Any]:
     running = [j for j in holding if j.node_id in ready_ids]
     result = placement_floor([job_request(j) for j in running + waiting], full)
     capacity = result["capacity_milli"]
-    used = sum(job_request(j).gpu_demand_milli * (j.workers or 1) for j in running)
+    used = sum(job_usage(j)["gpu_milli"] for j in running)
     idle = max(capacity - used, 0) / capacity if capacity else 0.0
     return {
         "gpus": capacity // 1000,

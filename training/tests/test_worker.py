@@ -22,15 +22,7 @@ pytestmark = pytest.mark.celery_worker
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
-    dataset = make_demo_dataset(workspace, scale=0.05)
-    client = client_for(make_member(workspace, Role.DEVELOPER))
-    response = client.post(
-        f"/api/v1/workspaces/{workspace.slug}/training-jobs/",
-        {"name": "worker-job", "template": "fine_ranking", "dataset": dataset.pk, "params": FAST},
-        format="json",
-    )
-    assert response.status_code == 201, response.content
-    job = TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
+    client, job = _submit(workspace, client_for, name="worker-job")
     assert job.state == JobState.PENDING
 
     name = f"t{uuid.uuid4().hex[:10]}"
@@ -44,22 +36,7 @@ def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_with_two_workers_trains_with_two_ranks_in_the_sandbox(workspace, client_for):
-    dataset = make_demo_dataset(workspace, scale=0.05)
-    client = client_for(make_member(workspace, Role.DEVELOPER))
-    response = client.post(
-        f"/api/v1/workspaces/{workspace.slug}/training-jobs/",
-        {
-            "name": "ddp-job",
-            "template": "fine_ranking",
-            "dataset": dataset.pk,
-            "params": FAST,
-            "workers": 2,
-            "cpu_milli": 500,
-        },
-        format="json",
-    )
-    assert response.status_code == 201, response.content
-    job = TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
+    client, job = _submit(workspace, client_for, name="ddp-job", workers=2, cpu_milli=500)
     name = f"t{uuid.uuid4().hex[:10]}"
     try:
         _run_on_worker(job, name, f"node.{name}")
@@ -69,6 +46,18 @@ def test_a_job_with_two_workers_trains_with_two_ranks_in_the_sandbox(workspace, 
     log = client.get(f"/api/v1/workspaces/{workspace.slug}/training-jobs/{job.pk}/log/").json()
     assert "data-parallel: 2 ranks (gloo)" in log["text"]
     assert job.model_path and job.metrics["holdout"]["auc"] > 0.5
+
+
+def _submit(workspace, client_for, **fields):
+    """A developer's fine_ranking job on a small demo dataset, through the API: (client, job)."""
+    dataset = make_demo_dataset(workspace, scale=0.05)
+    client = client_for(make_member(workspace, Role.DEVELOPER))
+    body = {"template": "fine_ranking", "dataset": dataset.pk, "params": FAST, **fields}
+    response = client.post(
+        f"/api/v1/workspaces/{workspace.slug}/training-jobs/", body, format="json"
+    )
+    assert response.status_code == 201, response.content
+    return client, TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
 
 
 def _run_on_worker(job, name, queue):
