@@ -53,6 +53,7 @@ KNOWN_AREAS: tuple[str, ...] = (
     "loop",
     "quality",
     "faults",
+    "offline",
 )
 
 # Unit shown for a measure, read from the end of its name (longest suffix first).

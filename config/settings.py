@@ -472,6 +472,14 @@ STORAGES = {
     },
 }
 
+# Offline engine of dataset builds (features.offline_engine): "duckdb" on this machine, with a
+# memory limit past which it spills to ARTIFACT_ROOT/tmp/offline, or "spark" (SPARK_MASTER:
+# local[2] when unset, or a cluster whose executors see ARTIFACT_ROOT at the same path).
+OFFLINE_ENGINE = os.environ.get("OFFLINE_ENGINE", "duckdb").strip().lower()
+OFFLINE_MEMORY_LIMIT = os.environ.get("OFFLINE_MEMORY_LIMIT", "2GB")
+OFFLINE_THREADS = env_int("OFFLINE_THREADS", 2)
+SPARK_MASTER = os.environ.get("SPARK_MASTER", "local[2]")
+
 # Request bodies: refused with 413 before parsing when larger than this (per-view overrides exist).
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Producer batches may be larger; still refused well below 50 MB.

@@ -517,13 +517,20 @@ def table_from_parquet(
 # --- storing -----------------------------------------------------------------------------
 
 
-def write_online(*, group: FeatureGroup, version: int, table: pa.Table) -> int:
+def write_online(
+    *,
+    group: FeatureGroup,
+    version: int,
+    table: pa.Table,
+    spec: FeatureGroupVersion | None = None,
+) -> int:
     """Write a validated batch (or materialised rows) to the online store.
 
     DuckDB turns each row into its JSON text in one vectorised pass and keeps the newest row of
     each entity; the store compares event times so an older row never replaces a newer one.
+    A caller writing many batches of one version passes its ``spec`` (read once).
     """
-    schema = group.versions.get(version=version)
+    schema = spec if spec is not None else group.versions.get(version=version)
     prepared = prepare_online(
         group=group, version=version, table=table, features=online_columns(schema)
     )

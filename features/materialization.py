@@ -13,9 +13,11 @@ group version on demand.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
+import pyarrow as pa
 from django.db import transaction
 from django.utils import timezone
 
@@ -26,6 +28,9 @@ from workspaces.events import Ref, event_record
 from workspaces.models import Event
 
 CONSUMER = "features.online"
+# A rebuild reads and writes the latest rows of this many entities at a time: its memory stays
+# bounded however many entities the group has.
+MATERIALIZE_BATCH_ROWS = 50_000
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,9 @@ class Materialized:
 def group_materialize(
     *, group: FeatureGroup, version: int | None = None, now: datetime | None = None
 ) -> Materialized:
-    """Replay the latest offline row per entity of one group version into the online store, then
-    mark the batches that were waiting for it as written and stamp the group."""
+    """Replay the latest offline row per entity of one group version into the online store, in
+    bounded batches (``MATERIALIZE_BATCH_ROWS``), then mark the batches that were waiting for it
+    as written and stamp the group; the event reports the rows per second."""
     now = now or timezone.now()
     version = version or group.current_version
     batches = Batch.objects.for_workspace(group.workspace_id).filter(group=group, version=version)
@@ -54,16 +60,23 @@ def group_materialize(
         .filter(group=group, version=version)
         .get()
     )
-    table = offline_store.latest_per_entity(
+    started = time.monotonic()
+    entities = written = 0
+    for chunk in offline_store.latest_per_entity(
         workspace_id=group.workspace_id,
         group_id=group.pk,
         version=version,
         entity_keys=group.entity_keys,
         time_column=group.event_time_column,
         columns=[s["name"] for s in spec.features],
-    )
-    entities = table.num_rows if table is not None else 0
-    written = write_online(group=group, version=version, table=table) if entities else 0
+        batch_rows=MATERIALIZE_BATCH_ROWS,
+    ):
+        if chunk.num_rows:
+            entities += chunk.num_rows
+            written += write_online(
+                group=group, version=version, table=pa.Table.from_batches([chunk]), spec=spec
+            )
+    seconds = time.monotonic() - started
     with transaction.atomic():
         marked = batches.filter(pk__in=pending, online_written=False).update(online_written=True)
         FeatureGroup.objects.filter(pk=group.pk, workspace=group.workspace_id).update(
@@ -82,6 +95,8 @@ def group_materialize(
                     "entities": entities,
                     "rows_written": written,
                     "batches": marked,
+                    "seconds": round(seconds, 3),
+                    "rows_per_s": round(entities / seconds, 1) if seconds > 0 else None,
                 },
             )
     group.online_materialized_at = now

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -190,20 +191,26 @@ def latest_per_entity(
     entity_keys: list[str],
     time_column: str,
     columns: list[str],
-) -> pa.Table | None:
-    """The latest row per entity (by event time) of one group version, for materialisation."""
+    batch_rows: int = 50_000,
+) -> Iterator[pa.RecordBatch]:
+    """The latest row per entity (by event time) of one group version, for materialisation, in
+    record batches of at most ``batch_rows``: the window runs on a build engine's database (its
+    memory limit, spilling past it), and the caller holds one batch at a time, however many
+    entities the group has. Nothing when nothing was written yet."""
+    from features.offline_engine import duckdb_engine
+
     pattern = parquet_glob(workspace_id=workspace_id, group_id=group_id, version=version)
     if pattern is None:
-        return None
+        return
     keys = ", ".join(quote(k) for k in entity_keys)
     selected = ", ".join(quote(c) for c in [*entity_keys, time_column, *columns])
-    with connect() as connection:
-        return connection.sql(
+    with duckdb_engine().connect() as connection:
+        yield from connection.sql(
             f"SELECT {selected} FROM read_parquet(?, {READ_OPTIONS}) "  # noqa: S608 - quoted
             f"QUALIFY row_number() OVER (PARTITION BY {keys} "
             f"ORDER BY {quote(time_column)} DESC) = 1",
             params=[pattern],
-        ).to_arrow_table()
+        ).to_arrow_reader(batch_rows)
 
 
 def quote(identifier: str) -> str:

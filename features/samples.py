@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,20 +44,18 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from features import offline_store
+from features import offline_engine, offline_store
 from features.lookup import MAX_FEATURES, FeatureRef, parse_refs, resolve_refs
 from features.models import (
     ConsumerKind,
     Dataset,
     DatasetStatus,
-    Dtype,
     Feature,
     FeatureGroup,
     FeatureGroupVersion,
     Lifecycle,
     name_validator,
 )
-from features.offline_store import quote
 from features.registry import consumer_register, consumer_release
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
@@ -77,18 +76,9 @@ PREVIEW_SAMPLE_ROWS = 10_000
 PREVIEW_SEED = 7
 # DuckDB's Parquet reader exposes the row position as a virtual column of this name; a real column
 # of the same name would silently shadow it and break the tie-break, so such groups are refused.
-ROW_NUMBER_COLUMN = "file_row_number"
+ROW_NUMBER_COLUMN = offline_engine.ROW_NUMBER_COLUMN
 # Field metadata key of an embedding column in a dataset file (see ``file_schema``).
 EMBEDDING_DIMENSION = b"dimension"
-DUCKDB_TYPES = {
-    Dtype.INT: "BIGINT",
-    Dtype.FLOAT: "DOUBLE",
-    Dtype.BOOL: "BOOLEAN",
-    Dtype.STRING: "VARCHAR",
-    Dtype.CATEGORICAL: "VARCHAR",
-    Dtype.CATEGORICAL_LIST: "VARCHAR[]",
-}
-BATCH_ID_SQL = "CAST(regexp_extract(\"__source\", 'batch-([0-9]+)[.]parquet$', 1) AS BIGINT)"
 
 
 def output_column(ref: FeatureRef) -> str:
@@ -427,14 +417,15 @@ def dataset_preview(
     sample_rows: int = PREVIEW_SAMPLE_ROWS,
 ) -> DatasetPreview:
     """The row count and per-feature coverage a dataset of these inputs would have, read from
-    the offline store with the build's own point-in-time join, and writing nothing. The count is
-    exact; coverage is measured on a reproducible sample of at most ``sample_rows`` labels (all
-    of them when there are fewer), joined against only their entities' feature rows."""
+    the offline store with the build's own point-in-time join (on DuckDB, whatever engine builds),
+    and writing nothing. The count is exact; coverage is measured on a reproducible sample of at
+    most ``sample_rows`` labels (all of them when there are fewer), joined against only their
+    entities' feature rows."""
     _check_label_source(workspace, label_group, label_columns)
     refs, _resolved = check_feature_refs(workspace, label_group, feature_refs)
     _check_output_columns(label_group, label_columns, refs)
     start_time, end_time = _check_window(start_time, end_time)
-    draft = Dataset(  # never saved: the build's queries read only these fields
+    draft = Dataset(  # never saved: the plan reads only these fields
         workspace=workspace,
         label_group=label_group,
         label_columns=list(label_columns),
@@ -442,20 +433,13 @@ def dataset_preview(
         start_time=start_time,
         end_time=end_time,
     )
-    count_query, count_params = _label_count_query(draft)
-    query, params, outputs, _versions = _build_query(draft, sample_rows=sample_rows)
-    counts = "".join(f", count({quote(column)})" for column, _ in outputs)
-    with offline_store.connect() as connection:
-        connection.execute("SET TimeZone = 'UTC'")
-        label_rows = int(connection.sql(count_query, params=count_params).fetchall()[0][0])
-        measured = connection.sql(
-            f"SELECT count(*){counts} FROM ({query})",  # noqa: S608 - the build's query
-            params=params,
-        ).fetchall()[0]
-    sampled = int(measured[0])
+    plan, outputs, _versions = join_plan(draft)
+    engine = offline_engine.duckdb_engine()
+    label_rows = engine.count(plan)
+    sampled, present = engine.coverage_sample(plan, sample_rows=sample_rows)
     coverage = {
-        text: (int(present) / sampled if sampled else None)
-        for (_column, text), present in zip(outputs, measured[1:], strict=True)
+        text: (count / sampled if sampled else None)
+        for (_column, text), count in zip(outputs, present, strict=True)
     }
     return DatasetPreview(label_rows=label_rows, sampled_rows=sampled, coverage=coverage)
 
@@ -480,109 +464,29 @@ class _Built:
     bytes: int
     coverage: dict[str, float | None]
     versions: dict[str, int]
+    engine: str = "duckdb"
+    seconds: float = 0.0
 
 
 class DatasetBuildError(Exception):
     """The dataset cannot be built as recorded (a group or version vanished, ...)."""
 
 
-def _duckdb_type(spec: dict[str, Any]) -> str:
-    if spec["dtype"] == Dtype.EMBEDDING:
-        return f"FLOAT[{int(spec['dimension'])}]"
-    return DUCKDB_TYPES[spec["dtype"]]
-
-
-def _reader(param: str) -> str:
-    return (
-        f"read_parquet(${param}, filename = '__source', hive_partitioning = false, "
-        "union_by_name = true)"
+def _column(name: str, output: str, spec: dict[str, Any]) -> offline_engine.Column:
+    dimension = spec.get("dimension")
+    return offline_engine.Column(
+        name=name,
+        output=output,
+        dtype=str(spec["dtype"]),
+        dimension=int(dimension) if dimension is not None else None,
     )
 
 
-def _label_sql(
-    dataset: Dataset,
-    version: FeatureGroupVersion,
-    params: dict[str, Any],
-    *,
-    sample_rows: int | None = None,
-) -> str:
-    """The labelled events inside the dataset's window, with their batch and row position; with
-    ``sample_rows``, a reproducible reservoir sample of at most that many of them."""
-    group = dataset.label_group
-    specs = version.feature_map()
+def _files(group: FeatureGroup, version: int) -> tuple[str, ...]:
     pattern = offline_store.parquet_glob(
-        workspace_id=group.workspace_id, group_id=group.pk, version=version.version
+        workspace_id=group.workspace_id, group_id=group.pk, version=version
     )
-    if pattern is None:  # nothing ingested yet: no rows, but the columns keep their types
-        typed_nulls = [
-            *(f"CAST(NULL AS VARCHAR) AS {quote(k)}" for k in group.entity_keys),
-            'CAST(NULL AS TIMESTAMPTZ) AS "__t"',
-            *(
-                f"CAST(NULL AS {_duckdb_type(specs[c])}) AS {quote(c)}"
-                for c in dataset.label_columns
-            ),
-            'CAST(NULL AS BIGINT) AS "__batch"',
-            'CAST(NULL AS BIGINT) AS "__row"',
-        ]
-        return f"SELECT {', '.join(typed_nulls)} WHERE false"
-    params["label_glob"] = pattern
-    time = quote(group.event_time_column)
-    selected = [
-        *(quote(k) for k in group.entity_keys),
-        f'{time} AS "__t"',
-        *(
-            f"CAST({quote(c)} AS {_duckdb_type(specs[c])}) AS {quote(c)}"
-            for c in dataset.label_columns
-        ),
-        f'{BATCH_ID_SQL} AS "__batch"',
-        f'{ROW_NUMBER_COLUMN} AS "__row"',
-    ]
-    conditions = []
-    if dataset.start_time is not None:
-        params["start_time"] = dataset.start_time.isoformat()
-        conditions.append(f"{time} >= CAST($start_time AS TIMESTAMPTZ)")
-    if dataset.end_time is not None:
-        params["end_time"] = dataset.end_time.isoformat()
-        conditions.append(f"{time} < CAST($end_time AS TIMESTAMPTZ)")
-    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    labels = f"SELECT {', '.join(selected)} FROM {_reader('label_glob')}{where}"  # noqa: S608 - quoted identifiers, bound values
-    if sample_rows is None:
-        return labels
-    # The sample is taken after the window filter (a subquery), not of the whole file.
-    return (
-        f"SELECT * FROM ({labels}) "  # noqa: S608 - the query above
-        f"USING SAMPLE reservoir({int(sample_rows)} ROWS) REPEATABLE ({PREVIEW_SEED})"
-    )
-
-
-def _feature_sql(
-    source: _Source, pattern: str, params: dict[str, Any], *, labelled_only: bool = False
-) -> str:
-    """The group version's rows, one per (entity, time): latest batch, then last row, wins; with
-    ``labelled_only``, only the entities of the ``labels`` CTE (a preview's sample)."""
-    param = f"{source.alias}_glob"
-    params[param] = pattern
-    specs = source.version.feature_map()
-    keys = [quote(k) for k in source.group.entity_keys]
-    time = quote(source.group.event_time_column)
-    selected = [
-        *keys,
-        f'{time} AS "__t"',
-        *(
-            f"CAST({quote(feature)} AS {_duckdb_type(specs[feature])}) "
-            f"AS {quote(f'{source.alias}_{index}')}"
-            for index, (feature, _, _) in enumerate(source.features)
-        ),
-    ]
-    where = ""
-    if labelled_only:
-        same = " AND ".join(f'"labels".{k} = "__rows".{k}' for k in keys)
-        where = f'WHERE EXISTS (SELECT 1 FROM "labels" WHERE {same}) '  # noqa: S608 - quoted
-    return (
-        f'SELECT {", ".join(selected)} FROM {_reader(param)} AS "__rows" {where}'  # noqa: S608 - quoted identifiers
-        f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)}, {time} "
-        f"ORDER BY {BATCH_ID_SQL} DESC, {ROW_NUMBER_COLUMN} DESC) = 1"
-    )
+    return tuple(pattern or ())
 
 
 def _sources(dataset: Dataset) -> list[_Source]:
@@ -613,11 +517,11 @@ def _sources(dataset: Dataset) -> list[_Source]:
     return list(sources.values())
 
 
-def _build_query(
-    dataset: Dataset, *, sample_rows: int | None = None
-) -> tuple[str, dict[str, Any], list[tuple[str, str]], dict]:
-    """The point-in-time query, its parameters, (output column, ref) pairs and versions used;
-    with ``sample_rows``, over a sample of the labels (and only their entities' feature rows)."""
+def join_plan(
+    dataset: Dataset,
+) -> tuple[offline_engine.JoinPlan, list[tuple[str, str]], dict[str, int]]:
+    """The dataset's point-in-time join as an engine plan (partitions outside its window pruned),
+    with its (output column, ref) pairs and the group versions it reads."""
     label_group = dataset.label_group
     label_version = _current_version(label_group)
     specs = label_version.feature_map()
@@ -625,54 +529,35 @@ def _build_query(
     if missing:
         raise DatasetBuildError(f"'{label_group.name}' has no column '{missing[0]}' any more")
     _check_reader_columns(label_group, label_version, attr="label_source")
-    params: dict[str, Any] = {}
-    labels = _label_sql(dataset, label_version, params, sample_rows=sample_rows)
-    ctes = [f'"labels" AS ({labels})']
-    selected = [
-        *(f'"labels".{quote(k)}' for k in label_group.entity_keys),
-        f'"labels"."__t" AS {quote(TIME_COLUMN)}',
-        *(f'"labels".{quote(c)}' for c in dataset.label_columns),
-    ]
-    joins = []
+    labels = offline_engine.LabelInput(
+        files=_files(label_group, label_version.version),
+        keys=tuple(label_group.entity_keys),
+        time_column=label_group.event_time_column,
+        columns=tuple(_column(c, c, specs[c]) for c in dataset.label_columns),
+        start_time=dataset.start_time,
+        end_time=dataset.end_time,
+    )
+    inputs = []
     outputs: list[tuple[str, str]] = []
     versions = {label_group.name: label_version.version}
     for source in _sources(dataset):
         versions[source.group.name] = source.version.version
-        pattern = offline_store.parquet_glob(
-            workspace_id=source.group.workspace_id,
-            group_id=source.group.pk,
-            version=source.version.version,
-        )
-        specs = source.version.feature_map()
-        if pattern is not None:
-            alias = quote(source.alias)
-            feature_rows = _feature_sql(
-                source, pattern, params, labelled_only=sample_rows is not None
+        feature_specs = source.version.feature_map()
+        inputs.append(
+            offline_engine.FeatureInput(
+                alias=source.alias,
+                files=_files(source.group, source.version.version),
+                keys=tuple(source.group.entity_keys),
+                time_column=source.group.event_time_column,
+                columns=tuple(
+                    _column(feature, column, feature_specs[feature])
+                    for feature, column, _ in source.features
+                ),
             )
-            ctes.append(f"{alias} AS ({feature_rows})")
-            on = [f'"labels".{quote(k)} = {alias}.{quote(k)}' for k in source.group.entity_keys]
-            on.append(f'"labels"."__t" >= {alias}."__t"')
-            joins.append(f"ASOF LEFT JOIN {alias} ON {' AND '.join(on)}")
-        for index, (feature, column, text) in enumerate(source.features):
-            if pattern is None:  # nothing ingested yet: every value is missing
-                selected.append(f"CAST(NULL AS {_duckdb_type(specs[feature])}) AS {quote(column)}")
-            else:
-                value = quote(f"{source.alias}_{index}")
-                selected.append(f"{quote(source.alias)}.{value} AS {quote(column)}")
-            outputs.append((column, text))
-    query = (
-        f'WITH {", ".join(ctes)} SELECT {", ".join(selected)} FROM "labels" '  # noqa: S608
-        f"{' '.join(joins)} "
-        'ORDER BY "labels"."__t", "labels"."__batch", "labels"."__row"'
-    )
-    return query, params, outputs, versions
-
-
-def _label_count_query(dataset: Dataset) -> tuple[str, dict[str, Any]]:
-    """Counts the dataset's label rows (its window over the label group's current version)."""
-    params: dict[str, Any] = {}
-    labels = _label_sql(dataset, _current_version(dataset.label_group), params)
-    return f"SELECT count(*) FROM ({labels})", params  # noqa: S608 - the query above
+        )
+        outputs.extend((column, text) for _, column, text in source.features)
+    plan = offline_engine.JoinPlan(labels=labels, sources=tuple(inputs), time_output=TIME_COLUMN)
+    return plan.pruned(), outputs, versions
 
 
 def _record_progress(dataset_id: int, *, rows_total: int, rows_done: int) -> None:
@@ -682,35 +567,74 @@ def _record_progress(dataset_id: int, *, rows_total: int, rows_done: int) -> Non
     )
 
 
-def _write_file(dataset: Dataset) -> _Built:
-    query, params, outputs, versions = _build_query(dataset)
-    count_query, count_params = _label_count_query(dataset)
-    final = dataset_file(dataset)
+def write_sample(
+    engine: offline_engine.OfflineEngine,
+    plan: offline_engine.JoinPlan,
+    final: Path,
+    *,
+    on_progress: Any = None,
+) -> tuple[int, dict[str, int]]:
+    """Run the plan on the engine and write the sample to ``final`` (a temporary name renamed
+    into place, so a reader never sees half a file); returns the rows written and, per output
+    column, the rows with a value. ``on_progress(rows_total, rows_done)`` is called after the
+    count and after every batch."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    temporary = final.parent / f".{DATA_FILE}-{uuid.uuid4().hex}.tmp"
+    temporary = final.parent / f".{final.name}-{uuid.uuid4().hex}.tmp"
+    columns = [c.output for s in plan.sources for c in s.columns]
+    present = dict.fromkeys(columns, 0)
     rows = 0
-    present = {column: 0 for column, _ in outputs}
     try:
-        with offline_store.connect() as connection:
-            connection.execute("SET TimeZone = 'UTC'")
-            # One row per label event: the count is the size of the file to come.
-            total = int(connection.sql(count_query, params=count_params).fetchall()[0][0])
-            _record_progress(dataset.pk, rows_total=total, rows_done=0)
-            reader = connection.sql(query, params=params).to_arrow_reader(READ_BATCH_ROWS)
-            schema = file_schema(reader.schema)
-            with pq.ParquetWriter(temporary, schema, compression="zstd") as writer:
-                for chunk in reader:
-                    writer.write_batch(chunk.cast(schema))
-                    rows += chunk.num_rows
-                    for column in present:
-                        values = chunk.column(column)
-                        present[column] += len(values) - values.null_count
-                    _record_progress(dataset.pk, rows_total=total, rows_done=rows)
+        total = engine.count(plan)  # one row per label event: the size of the file to come
+        if on_progress is not None:
+            on_progress(total, 0)
+        writer = None
+        try:
+            for chunk in engine.batches(plan, batch_rows=READ_BATCH_ROWS):
+                if writer is None:
+                    schema = file_schema(chunk.schema)
+                    writer = pq.ParquetWriter(temporary, schema, compression="zstd")
+                writer.write_batch(chunk.cast(schema))
+                rows += chunk.num_rows
+                for column in columns:
+                    values = chunk.column(column)
+                    present[column] += len(values) - values.null_count
+                if on_progress is not None:
+                    on_progress(total, rows)
+            if writer is None:  # no rows: an empty file of the sample's schema
+                schema = file_schema(plan.arrow_schema())
+                writer = pq.ParquetWriter(temporary, schema, compression="zstd")
+        finally:
+            if writer is not None:
+                writer.close()
         os.replace(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)
+    return rows, present
+
+
+def _write_file(dataset: Dataset) -> _Built:
+    plan, outputs, versions = join_plan(dataset)
+    engine = offline_engine.engine()
+    started = time.monotonic()
+    rows, present = write_sample(
+        engine,
+        plan,
+        dataset_file(dataset),
+        on_progress=partial(_progress_callback, dataset.pk),
+    )
     coverage = {text: (present[column] / rows if rows else None) for column, text in outputs}
-    return _Built(rows=rows, bytes=final.stat().st_size, coverage=coverage, versions=versions)
+    return _Built(
+        rows=rows,
+        bytes=dataset_file(dataset).stat().st_size,
+        coverage=coverage,
+        versions=versions,
+        engine=engine.name,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _progress_callback(dataset_id: int, rows_total: int, rows_done: int) -> None:
+    _record_progress(dataset_id, rows_total=rows_total, rows_done=rows_done)
 
 
 def _public_error(exc: Exception) -> str:
@@ -779,6 +703,8 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
             "version": dataset.version,
             "rows": built.rows,
             "bytes": built.bytes,
+            "engine": built.engine,
+            "seconds": round(built.seconds, 3),
             "coverage": built.coverage,
             "group_versions": built.versions,
             "path": dataset.path,

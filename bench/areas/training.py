@@ -21,7 +21,11 @@ Measures:
   order alternating each round (the machine is shared and its load drifts); the measures are the
   medians, and ``overhead_pct`` = 100 * (1 - samples_per_s_platform / samples_per_s_bare)
   (goal <= 5); the per-round ratios go to ``parameters.round_ratios``.
-- ``samples_per_s_cuda``: only where CUDA is available (the same job with ``device=cuda``).
+- ``samples_per_s_cuda``: only where CUDA is available (the same job with ``device=cuda``),
+  and ``cuda_over_cpu`` = ``samples_per_s_cuda`` / ``samples_per_s_platform`` (same job, same
+  batch and thread count, on the CPU); elsewhere ``parameters.cuda_note`` says why they are
+  missing. ``bench/cuda_check.py`` measures the same against the CPU per batch size without
+  Django (for a GPU machine that has only torch).
 - ``ddp_1rank_samples_per_s``, ``ddp_2rank_samples_per_s``: the demo job (its last round's spec,
   global batch ``DDP_BATCHES[0]``) trained by ``python -m training.runner`` with one and with two
   data-parallel ranks (``training.distributed``, gloo, one thread each), ``DDP_ROUNDS``
@@ -412,6 +416,11 @@ def _run_with_settings(ctx: Context) -> dict[str, float]:
             workspace, dataset, node, {**DEMO_PARAMS, "device": "cuda"}, "bench-cuda"
         )
         measures["samples_per_s_cuda"] = job.metrics["train_samples_per_s"]
+        measures["cuda_over_cpu"] = measures["samples_per_s_cuda"] / platform
+    else:
+        ctx.parameters["cuda_note"] = (
+            "samples_per_s_cuda and cuda_over_cpu skipped: torch.cuda.is_available() is False"
+        )
     ctx.parameters.update(
         {
             "demo_scale": DEMO_SCALE,

@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from config.celery import app as celery_app
-from features import health, ingestion, online_store, registry, tasks
+from features import health, ingestion, materialization, online_store, registry, tasks
 from features.lookup import online_lookup
 from features.models import (
     Batch,
@@ -318,6 +318,37 @@ def _rows(rng, start: datetime, hours: float, count: int, *, ctr_mean: float, pr
     return rows
 
 
+def test_drift_reads_only_the_date_partitions_of_its_two_windows(tmp_path):
+    """A file of a day older than the reference window is not read: here it is not Parquet at
+    all, so reading it would fail the run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    now = datetime(2026, 11, 20, 12, tzinfo=UTC)
+    rng = random.Random(3)
+    files = []
+    for day in range(9):  # the 8 days the windows span, and the day of ``now``
+        moment = now - timedelta(days=8) + timedelta(days=day)
+        folder = tmp_path / f"date={moment.date().isoformat()}"
+        folder.mkdir()
+        times = [moment.replace(hour=h) for h in range(24)] * 20
+        table = pa.table(
+            {
+                "event_time": pa.array(times, pa.timestamp("us", tz="UTC")),
+                "ctr_7d": [rng.gauss(0.05 if day < 8 else 0.09, 0.01) for _ in times],
+            }
+        )
+        pq.write_table(table, folder / f"batch-{day + 1}.parquet")
+        files.append(str(folder / f"batch-{day + 1}.parquet"))
+    stale = tmp_path / "date=2026-10-01" / "batch-99.parquet"
+    stale.parent.mkdir()
+    stale.write_bytes(b"not parquet")
+    psi = health.drift_psi(
+        files=[str(stale), *files], time_column="event_time", numeric=["ctr_7d"], now=now
+    )
+    assert psi["ctr_7d"] > health.DRIFT_PSI_THRESHOLD
+
+
 def test_a_shifted_distribution_is_reported_as_drift_once(
     workspace, clock, django_capture_on_commit_callbacks
 ):
@@ -560,6 +591,39 @@ def test_the_health_task_skips_while_a_run_is_in_progress(db):
     finally:
         cache.delete(tasks.HEALTH_LOCK_KEY)
     assert tasks.health_check_all() == {"checked": 0, "broken": 0, "failed": 0}
+
+
+def test_materialisation_writes_in_bounded_batches_and_reports_its_rate(
+    workspace, clock, monkeypatch
+):
+    """Seven entities through batches of two rows: every entity's latest row lands online, no
+    batch holds more than two, and the event says how fast it went."""
+    owner = make_member(workspace, Role.DEVELOPER)
+    group = make_group(workspace, actor=owner, name="user_batches")
+    older = clock.now() - timedelta(hours=1)
+    push(group, owner, [user_row(i, when=iso(older), age=1) for i in range(7)], clock)
+    push(group, owner, [user_row(i, when=iso(clock.now()), age=40 + i) for i in range(7)], clock)
+    online_store.get_online_store().drop_namespace(
+        online_store.namespace(workspace_id=workspace.pk, group_id=group.pk, version=1)
+    )
+    sizes: list[int] = []
+    real_write = materialization.write_online
+
+    def counting(**kwargs):
+        sizes.append(kwargs["table"].num_rows)
+        return real_write(**kwargs)
+
+    monkeypatch.setattr(materialization, "MATERIALIZE_BATCH_ROWS", 2)
+    monkeypatch.setattr(materialization, "write_online", counting)
+    done = materialization.group_materialize(group=group)
+
+    assert (done.entities, done.rows_written) == (7, 7)
+    assert sorted(sizes) == [1, 2, 2, 2]
+    entities = [f"u{i}" for i in range(7)]
+    rows = online_lookup(workspace=workspace, entities=entities, features=["user_batches:age"])
+    assert rows["rows"] == [[40 + i] for i in range(7)]
+    event = Event.objects.for_workspace(workspace).get(verb="feature_group.materialized")
+    assert event.payload["entities"] == 7 and event.payload["rows_per_s"] > 0
 
 
 def test_beat_schedules_health_and_materialisation():

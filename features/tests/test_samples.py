@@ -956,3 +956,37 @@ def builds_of(callbacks: list) -> list:
     """The on-commit callbacks other than the event-log consumers' drain (queued by every
     transaction that writes events)."""
     return [cb for cb in callbacks if getattr(cb, "__name__", "") != "_enqueue_drain"]
+
+
+def test_a_build_on_spark_writes_the_same_file_as_on_duckdb(workspace, members, scene, settings):
+    """``OFFLINE_ENGINE=spark`` (local mode) builds the same sample as the default engine, and the
+    build's event says which engine ran it."""
+    from features.offline_engine import spark_stop
+
+    def built(name: str, engine: str) -> tuple[Dataset, pa.Table]:
+        settings.OFFLINE_ENGINE = engine
+        dataset = samples.dataset_create(
+            actor=members[Role.DEVELOPER],
+            workspace=workspace,
+            name=name,
+            label_group=scene["impressions"],
+            label_columns=["clicked", "dwell"],
+            feature_refs=["users:age", "users:segment", "items:price"],
+            start_time=T0 - timedelta(minutes=30),
+        )
+        assert dataset.status == DatasetStatus.READY, dataset.error
+        return dataset, pq.read_table(samples.dataset_file(dataset))
+
+    try:
+        on_duckdb, duckdb_table = built("on_duckdb", "duckdb")
+        on_spark, spark_table = built("on_spark", "spark")
+    finally:
+        spark_stop()
+    assert spark_table.num_rows == 4  # the label before the window's start is left out
+    assert spark_table.to_pylist() == duckdb_table.to_pylist()
+    assert on_spark.coverage == on_duckdb.coverage
+    engines = {
+        event.payload["name"]: event.payload["engine"]
+        for event in Event.objects.for_workspace(workspace).filter(verb="dataset.built")
+    }
+    assert engines == {"on_duckdb": "duckdb", "on_spark": "spark"}
