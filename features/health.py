@@ -21,9 +21,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from features import offline_engine, offline_store, online_store
+from features import offline_engine, offline_store, online_store, sketches
 from features.models import (
+    Batch,
     Consumer,
+    DriftSketch,
     Dtype,
     FeatureGroup,
     FeatureGroupVersion,
@@ -129,15 +131,47 @@ def measure_drift(
     *, group: FeatureGroup, version: FeatureGroupVersion, now: datetime
 ) -> dict[str, float]:
     """PSI per numeric feature: the last 24 h of event time against the 7 days before, over 10
-    quantile bins of that reference window, read from the offline Parquet with DuckDB (only the
-    date partitions of those 8 days, see ``drift_psi``). Categorical, string, list-of-categories
-    and embedding features have no quantiles and are not measured (their freshness, coverage and
-    consistency still are)."""
+    quantile bins of that reference window. When every batch with rows in those 8 days left its
+    sketches (every push since they exist), from the merged hourly sketches
+    (``features.sketches``), reading no Parquet; otherwise read from the offline Parquet with
+    DuckDB (only the date partitions of those 8 days, see ``drift_psi``). Categorical, string,
+    list-of-categories and embedding features have no quantiles and are not measured (their
+    freshness, coverage and consistency still are)."""
     numeric = [s["name"] for s in version.features if s["dtype"] in NUMERIC_DTYPES]
+    if not numeric:
+        return {}
+    reference_start = now - DRIFT_RECENT - DRIFT_REFERENCE
+    in_window = Batch.objects.for_workspace(group.workspace_id).filter(
+        group=group,
+        version=version.version,
+        max_event_time__gte=sketches.hour_of(reference_start),
+        min_event_time__lt=now,
+    )
+    if not in_window.filter(sketched=False).exists():
+        hours = (
+            DriftSketch.objects.for_workspace(group.workspace_id)
+            .filter(
+                group=group,
+                version=version.version,
+                hour__gte=sketches.hour_of(reference_start),
+                hour__lt=now,
+            )
+            .values_list("hour", "sketches")
+        )
+        return sketches.drift_psi_from_sketches(
+            hours.iterator(),
+            numeric=numeric,
+            now=now,
+            recent=DRIFT_RECENT,
+            reference=DRIFT_REFERENCE,
+            bins=DRIFT_BINS,
+            min_rows=DRIFT_MIN_ROWS,
+            epsilon=PSI_EPSILON,
+        )
     pattern = offline_store.parquet_glob(
         workspace_id=group.workspace_id, group_id=group.pk, version=version.version
     )
-    if not numeric or pattern is None:
+    if pattern is None:
         return {}
     return drift_psi(files=pattern, time_column=group.event_time_column, numeric=numeric, now=now)
 

@@ -33,8 +33,16 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.db.models import Sum
 from django.utils import timezone
 
-from features import offline_store, online_store
-from features.models import Batch, BatchFormat, Dtype, FeatureGroup, FeatureGroupVersion, Lifecycle
+from features import offline_store, online_store, sketches
+from features.models import (
+    Batch,
+    BatchFormat,
+    DriftSketch,
+    Dtype,
+    FeatureGroup,
+    FeatureGroupVersion,
+    Lifecycle,
+)
 from features.registry import group_locked, touch_ingested
 from workspaces.api.parsers import parse_strict_json
 from workspaces.db_reconnect import connection_lost
@@ -517,6 +525,17 @@ def table_from_parquet(
 # --- storing -----------------------------------------------------------------------------
 
 
+def _sketches_of(sketching: Any, batch: Batch) -> list:
+    """The batch's drift sketches; a failure to sketch never fails the push: the batch is then
+    marked unsketched and drift over its hours reads the Parquet."""
+    try:
+        return sketching.result()
+    except Exception:  # a bug in sketching must not refuse a producer's data
+        logger.exception("could not sketch batch %s; drift reads its Parquet", batch.pk)
+        Batch.objects.for_workspace(batch.workspace_id).filter(pk=batch.pk).update(sketched=False)
+        return []
+
+
 def write_online(
     *,
     group: FeatureGroup,
@@ -643,6 +662,13 @@ def batch_ingest(
         if group.online
         else None
     )
+    # The drift sketches of its numeric features, per hour of event time: likewise beside it.
+    sketching = _background().submit(
+        sketches.hourly_sketches,
+        table,
+        time_column=group.event_time_column,
+        numeric=sketches.numeric_features(version),
+    )
     files: list[str] = []
     try:
         with transaction.atomic():
@@ -664,6 +690,7 @@ def batch_ingest(
                 bytes=len(body),
                 min_event_time=min_time,
                 max_event_time=max_time,
+                sketched=True,
                 offline_path=str(
                     offline_store.group_dir(
                         workspace_id=group.workspace_id, group_id=group.pk, version=version.version
@@ -678,6 +705,19 @@ def batch_ingest(
                 batch_id=batch.pk,
                 table=table,
                 time_column=group.event_time_column,
+            )
+            hourly = _sketches_of(sketching, batch)
+            DriftSketch.objects.bulk_create(
+                DriftSketch(
+                    workspace=group.workspace,
+                    group=group,
+                    version=version.version,
+                    batch=batch,
+                    hour=hour,
+                    rows=rows,
+                    sketches=encoded,
+                )
+                for hour, rows, encoded in hourly
             )
             touch_ingested(group=locked, max_event_time=max_time)
             event_record(

@@ -10,7 +10,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workspaces.models import CreatedRecord, WorkspaceOwned
+from workspaces.models import CreatedRecord, WorkspaceOwned, WorkspaceOwnedCascade
 
 name_validator = RegexValidator(
     r"^[a-z][a-z0-9_]{0,62}$",
@@ -212,6 +212,9 @@ class Batch(WorkspaceOwned):
     max_event_time = models.DateTimeField(null=True)
     offline_path = models.CharField(max_length=500, blank=True)
     online_written = models.BooleanField(default=False)
+    # Whether its rows' drift sketches were written with it (pushes before sketches existed:
+    # no; drift over a window holding such a batch reads the Parquet instead).
+    sketched = models.BooleanField(default=False)
     producer = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -235,6 +238,21 @@ class DatasetStatus(models.TextChoices):
     BUILDING = "building", "Building"
     READY = "ready", "Ready"
     FAILED = "failed", "Failed"
+
+
+class DriftSketch(WorkspaceOwnedCascade):
+    """One hour of event time of one batch: a KLL quantile sketch of each of its numeric features
+    (``features.sketches``), what a drift run merges instead of rereading the Parquet."""
+
+    group = models.ForeignKey(FeatureGroup, on_delete=models.CASCADE, related_name="+")
+    version = models.PositiveIntegerField()
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="sketches")
+    hour = models.DateTimeField()
+    rows = models.PositiveIntegerField()
+    sketches = models.JSONField(default=dict, help_text="feature -> base64 KLL sketch")
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "version", "hour"], name="sketch_group_hour")]
 
 
 class Dataset(WorkspaceOwned, CreatedRecord):
@@ -265,6 +283,10 @@ class Dataset(WorkspaceOwned, CreatedRecord):
     coverage = models.JSONField(default=dict, blank=True, help_text="feature ref -> share non-null")
     error = models.TextField(blank=True)
     built_at = models.DateTimeField(null=True, blank=True)
+    engine = models.CharField(
+        max_length=10, blank=True, help_text="The offline engine that built it."
+    )
+    build_seconds = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["name", "-version"]

@@ -681,6 +681,8 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
     dataset.coverage = built.coverage
     dataset.error = ""
     dataset.built_at = timezone.now()
+    dataset.engine = built.engine
+    dataset.build_seconds = round(built.seconds, 3)
     dataset.save(
         update_fields=[
             "status",
@@ -690,6 +692,8 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
             "coverage",
             "error",
             "built_at",
+            "engine",
+            "build_seconds",
         ]
     )
     event_record(

@@ -26,8 +26,11 @@ Measures:
   ``.to_arrow()``; ``pit_peak_rss_mb_feast_<n>`` likewise.
 - ``pit_time_growth_ratio``: (time at the largest size / time at the smallest) / (the ratio of
   their sizes), the goal being <= 1.2 from 1M to 50M.
-- ``drift_run_s_<n>``: one drift run (``features.health.drift_psi``, as the health check runs it
-  every minute) on the label group's numeric ``dwell``: the last day against the 7 before.
+- ``drift_run_s_<n>``: one drift run, as the health check runs it every minute, on the label
+  group's numeric ``dwell`` (the last day against the 7 before) from the hourly sketches the
+  pushes leave (``features.sketches``); ``drift_parquet_run_s_<n>``: the same read from the
+  Parquet of those 8 days (the fallback for batches older than sketches); both PSIs go to
+  ``parameters.drift_psi``.
 - ``materialize_rows_per_s``: ``group_materialize`` of the ``users`` group (100,000 entities,
   the latest of about a million rows each) into the online store (Redis with ``REDIS_URL``), in
   bounded batches; the rows were pushed first, untimed.
@@ -350,21 +353,47 @@ def run_feast(layout: dict[str, Any], workdir: Path, *, timeout: float) -> dict[
     )
 
 
-def measure_drift(layout: dict[str, Any]) -> float:
-    """Seconds of one drift run (``features.health.drift_psi``, the health check's) over the
-    label group: the last day against the 7 before, at the end of the log."""
-    from features.health import drift_psi
+def measure_drift(layout: dict[str, Any]) -> dict[str, float]:
+    """Seconds of one drift run over the label group's ``dwell`` (the last day against the 7
+    before, at the end of the log), both ways ``features.health.measure_drift`` runs it: from the
+    hourly sketches each push leaves (computed here from the files, as the push would, untimed;
+    the run merges them) and from the Parquet (its fallback for batches without sketches)."""
+    from features import health, sketches
 
+    now = START + timedelta(days=DAYS)
+    files = list(_files(layout[LABEL_GROUP]["folder"]))
+    hours = [
+        (hour, encoded)
+        for path in files
+        for hour, _rows, encoded in sketches.hourly_sketches(
+            pq.read_table(path, columns=["event_time", "dwell"]),
+            time_column="event_time",
+            numeric=["dwell"],
+        )
+    ]
     started = time.monotonic()
-    psi = drift_psi(
-        files=list(_files(layout[LABEL_GROUP]["folder"])),
-        time_column="event_time",
+    from_sketches = sketches.drift_psi_from_sketches(
+        hours,
         numeric=["dwell"],
-        now=START + timedelta(days=DAYS),
+        now=now,
+        recent=health.DRIFT_RECENT,
+        reference=health.DRIFT_REFERENCE,
+        bins=health.DRIFT_BINS,
+        min_rows=health.DRIFT_MIN_ROWS,
+        epsilon=health.PSI_EPSILON,
     )
-    if "dwell" not in psi:
-        raise BenchError(f"drift measured nothing: {psi}")
-    return time.monotonic() - started
+    sketch_seconds = time.monotonic() - started
+    started = time.monotonic()
+    exact = health.drift_psi(files=files, time_column="event_time", numeric=["dwell"], now=now)
+    parquet_seconds = time.monotonic() - started
+    if "dwell" not in exact or "dwell" not in from_sketches:
+        raise BenchError(f"drift measured nothing: {exact}, {from_sketches}")
+    return {
+        "sketch_s": sketch_seconds,
+        "parquet_s": parquet_seconds,
+        "psi_sketch": from_sketches["dwell"],
+        "psi_exact": exact["dwell"],
+    }
 
 
 def measure_materialize(layout: dict[str, Any]) -> dict[str, float]:
@@ -458,7 +487,13 @@ def run(ctx: Context) -> dict[str, float]:
         measures[f"pit_rows_per_s_{_label(n)}"] = n / ours["seconds"]
         measures[f"pit_peak_rss_mb_{_label(n)}"] = ours["peak_mb"]
         ctx.log(f"ours {n:,}: {ours['seconds']:.1f} s, peak {ours['peak_mb']:.0f} MB")
-        measures[f"drift_run_s_{_label(n)}"] = measure_drift(layout)
+        drift = measure_drift(layout)
+        measures[f"drift_run_s_{_label(n)}"] = drift["sketch_s"]
+        measures[f"drift_parquet_run_s_{_label(n)}"] = drift["parquet_s"]
+        ctx.parameters.setdefault("drift_psi", {})[str(n)] = {
+            "sketches": drift["psi_sketch"],
+            "exact": drift["psi_exact"],
+        }
         if n == sizes[0]:
             materialized = measure_materialize(layout)
             measures["materialize_rows_per_s"] = materialized["entities"] / materialized["seconds"]

@@ -56,9 +56,15 @@ class DatasetSerializer(serializers.ModelSerializer):
             "created_by",
             "created_at",
             "built_at",
+            "engine",
+            "build_seconds",
         ]
         read_only_fields = fields
-        extra_kwargs = {"path": {"help_text": "The Parquet file, relative to the artifact root."}}
+        extra_kwargs = {
+            "path": {"help_text": "The Parquet file, relative to the artifact root."},
+            "engine": {"help_text": "The offline engine that built it: duckdb or spark."},
+            "build_seconds": {"help_text": "How long the point-in-time join and write took."},
+        }
 
     def get_columns(self, dataset: Dataset) -> list[str]:
         return samples.dataset_columns(dataset)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 
 import pytest
+from django.template.defaultfilters import floatformat
 from django.test import Client
 from django.urls import reverse
 
@@ -497,7 +498,11 @@ def test_a_building_dataset_shows_a_progress_bar_that_refreshes_until_it_is_buil
         callback()
     done = client.get(progress_url(workspace), HTTP_HX_REQUEST="true")
     assert done["HX-Refresh"] == "true"  # htmx reloads the page, which shows the result
-    assert "hx-trigger" not in text(done) and "Built: 2 rows." in text(done)
+    assert "hx-trigger" not in text(done)
+    built = Dataset.objects.for_workspace(workspace).get(pk=dataset.pk)
+    assert built.engine == "duckdb" and built.build_seconds is not None
+    seconds = floatformat(built.build_seconds, 1)
+    assert f"Built: 2 rows by duckdb in {seconds} s." in text(done)
     page = text(client.get(page_url))
     assert 'data-testid="building"' not in page and "hx-trigger" not in page
 

@@ -28,6 +28,7 @@ from features.lookup import online_lookup
 from features.models import (
     Batch,
     ConsumerKind,
+    DriftSketch,
     FeatureGroup,
     HealthCheck,
     HealthStatus,
@@ -347,6 +348,46 @@ def test_drift_reads_only_the_date_partitions_of_its_two_windows(tmp_path):
         files=[str(stale), *files], time_column="event_time", numeric=["ctr_7d"], now=now
     )
     assert psi["ctr_7d"] > health.DRIFT_PSI_THRESHOLD
+
+
+def test_drift_merges_the_pushes_sketches_and_reads_the_parquet_for_a_batch_without(
+    workspace, clock
+):
+    """Pushes leave hourly sketches and drift is measured from them; a batch in the window
+    without sketches (pushed before they existed) sends the run to the Parquet, which still
+    sees that batch's shifted rows (from the other batches' sketches alone it would not)."""
+    rng = random.Random(11)
+    owner = make_member(workspace, Role.DEVELOPER)
+    group = make_group(workspace, actor=owner, name="user_sketched")
+    now = clock.now()
+    push(
+        group,
+        owner,
+        _rows(rng, now - timedelta(days=8), 7 * 24, 700, ctr_mean=0.05, prefix="r"),
+        clock,
+    )
+    push(
+        group,
+        owner,
+        _rows(rng, now - timedelta(hours=23), 22, 100, ctr_mean=0.05, prefix="s"),
+        clock,
+    )
+    shifted = push(
+        group,
+        owner,
+        _rows(rng, now - timedelta(hours=20), 19, 900, ctr_mean=0.09, prefix="x"),
+        clock,
+    ).batch
+    version = group.versions.get(version=1)
+    assert DriftSketch.objects.for_workspace(workspace).filter(batch=shifted).count() >= 19
+    from_sketches = health.measure_drift(group=group, version=version, now=now)
+    assert from_sketches["ctr_7d"] > health.DRIFT_PSI_THRESHOLD
+
+    DriftSketch.objects.for_workspace(workspace).filter(batch=shifted).delete()
+    Batch.objects.for_workspace(workspace).filter(pk=shifted.pk).update(sketched=False)
+    from_parquet = health.measure_drift(group=group, version=version, now=now)
+    assert from_parquet["ctr_7d"] > health.DRIFT_PSI_THRESHOLD
+    assert from_parquet["ctr_7d"] == pytest.approx(from_sketches["ctr_7d"], rel=0.2)
 
 
 def test_a_shifted_distribution_is_reported_as_drift_once(
