@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -158,22 +159,30 @@ def measure_drift(
             )
             .values_list("hour", "sketches")
         )
-        return sketches.drift_psi_from_sketches(
-            hours.iterator(),
-            numeric=numeric,
-            now=now,
-            recent=DRIFT_RECENT,
-            reference=DRIFT_REFERENCE,
-            bins=DRIFT_BINS,
-            min_rows=DRIFT_MIN_ROWS,
-            epsilon=PSI_EPSILON,
-        )
+        return drift_psi_of_sketches(hours.iterator(), numeric=numeric, now=now)
     pattern = offline_store.parquet_glob(
         workspace_id=group.workspace_id, group_id=group.pk, version=version.version
     )
     if pattern is None:
         return {}
     return drift_psi(files=pattern, time_column=group.event_time_column, numeric=numeric, now=now)
+
+
+def drift_psi_of_sketches(
+    hours: Iterable[tuple[datetime, dict[str, str]]], *, numeric: list[str], now: datetime
+) -> dict[str, float]:
+    """``measure_drift``'s windows, bins and floor over hourly sketches (``features.sketches``):
+    (hour, {feature: sketch}) pairs, those outside the two windows ignored."""
+    return sketches.drift_psi_from_sketches(
+        hours,
+        numeric=numeric,
+        now=now,
+        recent=DRIFT_RECENT,
+        reference=DRIFT_REFERENCE,
+        bins=DRIFT_BINS,
+        min_rows=DRIFT_MIN_ROWS,
+        epsilon=PSI_EPSILON,
+    )
 
 
 def drift_psi(

@@ -34,6 +34,12 @@ Measures:
 - ``materialize_rows_per_s``: ``group_materialize`` of the ``users`` group (100,000 entities,
   the latest of about a million rows each) into the online store (Redis with ``REDIS_URL``), in
   bounded batches; the rows were pushed first, untimed.
+- ``build_request_ms_<n>`` and ``build_s_<n>`` (at ``BENCH_OFFLINE_BUILD_SIZE``, default 10M):
+  the labels and the three groups pushed through ``batch_ingest`` into groups of a workspace
+  (untimed), then ``POST .../datasets/`` as the page sends it, which answers 202 once the build
+  is queued (its time), and the build as the worker runs it, in a thread, while the API's
+  ``rows_done`` and the page's progress bar are polled each second (counts of what was seen in
+  ``parameters.background_build``).
 - ``pit_vs_feast_10m_ratio``: ours / Feast's rows per second at 10M (goal >= 5).
 
 Sizes: ``BENCH_OFFLINE_SIZES`` (comma-separated label rows, default ``1000000,10000000,50000000``)
@@ -372,16 +378,7 @@ def measure_drift(layout: dict[str, Any]) -> dict[str, float]:
         )
     ]
     started = time.monotonic()
-    from_sketches = sketches.drift_psi_from_sketches(
-        hours,
-        numeric=["dwell"],
-        now=now,
-        recent=health.DRIFT_RECENT,
-        reference=health.DRIFT_REFERENCE,
-        bins=health.DRIFT_BINS,
-        min_rows=health.DRIFT_MIN_ROWS,
-        epsilon=health.PSI_EPSILON,
-    )
+    from_sketches = health.drift_psi_of_sketches(hours, numeric=["dwell"], now=now)
     sketch_seconds = time.monotonic() - started
     started = time.monotonic()
     exact = health.drift_psi(files=files, time_column="event_time", numeric=["dwell"], now=now)
@@ -396,52 +393,152 @@ def measure_drift(layout: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def measure_materialize(layout: dict[str, Any]) -> dict[str, float]:
-    """Rows per second of ``features.materialization.group_materialize`` over the ``users``
-    group (its latest row for each of its entities into the online store), after its files were
-    pushed as producer batches (not timed) into a group registered in the throwaway database."""
-    from django.contrib.auth import get_user_model
+class Platform:
+    """The ads log's groups registered in the throwaway database, in one workspace, with the
+    files pushed as producer batches through ``batch_ingest`` (the push's own path: validation,
+    offline write, sketches), offline only; nothing here is timed."""
 
-    from features import registry
-    from features.ingestion import batch_ingest
+    def __init__(self) -> None:
+        from django.contrib.auth import get_user_model
+
+        from workspaces import services
+        from workspaces.models import PredictionType, Role
+
+        self.workspace = services.workspace_create(
+            actor=None,
+            slug="bench-offline",
+            name="Bench offline",
+            scene="bench-offline",
+            prediction_type=PredictionType.FINE_RANK,
+        )
+        self.producer = get_user_model().objects.create_user("bench-offline-producer")
+        services.membership_grant(
+            actor=None, workspace=self.workspace, user=self.producer, role=Role.DEVELOPER
+        )
+        self.groups: dict[str, Any] = {}
+
+    def group(self, layout: dict[str, Any], name: str) -> Any:
+        """The group ``name``, registered and pushed the first time it is asked for."""
+        from features import registry
+        from features.ingestion import batch_ingest
+
+        if name in self.groups:
+            return self.groups[name]
+        if name == LABEL_GROUP:
+            keys = ["user_id", "item_id", "context_id"]
+            entity = "label"
+            features = [{"name": "clicked", "dtype": "bool"}, {"name": "dwell", "dtype": "float"}]
+        else:
+            keys = [layout[name]["key"]]
+            entity = "user" if name == "users" else "item" if name == "items" else "context"
+            features = [
+                {"name": feature, "dtype": "int" if index % 4 == 3 else "float"}
+                for index, feature in enumerate(layout[name]["features"])
+            ]
+        group = registry.feature_group_register(
+            actor=None,
+            workspace=self.workspace,
+            name=name,
+            entity=entity,
+            entity_keys=keys,
+            features=features,
+            online=False,  # pushes write offline only; a rebuild writes online
+        )
+        for path in _files(layout[name]["folder"]):
+            batch_ingest(
+                actor=self.producer, group=group, body=Path(path).read_bytes(), format="parquet"
+            )
+        self.groups[name] = group
+        return group
+
+
+def measure_materialize(platform: Platform, layout: dict[str, Any]) -> dict[str, float]:
+    """Rows per second of ``features.materialization.group_materialize`` over the ``users``
+    group: its latest row for each of its entities into the online store."""
     from features.materialization import group_materialize
     from features.models import FeatureGroup
-    from workspaces import services
-    from workspaces.models import PredictionType, Role
 
-    workspace = services.workspace_create(
-        actor=None,
-        slug="bench-offline",
-        name="Bench offline",
-        scene="bench-offline",
-        prediction_type=PredictionType.FINE_RANK,
-    )
-    producer = get_user_model().objects.create_user("bench-offline-producer")
-    services.membership_grant(actor=None, workspace=workspace, user=producer, role=Role.DEVELOPER)
-    names = feature_names("users")
-    group = registry.feature_group_register(
-        actor=None,
-        workspace=workspace,
-        name="users",
-        entity="user",
-        entity_keys=["user_id"],
-        features=[
-            {"name": name, "dtype": "int" if index % 4 == 3 else "float"}
-            for index, name in enumerate(names)
-        ],
-        online=False,  # the pushes write offline only; the rebuild below writes online
-    )
-    pushed = 0
-    for path in _files(layout["users"]["folder"]):
-        body = Path(path).read_bytes()
-        batch_ingest(actor=producer, group=group, body=body, format="parquet")
-        pushed += pq.read_metadata(path).num_rows
-    FeatureGroup.objects.for_workspace(workspace).filter(pk=group.pk).update(online=True)
+    group = platform.group(layout, "users")
+    FeatureGroup.objects.for_workspace(platform.workspace).filter(pk=group.pk).update(online=True)
     group.refresh_from_db()
     started = time.monotonic()
     done = group_materialize(group=group)
     seconds = time.monotonic() - started
-    return {"rows_pushed": pushed, "entities": done.entities, "seconds": seconds}
+    return {"entities": done.entities, "seconds": seconds}
+
+
+def measure_background_build(platform: Platform, layout: dict[str, Any]) -> dict[str, Any]:
+    """A dataset of every label and the 50 features, asked for through the API as the page does:
+    the request's time (it answers 202 once the build is queued), then the build as a worker runs
+    it (``features.tasks.dataset_build_task``, here in a thread of this process: the queue's
+    message is handed to it), with the API's progress and the page's progress bar polled while
+    it runs."""
+    import threading
+
+    from django.test import Client
+    from django.urls import reverse
+
+    from features import tasks
+    from features.models import Dataset, DatasetStatus
+
+    for name in (LABEL_GROUP, *GROUPS):
+        platform.group(layout, name)
+    client = Client()
+    client.force_login(platform.producer)
+    workers: list[threading.Thread] = []
+
+    def queue(args: list[int], **_options: Any) -> None:
+        worker = threading.Thread(target=tasks.dataset_build_task, args=args)
+        workers.append(worker)
+        worker.start()
+
+    body = {
+        "name": "adslog",
+        "label_source": LABEL_GROUP,
+        "label_columns": ["clicked"],
+        "features": [f"{name}:{f}" for name in GROUPS for f in layout[name]["features"]],
+    }
+    original = tasks.dataset_build_task.apply_async
+    tasks.dataset_build_task.apply_async = queue
+    try:
+        started = time.monotonic()
+        response = client.post(
+            f"/api/v1/workspaces/{platform.workspace.slug}/datasets/",
+            data=json.dumps(body),
+            content_type="application/json",
+        )
+        request_ms = (time.monotonic() - started) * 1000
+    finally:
+        tasks.dataset_build_task.apply_async = original
+    if response.status_code != 202:
+        raise BenchError(f"the dataset was refused: {response.status_code} {response.content!r}")
+    detail = response["Location"]
+    dataset = Dataset.objects.for_workspace(platform.workspace).get(pk=response.json()["id"])
+    page = reverse(
+        "features-dataset-progress",
+        kwargs={"ws": platform.workspace.slug, "name": dataset.name, "version": dataset.version},
+    )
+    seen: list[tuple[int | None, int]] = []
+    bars = 0
+    while any(worker.is_alive() for worker in workers):
+        state = client.get(detail).json()
+        seen.append((state["rows_total"], state["rows_done"]))
+        if b"<progress" in client.get(page).content:
+            bars += 1
+        for worker in workers:
+            worker.join(timeout=1.0)  # a poll a second, as the page polls every 2 s
+    dataset.refresh_from_db()
+    if dataset.status != DatasetStatus.READY:
+        raise BenchError(f"the build ended {dataset.status}: {dataset.error}")
+    moving = sorted({done for total, done in seen if total and 0 < done < total})
+    return {
+        "request_ms": request_ms,
+        "build_s": dataset.build_seconds,
+        "rows": dataset.row_count,
+        "polls": len(seen),
+        "partial_progress_values": len(moving),
+        "progress_bars_seen": bars,
+    }
 
 
 def _sizes(name: str, default: tuple[int, ...]) -> list[int]:
@@ -460,6 +557,8 @@ def run(ctx: Context) -> dict[str, float]:
     feast_sizes = _sizes("BENCH_OFFLINE_FEAST_SIZES", DEFAULT_FEAST_SIZES)
     memory_limit = settings.OFFLINE_MEMORY_LIMIT
     feast_timeout = float(os.environ.get("BENCH_OFFLINE_FEAST_TIMEOUT", "1800"))
+    build_size = int(os.environ.get("BENCH_OFFLINE_BUILD_SIZE", "10000000"))
+    platform = Platform()
     ctx.parameters.update(
         {
             "sizes": sizes,
@@ -469,6 +568,7 @@ def run(ctx: Context) -> dict[str, float]:
             "memory_limit": memory_limit,
             "engine": "duckdb",
             "feast_timeout_s": feast_timeout,
+            "build_size": build_size,
         }
     )
     measures: dict[str, float] = {}
@@ -495,9 +595,17 @@ def run(ctx: Context) -> dict[str, float]:
             "exact": drift["psi_exact"],
         }
         if n == sizes[0]:
-            materialized = measure_materialize(layout)
+            materialized = measure_materialize(platform, layout)
             measures["materialize_rows_per_s"] = materialized["entities"] / materialized["seconds"]
             ctx.parameters["materialize"] = materialized
+        if n == build_size:
+            build = measure_background_build(platform, layout)
+            if build["rows"] != n:
+                raise BenchError(f"the built dataset has {build['rows']} rows, not {n}")
+            measures[f"build_request_ms_{_label(n)}"] = build["request_ms"]
+            measures[f"build_s_{_label(n)}"] = build["build_s"]
+            ctx.parameters["background_build"] = build
+            ctx.log(f"background build of {n:,}: {build}")
         if n in feast_sizes:
             try:
                 feast = run_feast(layout, ctx.workdir, timeout=feast_timeout)

@@ -49,16 +49,7 @@ def _psi(tables: list[pa.Table], tmp_path) -> tuple[dict, dict]:
         path = tmp_path / f"batch-{index}.parquet"
         pq.write_table(table, path)
         files.append(str(path))
-    sketched = sketches.drift_psi_from_sketches(
-        hours,
-        numeric=["ctr", "age"],
-        now=NOW,
-        recent=health.DRIFT_RECENT,
-        reference=health.DRIFT_REFERENCE,
-        bins=health.DRIFT_BINS,
-        min_rows=health.DRIFT_MIN_ROWS,
-        epsilon=health.PSI_EPSILON,
-    )
+    sketched = health.drift_psi_of_sketches(hours, numeric=["ctr", "age"], now=NOW)
     exact = health.drift_psi(files=files, time_column="event_time", numeric=["ctr", "age"], now=NOW)
     return sketched, exact
 
