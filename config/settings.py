@@ -478,6 +478,9 @@ STORAGES = {
 OFFLINE_ENGINE = os.environ.get("OFFLINE_ENGINE", "duckdb").strip().lower()
 OFFLINE_MEMORY_LIMIT = os.environ.get("OFFLINE_MEMORY_LIMIT", "2GB")
 OFFLINE_THREADS = env_int("OFFLINE_THREADS", 2)
+# Label rows DuckDB joins at a time: consecutive label days are grouped up to this many rows, and
+# each group is one Parquet part of the sample (0: a part per day).
+OFFLINE_PARTITION_ROWS = env_int("OFFLINE_PARTITION_ROWS", 1_000_000)
 SPARK_MASTER = os.environ.get("SPARK_MASTER", "local[2]")
 
 # Request bodies: refused with 413 before parsing when larger than this (per-view overrides exist).

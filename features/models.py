@@ -280,6 +280,12 @@ class Dataset(WorkspaceOwned, CreatedRecord):
     rows_done = models.PositiveBigIntegerField(
         default=0, help_text="Rows the build has written so far."
     )
+    partitions_total = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Parquet parts the sample is written as (label days)."
+    )
+    partitions_done = models.PositiveIntegerField(
+        default=0, help_text="Parts joined and written so far."
+    )
     coverage = models.JSONField(default=dict, blank=True, help_text="feature ref -> share non-null")
     error = models.TextField(blank=True)
     built_at = models.DateTimeField(null=True, blank=True)

@@ -223,9 +223,20 @@ class OfflineEngine(Protocol):
         """The number of label rows in the plan's window (the sample's row count)."""
         ...
 
-    def batches(self, plan: JoinPlan, *, batch_rows: int) -> Iterator[pa.RecordBatch]:
-        """The sample's rows in order, as record batches of the plan's schema."""
+    def part_count(self, plan: JoinPlan) -> int:
+        """How many parts ``parts`` yields for the plan (known before the join starts)."""
         ...
+
+    def parts(self, plan: JoinPlan, *, batch_rows: int) -> Iterator[Iterator[pa.RecordBatch]]:
+        """The sample's rows in order, as consecutive parts (each a run of label days), each
+        an iterator of record batches of the plan's schema."""
+        ...
+
+
+def batches(engine: OfflineEngine, plan: JoinPlan, *, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The whole sample in order, its parts one after the other."""
+    for part in engine.parts(plan, batch_rows=batch_rows):
+        yield from part
 
 
 # --- DuckDB ----------------------------------------------------------------------------------
@@ -404,11 +415,15 @@ class DuckDBEngine:
                 connection.sql(f"SELECT count(*) FROM ({labels})", params=params).fetchall()[0][0]  # noqa: S608 - the query above
             )
 
-    def batches(self, plan: JoinPlan, *, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    def part_count(self, plan: JoinPlan) -> int:
+        return len(label_partitions(plan.labels.files, min_rows=self.partition_rows))
+
+    def parts(self, plan: JoinPlan, *, batch_rows: int) -> Iterator[Iterator[pa.RecordBatch]]:
         """The sample a group of label days at a time (``label_partitions``): each source's
         deduplicated rows are staged once in a temporary table (spilled past the memory limit),
         then each group's labels are joined against them and sorted, so no sort is larger than a
-        group and the groups come out in order (a label's partition is its event time's day)."""
+        group and the groups come out in order (a label's partition is its event time's day).
+        A part must be read to its end before the next is asked for (one connection)."""
         with self.connect() as connection:
             staged = {}
             for source in plan.sources:
@@ -421,7 +436,7 @@ class DuckDBEngine:
             for files in label_partitions(plan.labels.files, min_rows=self.partition_rows):
                 part = replace(plan, labels=replace(plan.labels, files=files))
                 query, params = self.query(part, staged=staged)
-                yield from connection.sql(query, params=params).to_arrow_reader(batch_rows)
+                yield iter(connection.sql(query, params=params).to_arrow_reader(batch_rows))
 
     def coverage_sample(self, plan: JoinPlan, *, sample_rows: int) -> tuple[int, list[int]]:
         """(rows sampled, rows with a value per feature column) over a reproducible sample of
@@ -596,6 +611,14 @@ class SparkEngine:
             return 0
         return int(self._labels(spark_session(self.master), plan).count())
 
+    def part_count(self, plan: JoinPlan) -> int:
+        return 1
+
+    def parts(self, plan: JoinPlan, *, batch_rows: int) -> Iterator[Iterator[pa.RecordBatch]]:
+        """One part: the whole ordered sample, which Spark range-partitions across its executors
+        on its own (``batches``)."""
+        yield self.batches(plan, batch_rows=batch_rows)
+
     def batches(self, plan: JoinPlan, *, batch_rows: int) -> Iterator[pa.RecordBatch]:
         """Spark writes the ordered sample as Parquet parts (in order, by part number) to a
         scratch folder the driver reads back batch by batch; the folder is removed after."""
@@ -635,6 +658,7 @@ def duckdb_engine() -> DuckDBEngine:
         memory_limit=settings.OFFLINE_MEMORY_LIMIT,
         temp_directory=str(_scratch()),
         threads=settings.OFFLINE_THREADS,
+        partition_rows=settings.OFFLINE_PARTITION_ROWS,
     )
 
 

@@ -6,8 +6,12 @@ it reads the label group's current version from the offline store and, for each 
 version, takes the latest feature row at or before each label event with DuckDB's
 ``ASOF LEFT JOIN``: a sample never sees a value from its label's future.
 
-The file lands at ``ARTIFACT_ROOT/datasets/ws=<id>/<name>/v=<version>/data.parquet`` (written to a
-temporary name, then renamed), one row per label event ordered by event time, with the columns:
+The sample lands in ``ARTIFACT_ROOT/datasets/ws=<id>/<name>/v=<version>/data/`` as Parquet parts
+``part-00000.parquet``, ``part-00001.parquet``, ... (the folder is written under a temporary name,
+then renamed), one part per run of label days the engine joined at a time, so the parts in name
+order are the sample in event-time order; any Parquet reader takes the folder as one table.
+Datasets built before partitioned samples are one file, ``.../v=<version>/data.parquet``; every
+reader here takes either. One row per label event, ordered by event time, with the columns:
 
 1. the label group's entity keys (strings),
 2. ``event_time``: the label event's time (UTC),
@@ -28,13 +32,15 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -65,7 +71,8 @@ from workspaces.services import workspace_update
 logger = logging.getLogger(__name__)
 
 DATASETS_DIR = "datasets"
-DATA_FILE = "data.parquet"
+DATA_FOLDER = "data"
+PART_FILE = "part-{:05d}.parquet"
 TIME_COLUMN = "event_time"
 MAX_LABEL_COLUMNS = 100
 MAX_ERROR_CHARS = 2000
@@ -87,17 +94,59 @@ def output_column(ref: FeatureRef) -> str:
 
 
 def dataset_relative_path(*, workspace_id: int, name: str, version: int) -> str:
-    return f"{DATASETS_DIR}/ws={workspace_id}/{name}/v={version}/{DATA_FILE}"
+    return f"{DATASETS_DIR}/ws={workspace_id}/{name}/v={version}/{DATA_FOLDER}"
 
 
 def dataset_file(dataset: Dataset) -> Path:
-    """Where a dataset's Parquet file lives on this server (never shown through the API)."""
+    """Where a dataset's sample lives on this server (never shown through the API): a folder of
+    Parquet parts, or one Parquet file for a dataset built before partitioned samples."""
     return Path(settings.ARTIFACT_ROOT) / (
         dataset.path
         or dataset_relative_path(
             workspace_id=dataset.workspace_id, name=dataset.name, version=dataset.version
         )
     )
+
+
+def sample_files(path: Path) -> list[Path]:
+    """A sample's Parquet files in row order: a folder's parts by name, or the file itself."""
+    if path.is_dir():
+        return sorted(path.glob("part-*.parquet"))
+    return [path]
+
+
+def sample_schema(path: Path) -> pa.Schema:
+    """A sample's schema from its first file's footer (no rows read)."""
+    files = sample_files(path)
+    if not files:
+        raise FileNotFoundError(path)
+    return pq.read_schema(files[0])
+
+
+def sample_single_file(path: Path) -> BinaryIO:
+    """The sample as one Parquet file, open for reading: the file itself, or a folder's parts
+    copied row group by row group into an anonymous temporary file (removed once closed)."""
+    if not path.is_dir():
+        return path.open("rb")
+    # returned open to the caller (a FileResponse closes it), so no context manager here
+    merged = tempfile.TemporaryFile(dir=path.parent)  # noqa: SIM115
+    try:
+        files = sample_files(path)
+        schema = pq.read_schema(files[0])
+        with pq.ParquetWriter(merged, schema, compression="zstd") as writer:
+            for item in files:
+                source = pq.ParquetFile(item)
+                for group in range(source.num_row_groups):
+                    writer.write_table(source.read_row_group(group))
+    except BaseException:
+        merged.close()
+        raise
+    merged.seek(0)
+    return cast(BinaryIO, merged)
+
+
+def sample_bytes(path: Path) -> int:
+    return sum(item.stat().st_size for item in sample_files(path))
 
 
 def file_schema(schema: pa.Schema) -> pa.Schema:
@@ -462,6 +511,7 @@ class _Source:
 class _Built:
     rows: int
     bytes: int
+    partitions: int
     coverage: dict[str, float | None]
     versions: dict[str, int]
     engine: str = "duckdb"
@@ -560,11 +610,9 @@ def join_plan(
     return plan.pruned(), outputs, versions
 
 
-def _record_progress(dataset_id: int, *, rows_total: int, rows_done: int) -> None:
+def _record_progress(dataset_id: int, **fields: int) -> None:
     """Store how far a build got, outside its transaction so the page sees it move."""
-    Dataset.objects.unscoped().filter(pk=dataset_id, status=DatasetStatus.BUILDING).update(
-        rows_total=rows_total, rows_done=rows_done
-    )
+    Dataset.objects.unscoped().filter(pk=dataset_id, status=DatasetStatus.BUILDING).update(**fields)
 
 
 def write_sample(
@@ -573,42 +621,59 @@ def write_sample(
     final: Path,
     *,
     on_progress: Any = None,
+    on_partition: Any = None,
 ) -> tuple[int, dict[str, int]]:
-    """Run the plan on the engine and write the sample to ``final`` (a temporary name renamed
-    into place, so a reader never sees half a file); returns the rows written and, per output
-    column, the rows with a value. ``on_progress(rows_total, rows_done)`` is called after the
-    count and after every batch."""
+    """Run the plan on the engine and write the sample to the folder ``final`` as one Parquet
+    part per engine part (a temporary folder renamed into place, so a reader never sees half a
+    sample); returns the rows written and, per output column, the rows with a value.
+    ``on_progress(rows_total, rows_done)`` is called after the count and after every batch,
+    ``on_partition(partitions_total, partitions_done)`` before the first part and after each.
+    A part with no rows writes no file; an empty sample is one empty part of its schema."""
     final.parent.mkdir(parents=True, exist_ok=True)
     temporary = final.parent / f".{final.name}-{uuid.uuid4().hex}.tmp"
+    temporary.mkdir()
     columns = [c.output for s in plan.sources for c in s.columns]
     present = dict.fromkeys(columns, 0)
-    rows = 0
+    rows = written = 0
+    schema: pa.Schema | None = None
     try:
-        total = engine.count(plan)  # one row per label event: the size of the file to come
+        total = engine.count(plan)  # one row per label event: the size of the sample to come
         if on_progress is not None:
             on_progress(total, 0)
-        writer = None
-        try:
-            for chunk in engine.batches(plan, batch_rows=READ_BATCH_ROWS):
-                if writer is None:
-                    schema = file_schema(chunk.schema)
-                    writer = pq.ParquetWriter(temporary, schema, compression="zstd")
-                writer.write_batch(chunk.cast(schema))
-                rows += chunk.num_rows
-                for column in columns:
-                    values = chunk.column(column)
-                    present[column] += len(values) - values.null_count
-                if on_progress is not None:
-                    on_progress(total, rows)
-            if writer is None:  # no rows: an empty file of the sample's schema
-                schema = file_schema(plan.arrow_schema())
-                writer = pq.ParquetWriter(temporary, schema, compression="zstd")
-        finally:
-            if writer is not None:
-                writer.close()
+        partitions = engine.part_count(plan)
+        if on_partition is not None:
+            on_partition(partitions, 0)
+        for done, part in enumerate(engine.parts(plan, batch_rows=READ_BATCH_ROWS), start=1):
+            writer = None
+            try:
+                for chunk in part:
+                    if schema is None:
+                        schema = file_schema(chunk.schema)
+                    if writer is None:
+                        writer = pq.ParquetWriter(
+                            temporary / PART_FILE.format(written), schema, compression="zstd"
+                        )
+                        written += 1
+                    writer.write_batch(chunk.cast(schema))
+                    rows += chunk.num_rows
+                    for column in columns:
+                        values = chunk.column(column)
+                        present[column] += len(values) - values.null_count
+                    if on_progress is not None:
+                        on_progress(total, rows)
+            finally:
+                if writer is not None:
+                    writer.close()
+            if on_partition is not None:
+                on_partition(partitions, done)
+        if not written:  # no rows: an empty part of the sample's schema
+            empty = file_schema(plan.arrow_schema())
+            pq.ParquetWriter(temporary / PART_FILE.format(0), empty, compression="zstd").close()
+        if final.exists():  # a build retried after its rename and before its commit
+            shutil.rmtree(final) if final.is_dir() else final.unlink()
         os.replace(temporary, final)
     finally:
-        temporary.unlink(missing_ok=True)
+        shutil.rmtree(temporary, ignore_errors=True)
     return rows, present
 
 
@@ -620,12 +685,14 @@ def _write_file(dataset: Dataset) -> _Built:
         engine,
         plan,
         dataset_file(dataset),
-        on_progress=partial(_progress_callback, dataset.pk),
+        on_progress=partial(_rows_callback, dataset.pk),
+        on_partition=partial(_partitions_callback, dataset.pk),
     )
     coverage = {text: (present[column] / rows if rows else None) for column, text in outputs}
     return _Built(
         rows=rows,
-        bytes=dataset_file(dataset).stat().st_size,
+        bytes=sample_bytes(dataset_file(dataset)),
+        partitions=len(sample_files(dataset_file(dataset))),
         coverage=coverage,
         versions=versions,
         engine=engine.name,
@@ -633,8 +700,12 @@ def _write_file(dataset: Dataset) -> _Built:
     )
 
 
-def _progress_callback(dataset_id: int, rows_total: int, rows_done: int) -> None:
+def _rows_callback(dataset_id: int, rows_total: int, rows_done: int) -> None:
     _record_progress(dataset_id, rows_total=rows_total, rows_done=rows_done)
+
+
+def _partitions_callback(dataset_id: int, partitions_total: int, partitions_done: int) -> None:
+    _record_progress(dataset_id, partitions_total=partitions_total, partitions_done=partitions_done)
 
 
 def _public_error(exc: Exception) -> str:
@@ -678,6 +749,7 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
         return dataset
     dataset.status = DatasetStatus.READY
     dataset.row_count = dataset.rows_total = dataset.rows_done = built.rows
+    dataset.partitions_total = dataset.partitions_done = built.partitions
     dataset.coverage = built.coverage
     dataset.error = ""
     dataset.built_at = timezone.now()
@@ -689,6 +761,8 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
             "row_count",
             "rows_total",
             "rows_done",
+            "partitions_total",
+            "partitions_done",
             "coverage",
             "error",
             "built_at",
@@ -707,6 +781,7 @@ def _finish_ready(dataset_id: int, built: _Built) -> Dataset | None:
             "version": dataset.version,
             "rows": built.rows,
             "bytes": built.bytes,
+            "partitions": built.partitions,
             "engine": built.engine,
             "seconds": round(built.seconds, 3),
             "coverage": built.coverage,

@@ -105,13 +105,11 @@ def consumers_of(*, group: FeatureGroup, live_only: bool = True) -> QuerySet[Con
 def dataset_columns(dataset: Dataset) -> list[str] | None:
     """The column names of the dataset's Parquet file, read from its footer (no rows); None when
     the file cannot be read from here (a remote store, a file not yet written)."""
-    import pyarrow.parquet as pq
-
-    from features.samples import dataset_file
+    from features.samples import dataset_file, sample_schema
 
     if not dataset.path:
         return None
     try:
-        return list(pq.read_schema(dataset_file(dataset)).names)
+        return list(sample_schema(dataset_file(dataset)).names)
     except (OSError, ValueError):
         return None

@@ -144,7 +144,15 @@ def _join(dataset_path: Path, values_path: Path, key: str, column: str, out: Pat
               ORDER BY d.event_time
             ) TO '{out}' (FORMAT parquet)
             """,  # noqa: S608 - the key is checked against the dataset's keys, column is ours
-            [str(dataset_path), str(values_path)],
+            [
+                # a folder of parts, read as one table in part order, or one file
+                (
+                    str(dataset_path / "part-*.parquet")
+                    if dataset_path.is_dir()
+                    else str(dataset_path)
+                ),
+                str(values_path),
+            ],
         )
     finally:
         connection.close()

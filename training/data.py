@@ -130,7 +130,10 @@ def read_table(path: str | Path, columns: list[str]):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
+    # A dataset is a folder of Parquet parts (in row order by name) or, built before
+    # partitioned samples, one file; a folder's schema is its first part's.
+    parts = sorted(Path(path).glob("part-*.parquet")) if Path(path).is_dir() else [Path(path)]
+    schema = pq.read_schema(parts[0])
     present = [c for c in columns if c in schema.names]
     if TIME_COLUMN in schema.names and TIME_COLUMN not in present:
         present.append(TIME_COLUMN)

@@ -38,8 +38,8 @@ Measures:
   the labels and the three groups pushed through ``batch_ingest`` into groups of a workspace
   (untimed), then ``POST .../datasets/`` as the page sends it, which answers 202 once the build
   is queued (its time), and the build as the worker runs it, in a thread, while the API's
-  ``rows_done`` and the page's progress bar are polled each second (counts of what was seen in
-  ``parameters.background_build``).
+  ``rows_done``, ``partitions_done`` and the page's progress bar are polled each second (counts
+  of what was seen in ``parameters.background_build``).
 - ``pit_vs_feast_10m_ratio``: ours / Feast's rows per second at 10M (goal >= 5).
 
 Sizes: ``BENCH_OFFLINE_SIZES`` (comma-separated label rows, default ``1000000,10000000,50000000``)
@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -313,13 +314,13 @@ def run_ours(layout: dict[str, Any], workdir: Path, *, memory_limit: str) -> dic
         layout=json.dumps(layout),
         memory=memory_limit,
         scratch=str(workdir / "spill"),
-        out=str(workdir / "sample.parquet"),
+        out=str(workdir / "sample"),
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
     try:
         return _child([sys.executable, "-c", code], timeout=3600, env=env)
     finally:
-        (workdir / "sample.parquet").unlink(missing_ok=True)
+        shutil.rmtree(workdir / "sample", ignore_errors=True)
 
 
 def _concat(folder: str) -> pa.Table:
@@ -519,10 +520,12 @@ def measure_background_build(platform: Platform, layout: dict[str, Any]) -> dict
         kwargs={"ws": platform.workspace.slug, "name": dataset.name, "version": dataset.version},
     )
     seen: list[tuple[int | None, int]] = []
+    partitions: set[int] = set()
     bars = 0
     while any(worker.is_alive() for worker in workers):
         state = client.get(detail).json()
         seen.append((state["rows_total"], state["rows_done"]))
+        partitions.add(state["partitions_done"])
         if b"<progress" in client.get(page).content:
             bars += 1
         for worker in workers:
@@ -537,6 +540,8 @@ def measure_background_build(platform: Platform, layout: dict[str, Any]) -> dict
         "rows": dataset.row_count,
         "polls": len(seen),
         "partial_progress_values": len(moving),
+        "partitions": dataset.partitions_total,
+        "partitions_done_values_seen": len(partitions),
         "progress_bars_seen": bars,
     }
 

@@ -4,6 +4,7 @@ same sample as DuckDB, typed columns and a time window included."""
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from features.offline_engine import (
     prune_by_day,
     spark_stop,
 )
-from features.samples import write_sample
+from features.samples import sample_files, write_sample
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +77,30 @@ def _brute_force(layout: dict) -> list[dict]:
     return expected
 
 
-def _sample(engine, plan, path: Path) -> pa.Table:
-    write_sample(engine, plan, path)
+def _sample(engine, plan, path: Path, partitions: list | None = None) -> pa.Table:
+    record = None if partitions is None else (lambda *seen: partitions.append(seen))
+    write_sample(engine, plan, path, on_partition=record)
     return pq.read_table(path)
 
 
-@pytest.mark.parametrize("partition_rows", [0, 2_000, 1_000_000])
-def test_duckdb_sample_equals_a_brute_force_join_on_10000_labels(ads_log, tmp_path, partition_rows):
-    """Joined a day at a time, a few days at a time, or all at once: the same rows in order."""
+@pytest.mark.parametrize(("partition_rows", "parts"), [(0, 30), (2_000, 5), (1_000_000, 1)])
+def test_duckdb_sample_equals_a_brute_force_join_on_10000_labels(
+    ads_log, tmp_path, partition_rows, parts
+):
+    """Joined a day at a time, a few days at a time, or all at once: the same rows in order,
+    written as one Parquet part per group of days (read back as one table, parts by name)."""
     engine = DuckDBEngine(threads=2, partition_rows=partition_rows)
-    table = _sample(engine, ads_plan(ads_log), tmp_path / "s.parquet")
-    assert table.num_rows == 10_000
+    seen: list[tuple[int, int]] = []
+    table = _sample(engine, ads_plan(ads_log), tmp_path / "s", seen)
+    assert seen == [(parts, done) for done in range(parts + 1)]
+    files = sample_files(tmp_path / "s")
+    assert [f.name for f in files] == [f"part-{i:05d}.parquet" for i in range(parts)]
+    assert sum(pq.read_metadata(f).num_rows for f in files) == table.num_rows == 10_000
+    days = [
+        {t.date() for t in pq.read_table(f, columns=["event_time"]).column(0).to_pylist()}
+        for f in files
+    ]
+    assert all(max(a) < min(b) for a, b in itertools.pairwise(days))  # a day in one part only
     expected = _brute_force(ads_log)
     got = table.to_pylist()
     assert len(table.column_names) == 5 + sum(g[2] for g in GROUPS.values())
@@ -113,8 +127,8 @@ def test_a_window_prunes_partitions_and_the_sample_is_the_same(ads_log, tmp_path
         ),
     )
     engine = DuckDBEngine(threads=2)
-    pruned_table = _sample(engine, plan, tmp_path / "a.parquet")
-    full_table = _sample(engine, unpruned, tmp_path / "b.parquet")
+    pruned_table = _sample(engine, plan, tmp_path / "a")
+    full_table = _sample(engine, unpruned, tmp_path / "b")
     assert pruned_table.num_rows > 0
     assert pruned_table.equals(full_table)
     times = pruned_table.column("event_time").to_pylist()
@@ -150,9 +164,9 @@ def test_prune_by_day_keeps_files_outside_date_folders():
 
 def test_a_memory_limit_far_below_the_join_spills_and_gives_the_same_sample(ads_log, tmp_path):
     plan = ads_plan(ads_log)
-    roomy = _sample(DuckDBEngine(threads=2), plan, tmp_path / "a.parquet")
+    roomy = _sample(DuckDBEngine(threads=2), plan, tmp_path / "a")
     tight = DuckDBEngine(memory_limit="48MB", temp_directory=str(tmp_path / "spill"), threads=1)
-    assert _sample(tight, plan, tmp_path / "b.parquet").equals(roomy)
+    assert _sample(tight, plan, tmp_path / "b").equals(roomy)
 
 
 # --- Spark -----------------------------------------------------------------------------------
@@ -273,8 +287,8 @@ def spark():
 
 def test_spark_gives_the_same_typed_sample_as_duckdb(spark, tmp_path):
     plan = _typed_log(tmp_path / "log")
-    ours = _sample(DuckDBEngine(threads=2), plan, tmp_path / "d.parquet")
-    theirs = _sample(spark, plan, tmp_path / "s.parquet")
+    ours = _sample(DuckDBEngine(threads=2), plan, tmp_path / "d")
+    theirs = _sample(spark, plan, tmp_path / "s")
     assert theirs.to_pylist() == ours.to_pylist()
     rows = ours.to_pylist()
     assert [r["users__age"] for r in rows] == [31, None, 31, None, 99, 41, None]
@@ -290,8 +304,8 @@ def test_spark_and_duckdb_give_identical_samples_of_the_ads_log_in_a_window(
     start = START + timedelta(days=3, hours=12)
     end = START + timedelta(days=5)
     plan = ads_plan(ads_log, start=start, end=end)
-    ours = _sample(DuckDBEngine(threads=2), plan, tmp_path / "d.parquet")
-    theirs = _sample(spark, plan, tmp_path / "s.parquet")
+    ours = _sample(DuckDBEngine(threads=2), plan, tmp_path / "d")
+    theirs = _sample(spark, plan, tmp_path / "s")
     assert ours.num_rows > 400  # a day and a half of about 333 labels a day
     assert theirs.schema.equals(ours.schema)
     assert theirs.equals(ours)

@@ -48,6 +48,8 @@ class DatasetSerializer(serializers.ModelSerializer):
             "row_count",
             "rows_total",
             "rows_done",
+            "partitions_total",
+            "partitions_done",
             "progress",
             "coverage",
             "columns",
@@ -61,7 +63,11 @@ class DatasetSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
         extra_kwargs = {
-            "path": {"help_text": "The Parquet file, relative to the artifact root."},
+            "path": {
+                "help_text": "The sample, relative to the artifact root: a folder of Parquet "
+                "parts (part-00000.parquet, ... in event-time order) for datasets built since "
+                "partitioned samples, one Parquet file for older ones."
+            },
             "engine": {"help_text": "The offline engine that built it: duckdb or spark."},
             "build_seconds": {"help_text": "How long the point-in-time join and write took."},
         }
@@ -208,7 +214,7 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspace
         if not path.exists():
             raise ConflictError("the dataset's file is missing on this server", attr="path")
         return FileResponse(
-            path.open("rb"),
+            samples.sample_single_file(path),
             content_type="application/vnd.apache.parquet",
             filename=f"{dataset.name}-v{dataset.version}.parquet",
         )

@@ -486,10 +486,12 @@ def test_a_building_dataset_shows_a_progress_bar_that_refreshes_until_it_is_buil
     queued_bar = client.get(progress_url(workspace), HTTP_HX_REQUEST="true")
     assert "Queued" in text(queued_bar) and "HX-Refresh" not in queued_bar
 
-    Dataset.objects.for_workspace(workspace).filter(pk=dataset.pk).update(rows_total=2, rows_done=1)
+    Dataset.objects.for_workspace(workspace).filter(pk=dataset.pk).update(
+        rows_total=2, rows_done=1, partitions_total=3, partitions_done=1
+    )
     halfway = text(client.get(progress_url(workspace)))
     assert '<progress aria-label="Build progress" max="2" value="1">' in halfway
-    assert "1 of 2 rows written (50%)" in halfway
+    assert "1 of 2 rows written (50%); 1 of 3 partitions joined" in halfway
     assert 'hx-trigger="every 2s"' in halfway
     listing = text(client.get(reverse("features-datasets", kwargs={"ws": workspace.slug})))
     assert '<span class="muted small" data-testid="list-progress">50%</span>' in listing
@@ -502,7 +504,7 @@ def test_a_building_dataset_shows_a_progress_bar_that_refreshes_until_it_is_buil
     built = Dataset.objects.for_workspace(workspace).get(pk=dataset.pk)
     assert built.engine == "duckdb" and built.build_seconds is not None
     seconds = floatformat(built.build_seconds, 1)
-    assert f"Built: 2 rows by duckdb in {seconds} s." in text(done)
+    assert f"Built: 2 rows by duckdb in {seconds} s, as 1 Parquet part." in text(done)
     page = text(client.get(page_url))
     assert 'data-testid="building"' not in page and "hx-trigger" not in page
 

@@ -332,7 +332,8 @@ def test_create_dataset_joins_point_in_time_with_coverage(
     assert body["version"] == 1
     assert body["row_count"] == 5
     assert body["coverage"] == {"users:age": pytest.approx(2 / 5), "items:price": 3 / 5}
-    assert body["path"] == f"datasets/ws={workspace.pk}/clicks/v=1/data.parquet"
+    assert body["path"] == f"datasets/ws={workspace.pk}/clicks/v=1/data"
+    assert (body["partitions_total"], body["partitions_done"]) == (1, 1)
     assert body["columns"] == [
         *("user_id", "item_id", "event_time", "clicked"),
         *("users__age", "items__price"),
@@ -376,7 +377,9 @@ def test_create_dataset_joins_point_in_time_with_coverage(
     assert verbs == ["dataset.created", "dataset.built"]
     built = Event.objects.for_workspace(workspace).get(verb="dataset.built")
     assert built.resources["rows"] == 5
-    assert built.resources["bytes"] == (artifact_root / body["path"]).stat().st_size
+    part = artifact_root / body["path"] / "part-00000.parquet"
+    assert built.resources["bytes"] == part.stat().st_size
+    assert built.payload["partitions"] == 1
 
 
 def test_retiring_a_feature_a_dataset_uses_is_a_conflict(
@@ -397,6 +400,46 @@ def test_retiring_a_feature_a_dataset_uses_is_a_conflict(
     )
 
 
+def test_a_sample_over_three_days_is_three_parts_and_downloads_as_one_file(
+    workspace, members, scene, client_for, build, settings
+):
+    """A part per label day (``OFFLINE_PARTITION_ROWS=0``): the parts hold their days' rows in
+    order, training's reader takes the folder, and ``file/`` answers one Parquet file."""
+    from training.data import read_table
+
+    settings.OFFLINE_PARTITION_ROWS = 0
+    day = timedelta(days=1)
+    ingest(
+        members[Role.DEVELOPER],
+        scene["impressions"],
+        [
+            {"user_id": "u2", "item_id": "i2", "event_time": T0 + day, "clicked": 1},
+            {"user_id": "u1", "item_id": "i1", "event_time": T0 + 2 * day, "clicked": 0},
+        ],
+    )
+    client = client_for(members[Role.DEVELOPER])
+    _, body = build(client, workspace, create_body())
+    assert (body["row_count"], body["partitions_total"], body["partitions_done"]) == (7, 3, 3)
+    dataset = Dataset.objects.for_workspace(workspace).get(pk=body["id"])
+    folder = samples.dataset_file(dataset)
+    parts = samples.sample_files(folder)
+    assert [p.name for p in parts] == [f"part-0000{i}.parquet" for i in range(3)]
+    assert [pq.read_metadata(p).num_rows for p in parts] == [5, 1, 1]
+    whole = samples.dataset_table(folder)
+    assert whole.column("event_time").to_pylist() == sorted(whole.column("event_time").to_pylist())
+    assert body["columns"] == whole.column_names
+    assert (
+        read_table(folder, ["clicked"]).column("clicked").to_pylist()
+        == whole.column("clicked").to_pylist()
+    )
+
+    response = client.get(url(workspace, f"datasets/{body['id']}/file/"))
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/vnd.apache.parquet"
+    downloaded = pq.read_table(pa.BufferReader(b"".join(response.streaming_content)))
+    assert downloaded.equals(pq.read_table(folder))
+
+
 def test_a_later_version_of_the_same_name_increments(workspace, members, scene, client_for, build):
     client = client_for(members[Role.DEVELOPER])
     _, first = build(client, workspace, create_body())
@@ -404,7 +447,7 @@ def test_a_later_version_of_the_same_name_increments(workspace, members, scene, 
     _, other = build(client, workspace, create_body(name="other"))
 
     assert (first["version"], second["version"], other["version"]) == (1, 2, 1)
-    assert second["path"].endswith("/clicks/v=2/data.parquet")
+    assert second["path"].endswith("/clicks/v=2/data")
     assert second["coverage"] == {"users:segment": 3 / 5}
     names = client.get(url(workspace, "datasets/?name=clicks")).json()["results"]
     assert [(d["name"], d["version"]) for d in names] == [("clicks", 2), ("clicks", 1)]
@@ -791,13 +834,16 @@ def test_a_background_build_is_queued_after_the_commit_and_records_its_progress(
     workspace, members, scene, monkeypatch, eager_celery, django_capture_on_commit_callbacks
 ):
     monkeypatch.setattr(samples, "READ_BATCH_ROWS", 2)  # several chunks from five rows
-    seen = []
+    seen, parts = [], []
     record = samples._record_progress
 
-    def spy(dataset_id, *, rows_total, rows_done):
-        record(dataset_id, rows_total=rows_total, rows_done=rows_done)
+    def spy(dataset_id, **fields):
+        record(dataset_id, **fields)
         stored = Dataset.objects.unscoped().get(pk=dataset_id)
-        seen.append((stored.status, stored.rows_total, stored.rows_done))
+        if "rows_done" in fields:
+            seen.append((stored.status, stored.rows_total, stored.rows_done))
+        else:
+            parts.append((stored.partitions_total, stored.partitions_done))
 
     monkeypatch.setattr(samples, "_record_progress", spy)
     with django_capture_on_commit_callbacks(execute=False) as queued:
@@ -812,6 +858,7 @@ def test_a_background_build_is_queued_after_the_commit_and_records_its_progress(
     assert seen[0] == ("building", 5, 0)  # counted before the join
     assert len(seen) > 2 and seen[-1] == ("building", 5, 5)
     assert [done for _, _, done in seen] == sorted(done for _, _, done in seen)
+    assert parts == [(1, 0), (1, 1)]  # five labels on one day: one part
     dataset.refresh_from_db()
     assert (dataset.status, dataset.row_count, dataset.rows_total, dataset.rows_done) == (
         "ready",
