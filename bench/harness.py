@@ -54,6 +54,7 @@ KNOWN_AREAS: tuple[str, ...] = (
     "quality",
     "faults",
     "offline",
+    "data",
 )
 
 # Unit shown for a measure, read from the end of its name (longest suffix first).

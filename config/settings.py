@@ -128,6 +128,7 @@ INSTALLED_APPS = [
     "guardian",
     "workspaces",
     "features",
+    "curation",
     "training",
     "training.scheduler",
     "serving",
@@ -489,14 +490,18 @@ API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 10 * 1024 * 1024)
 FEATURE_BATCH_MAX_BYTES = env_int("FEATURE_BATCH_MAX_BYTES", 32 * 1024 * 1024)
 # One artifact file uploaded through the platform's MLflow server (/mlflow): streamed to the store.
 MLFLOW_ARTIFACT_MAX_BYTES = env_int("MLFLOW_ARTIFACT_MAX_BYTES", 2 * 1024 * 1024 * 1024)
+# Records uploaded to data building (a record set version), through the API or the page.
+RECORD_SET_MAX_BYTES = env_int("RECORD_SET_MAX_BYTES", 64 * 1024 * 1024)
 API_BODY_LIMITS = [
+    (r"^/api/v1/workspaces/[^/]+/record-sets/$", "RECORD_SET_MAX_BYTES"),
+    (r"^/w/[^/]+/data/$", "RECORD_SET_MAX_BYTES"),
     (r"^/api/v1/workspaces/[^/]+/feature-groups/[^/]+/batches/$", "FEATURE_BATCH_MAX_BYTES"),
     # The same batches uploaded from a group's page.
     (r"^/w/[^/]+/features/groups/[^/]+/upload/$", "FEATURE_BATCH_MAX_BYTES"),
     # Artifacts the stock MLflow client uploads through /mlflow (models included), streamed.
     (r"^/mlflow/(?:w/[^/]+/)?(?:ajax-)?api/[0-9.]+/mlflow-artifacts/", "MLFLOW_ARTIFACT_MAX_BYTES"),
 ]
-DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, FEATURE_BATCH_MAX_BYTES, RECORD_SET_MAX_BYTES)
 # Uploaded files stay in memory up to this size (a batch is read whole anyway).
 FILE_UPLOAD_MAX_MEMORY_SIZE = FEATURE_BATCH_MAX_BYTES
 API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 500)

@@ -13,6 +13,7 @@ from workspaces import health
 api_v1 = [
     path("", include("workspaces.api.urls")),
     path("", include("features.api.urls")),
+    path("", include("curation.api.urls")),
     path("", include("training.api.urls")),
     path("", include("serving.api.urls")),
     path("", include("experiments.api.urls")),
@@ -43,6 +44,7 @@ urlpatterns = [
     ),
     re_path(r"^mlflow(?P<rest>/.*)?$", mlflow_server.mlflow_endpoint, name="mlflow"),
     path("", include("features.urls")),
+    path("", include("curation.urls")),
     path("", include("training.urls")),
     path("", include("serving.urls")),
     path("", include("experiments.urls")),

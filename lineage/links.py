@@ -53,6 +53,19 @@ register_object_url(
     ),
 )
 register_object_url("dataset", _dataset)
+
+
+def _record_set(slug: str, node: Node) -> str:
+    match = re.fullmatch(r"(\S+) v(\d+)", node.label)
+    if match is None:
+        return ""
+    name, version = match.groups()
+    return reverse(
+        "curation-record-set", kwargs={"ws": slug, "name": name, "version": int(version)}
+    )
+
+
+register_object_url("record_set", _record_set)
 register_object_url(
     "training_job",
     lambda slug, n: reverse("training-job", kwargs={"ws": slug, "pk": int(n.object_id)}),

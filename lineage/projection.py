@@ -86,7 +86,14 @@ KIND_ALIASES = {"model": "model_version"}
 # Last verb segments after which an object no longer runs or serves.
 DEAD_STATES = {"retired", "deleted", "removed", "archived", "stopped", "concluded", "cancelled"}
 # Kinds whose data a downstream object reads.
-DATA_KINDS = {"feature_group", "feature", "feature_group_version", "dataset", "external_dataset"}
+DATA_KINDS = {
+    "feature_group",
+    "feature",
+    "feature_group_version",
+    "dataset",
+    "external_dataset",
+    "record_set",
+}
 
 
 def canonical_kind(kind: str) -> str:

@@ -27,6 +27,7 @@ API_PREFIX = "/api/v1/"
 MATRIX_APPS = [
     "workspaces",
     "features",
+    "curation",
     "training",
     "training.scheduler",
     "serving",

@@ -9,7 +9,16 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("workspaces", "features", "training", "serving", "experiments", "lineage", "bench")
+APPS = (
+    "workspaces",
+    "features",
+    "curation",
+    "training",
+    "serving",
+    "experiments",
+    "lineage",
+    "bench",
+)
 
 
 def _defs(body: list[ast.stmt]) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("workspaces", "features", "training", "serving", "experiments", "lineage")
+APPS = ("workspaces", "features", "curation", "training", "serving", "experiments", "lineage")
 
 
 def _is_test(path: Path) -> bool:

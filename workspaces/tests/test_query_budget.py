@@ -234,6 +234,20 @@ def _webhook_delivery(ctx: MatrixContext) -> dict[str, Any]:
     return {"pk": webhook.pk}
 
 
+_records = itertools.count(1)
+
+
+def _growing_record_set(ctx: MatrixContext) -> dict[str, Any]:
+    """A record set one row longer than the last one made (its rows are what the route lists)."""
+    from curation.services import record_set_upload
+
+    rows = b"".join(b'{"text": "row %d"}\n' % i for i in range(next(_records)))
+    record_set = record_set_upload(
+        actor=None, workspace=ctx.workspace, name=f"rows_{next(_n)}", content=rows, fmt="jsonl"
+    )
+    return {"pk": record_set.pk}
+
+
 def _nothing(ctx: MatrixContext) -> None:
     """Routes whose rows do not live in the database (the built-in templates)."""
 
@@ -253,6 +267,7 @@ SEEDS: dict[str, Seed] = {
     WS + "/deployments/{name}/history/": _deployment_change,
     WS + "/experiments/{key}/snapshots/": _snapshot,
     WS + "/training-templates/": _nothing,
+    WS + "/record-sets/{pk}/rows/": _growing_record_set,
     WS + "/scheduler/queue/": _queued_job,
     WS + "/scheduler/recommendation/": _queued_job,
     WS + "/scheduler/quotas/": _quota,

@@ -1,0 +1,49 @@
+"""Reads of record sets, always narrowed to one workspace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+from django.db.models import QuerySet
+
+from curation.models import RecordSet, RecordSetStatus
+from curation.services import record_set_file
+from workspaces.exceptions import ReferenceNotFound
+from workspaces.models import Workspace
+
+PREVIEW_ROWS = 20
+
+
+def record_sets_of(*, workspace: Workspace | int) -> QuerySet:
+    return (
+        RecordSet.objects.for_workspace(workspace)
+        .select_related("created_by", "parent")
+        .order_by("name", "-version")
+    )
+
+
+def record_set_get(
+    *, workspace: Workspace | int, name: str, version: int | None = None, attr: str = "source"
+) -> RecordSet:
+    """A version of a record set (the latest when ``version`` is None); 404 naming ``attr``."""
+    found = record_sets_of(workspace=workspace).filter(name=name)
+    found = found.filter(version=version) if version is not None else found
+    record_set = found.order_by("-version").first()
+    if record_set is None:
+        shown = f"{name} v{version}" if version is not None else name
+        raise ReferenceNotFound(f"no record set '{shown}'", attr=attr)
+    return record_set
+
+
+def record_set_rows(record_set: RecordSet, *, limit: int = PREVIEW_ROWS) -> list[dict[str, Any]]:
+    """The first rows of a ready record set, as JSON-able dicts."""
+    if record_set.status != RecordSetStatus.READY or limit <= 0:
+        return []
+    reader = pq.ParquetFile(record_set_file(record_set))
+    rows: list[dict[str, Any]] = []
+    for batch in reader.iter_batches(batch_size=min(limit, 1000)):
+        rows.extend(batch.to_pylist())
+        if len(rows) >= limit:
+            break
+    return rows[:limit]

@@ -1,0 +1,329 @@
+"""Writes of record sets: upload one, build one with a data-building pipeline (``stages``).
+
+A record set's file lands at ``ARTIFACT_ROOT/recordsets/ws=<id>/<name>/v=<version>/records.parquet``
+(written under a temporary name, then renamed). A pipeline run creates the output version
+``building`` in the request and a worker (``curation.tasks.pipeline_build``) runs the stages
+after the commit, recording each stage's report as it finishes; its events
+(``record_set.created`` with the source as input, then ``record_set.built``) put the source
+upstream of the output in the lineage graph.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import uuid
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from curation import stages as stage_kinds
+from curation.models import RecordSet, RecordSetSource, RecordSetStatus, name_validator
+from workspaces.events import Actor, Ref, actor_user, event_record
+from workspaces.exceptions import ConflictError
+from workspaces.models import Workspace
+
+logger = logging.getLogger(__name__)
+
+ROOT = "recordsets"
+FILE = "records.parquet"
+MAX_COLUMNS = 200
+MAX_ERROR_CHARS = 2000
+UPLOAD_FORMATS = ("jsonl", "parquet", "csv")
+
+
+def record_set_file(record_set: RecordSet) -> Path:
+    return Path(settings.ARTIFACT_ROOT) / record_set.path
+
+
+def _relative_path(workspace_id: int, name: str, version: int) -> str:
+    return f"{ROOT}/ws={workspace_id}/{name}/v={version}/{FILE}"
+
+
+def _write(table: pa.Table, final: Path) -> int:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.parent / f".{final.name}-{uuid.uuid4().hex}.tmp"
+    try:
+        pq.write_table(table, temporary, compression="zstd")
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return final.stat().st_size
+
+
+def _columns(schema: pa.Schema) -> list[dict[str, str]]:
+    return [{"name": f.name, "type": str(f.type)} for f in schema]
+
+
+def _check_name(name: str) -> None:
+    try:
+        name_validator(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+
+
+def _next_version(workspace: Workspace, name: str) -> int:
+    latest = (
+        RecordSet.objects.for_workspace(workspace)
+        .filter(name=name)
+        .aggregate(latest=Max("version"))["latest"]
+    )
+    return (latest or 0) + 1
+
+
+def parse_upload(content: bytes, fmt: str) -> pa.Table:
+    """The uploaded records as a table: JSON Lines (one object per line), Parquet or CSV with a
+    header; a file that does not parse is refused naming ``file``."""
+    if fmt not in UPLOAD_FORMATS:
+        raise ValidationError(
+            {"format": f"unknown format {fmt!r}; allowed: {', '.join(UPLOAD_FORMATS)}"}
+        )
+    try:
+        if fmt == "jsonl":
+            table = pa_json.read_json(io.BytesIO(content))
+        elif fmt == "parquet":
+            table = pq.read_table(io.BytesIO(content))
+        else:
+            table = pa_csv.read_csv(io.BytesIO(content))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise ValidationError({"file": f"this is not a {fmt} file of records: {exc}"}) from exc
+    if not table.num_columns:
+        raise ValidationError({"file": "the file has no columns"})
+    if table.num_columns > MAX_COLUMNS:
+        raise ValidationError({"file": f"at most {MAX_COLUMNS} columns, not {table.num_columns}"})
+    if len(set(table.column_names)) != table.num_columns:
+        raise ValidationError({"file": "two columns have the same name"})
+    return table
+
+
+def format_of(filename: str) -> str:
+    """The upload format a file name implies (``.jsonl``/``.json``/``.ndjson``, ``.parquet``,
+    ``.csv``); JSON Lines when it implies none."""
+    suffix = Path(filename or "").suffix.lower()
+    return {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}.get(suffix, "jsonl")
+
+
+def record_set_upload(
+    *, actor: Actor, workspace: Workspace, name: str, content: bytes, fmt: str
+) -> RecordSet:
+    """A new version of ``name`` holding the uploaded records (ready at once)."""
+    _check_name(name)
+    table = parse_upload(content, fmt)
+    with transaction.atomic():
+        version = _next_version(workspace, name)
+        path = _relative_path(workspace.pk, name, version)
+        written = _write(table, Path(settings.ARTIFACT_ROOT) / path)
+        try:
+            with transaction.atomic():
+                record_set = RecordSet.objects.create(
+                    workspace=workspace,
+                    name=name,
+                    version=version,
+                    source=RecordSetSource.UPLOAD,
+                    status=RecordSetStatus.READY,
+                    path=path,
+                    columns=_columns(table.schema),
+                    row_count=table.num_rows,
+                    bytes=written,
+                    created_by=actor_user(actor),
+                    built_at=timezone.now(),
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"'{name}' v{version} was created at the same time; upload again", attr="name"
+            ) from exc
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="record_set.uploaded",
+            refs=[Ref.to(record_set)],
+            resources={"rows": table.num_rows, "bytes": written},
+            payload={"name": name, "version": version, "rows": table.num_rows, "format": fmt},
+        )
+    return record_set
+
+
+def pipeline_run(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    source: RecordSet,
+    name: str,
+    stages: Any,
+    background: bool = True,
+) -> RecordSet:
+    """Validate ``stages`` against the source's columns and create the output version of
+    ``name`` ``building``; the build runs after the commit (on a worker with ``background``)."""
+    _check_name(name)
+    if source.status != RecordSetStatus.READY:
+        raise ConflictError(f"'{source}' is {source.status}, not ready", attr="source")
+    try:
+        checked = stage_kinds.validate(stages, pq.read_schema(record_set_file(source)))
+    except stage_kinds.StageError as exc:
+        raise ValidationError({exc.path: exc.message}) from exc
+    with transaction.atomic():
+        version = _next_version(workspace, name)
+        try:
+            with transaction.atomic():
+                output = RecordSet.objects.create(
+                    workspace=workspace,
+                    name=name,
+                    version=version,
+                    source=RecordSetSource.PIPELINE,
+                    parent=source,
+                    stages=checked,
+                    path=_relative_path(workspace.pk, name, version),
+                    created_by=actor_user(actor),
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"'{name}' v{version} was created at the same time; run again", attr="name"
+            ) from exc
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="record_set.created",
+            refs=[Ref.to(output), Ref.to(source, role="input")],
+            payload={
+                "name": name,
+                "version": version,
+                "source": str(source),
+                "stages": [s["kind"] for s in checked],
+            },
+        )
+        if background:
+            transaction.on_commit(partial(_enqueue, output.pk))
+    if not background:
+        return pipeline_build(output.pk) or output
+    return output
+
+
+def _enqueue(record_set_id: int) -> None:
+    from curation.tasks import pipeline_build_task
+
+    try:
+        pipeline_build_task.apply_async(args=[record_set_id])
+    except Exception as exc:  # the broker is down or refuses the message
+        logger.warning("could not queue record set %s", record_set_id, exc_info=True)
+        _finish(
+            record_set_id,
+            error=f"the build could not be queued ({type(exc).__name__}); run it again",
+        )
+
+
+def _lock(record_set_id: int) -> RecordSet | None:
+    # Builds run from the platform's own ids (a task), never from a request.
+    return (
+        RecordSet.objects.unscoped()
+        .select_for_update(of=("self",))
+        .select_related("workspace", "parent", "created_by")
+        .filter(pk=record_set_id)
+        .first()
+    )
+
+
+def _record_stage(record_set_id: int, reports: list[dict[str, Any]]) -> None:
+    RecordSet.objects.unscoped().filter(pk=record_set_id, status=RecordSetStatus.BUILDING).update(
+        reports=reports, stages_done=len(reports)
+    )
+
+
+def pipeline_build(record_set_id: int) -> RecordSet | None:
+    """Run a ``building`` record set's stages over its source and write it; safe to repeat (a
+    record set no longer building is left as it is)."""
+    with transaction.atomic():
+        record_set = _lock(record_set_id)
+        if record_set is None or record_set.status != RecordSetStatus.BUILDING:
+            return record_set
+    assert record_set.parent is not None
+    reports: list[dict[str, Any]] = []
+
+    def on_stage(_index: int, report: stage_kinds.StageReport) -> None:
+        reports.append(report.as_dict())
+        _record_stage(record_set_id, reports)
+
+    try:
+        table = pq.read_table(record_set_file(record_set.parent))
+        table, _ = stage_kinds.run(table, record_set.stages, on_stage=on_stage)
+        written = _write(table, record_set_file(record_set))
+    except Exception as exc:  # any failure is recorded on the record set
+        logger.warning("record set %s failed to build", record_set_id, exc_info=True)
+        text = f"{type(exc).__name__}: {exc}".replace(str(settings.ARTIFACT_ROOT), "<artifacts>")
+        return _finish(record_set_id, error=text[:MAX_ERROR_CHARS], reports=reports)
+    return _finish(record_set_id, table=table, written=written, reports=reports)
+
+
+@transaction.atomic
+def _finish(
+    record_set_id: int,
+    *,
+    error: str = "",
+    table: pa.Table | None = None,
+    written: int = 0,
+    reports: list[dict[str, Any]] | None = None,
+) -> RecordSet | None:
+    record_set = _lock(record_set_id)
+    if record_set is None or record_set.status != RecordSetStatus.BUILDING:
+        return record_set
+    record_set.reports = reports if reports is not None else record_set.reports
+    record_set.stages_done = len(record_set.reports)
+    record_set.built_at = timezone.now()
+    refs = [Ref.to(record_set, role="output")]
+    if record_set.parent is not None:
+        refs.append(Ref.to(record_set.parent, role="input"))
+    if table is None:
+        record_set.status = RecordSetStatus.FAILED
+        record_set.error = error
+        record_set.save(update_fields=["status", "error", "reports", "stages_done", "built_at"])
+        event_record(
+            actor=record_set.created_by,
+            workspace=record_set.workspace,
+            verb="record_set.failed",
+            refs=refs,
+            payload={"name": record_set.name, "version": record_set.version, "error": error},
+        )
+        return record_set
+    record_set.status = RecordSetStatus.READY
+    record_set.row_count = table.num_rows
+    record_set.columns = _columns(table.schema)
+    record_set.bytes = written
+    record_set.save(
+        update_fields=[
+            "status",
+            "row_count",
+            "columns",
+            "bytes",
+            "reports",
+            "stages_done",
+            "built_at",
+        ]
+    )
+    event_record(
+        actor=record_set.created_by,
+        workspace=record_set.workspace,
+        verb="record_set.built",
+        refs=refs,
+        resources={"rows": table.num_rows, "bytes": written},
+        payload={
+            "name": record_set.name,
+            "version": record_set.version,
+            "rows": table.num_rows,
+            "rows_in": record_set.reports[0]["rows_in"] if record_set.reports else table.num_rows,
+            "stages": [
+                {"kind": r["kind"], "rows_in": r["rows_in"], "rows_out": r["rows_out"]}
+                for r in record_set.reports
+            ],
+        },
+    )
+    return record_set
