@@ -3,8 +3,10 @@ workspace, uploaded or produced by a data-building pipeline from another record 
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from workspaces.models import CreatedRecord, WorkspaceOwned
 
@@ -23,6 +25,7 @@ class RecordSetStatus(models.TextChoices):
 class RecordSetSource(models.TextChoices):
     UPLOAD = "upload", "Uploaded"
     PIPELINE = "pipeline", "Built by a pipeline"
+    ANNOTATION = "annotation", "Exported from an annotation task"
 
 
 class RecordSet(WorkspaceOwned, CreatedRecord):
@@ -66,3 +69,96 @@ class RecordSet(WorkspaceOwned, CreatedRecord):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+
+class AnnotationTaskStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    CLOSED = "closed", "Closed"
+
+
+class AnnotationTask(WorkspaceOwned, CreatedRecord):
+    """Items of a record set version labelled by ``annotators_per_item`` people each, against a
+    labelling schema (``curation.annotation``); disagreements go to a reviewer."""
+
+    event_kind = "annotation_task"
+
+    name = models.CharField(max_length=63, validators=[name_validator])
+    source = models.ForeignKey(RecordSet, on_delete=models.PROTECT, related_name="annotation_tasks")
+    text_field = models.CharField(max_length=200, help_text="The column shown to annotators.")
+    schema = models.JSONField(help_text="The labelling schema: {fields: [...]}.")
+    instructions = models.TextField(blank=True)
+    annotators_per_item = models.PositiveSmallIntegerField(default=2)
+    annotators = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="+",
+        help_text="Who labels; empty: every developer or higher of the workspace.",
+    )
+    reviewers = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="+",
+        help_text="Who adjudicates disagreements; empty: every maintainer or higher.",
+    )
+    status = models.CharField(
+        max_length=10, choices=AnnotationTaskStatus.choices, default=AnnotationTaskStatus.OPEN
+    )
+    item_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"], name="annotation_task_unique_name"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ItemStatus(models.TextChoices):
+    OPEN = "open", "Waiting for labels"
+    AGREED = "agreed", "Agreed"
+    DISPUTED = "disputed", "Disputed"
+    RESOLVED = "resolved", "Adjudicated"
+
+
+class AnnotationItem(WorkspaceOwned):
+    """One row of the source, as annotators see it."""
+
+    task = models.ForeignKey(AnnotationTask, on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField(help_text="The row's place in the source.")
+    data = models.JSONField(help_text="The source row.")
+    status = models.CharField(max_length=10, choices=ItemStatus.choices, default=ItemStatus.OPEN)
+    label_count = models.PositiveSmallIntegerField(default=0)
+    final = models.JSONField(null=True, blank=True, help_text="The agreed or adjudicated values.")
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["task", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "position"], name="annotation_item_unique_row")
+        ]
+        indexes = [models.Index(fields=["task", "status", "label_count"])]
+
+
+class Annotation(WorkspaceOwned):
+    """One annotator's labels of one item (once per item and annotator)."""
+
+    item = models.ForeignKey(AnnotationItem, on_delete=models.CASCADE, related_name="labels")
+    annotator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    values = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["item", "created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["item", "annotator"], name="annotation_once_per_annotator"
+            )
+        ]

@@ -28,8 +28,19 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from curation import annotation
 from curation import stages as stage_kinds
-from curation.models import RecordSet, RecordSetSource, RecordSetStatus, name_validator
+from curation.models import (
+    Annotation,
+    AnnotationItem,
+    AnnotationTask,
+    AnnotationTaskStatus,
+    ItemStatus,
+    RecordSet,
+    RecordSetSource,
+    RecordSetStatus,
+    name_validator,
+)
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError
 from workspaces.models import Workspace
@@ -327,3 +338,318 @@ def _finish(
         },
     )
     return record_set
+
+
+# --- annotation tasks -------------------------------------------------------------------------
+
+MAX_ITEMS = 5000
+
+
+def _members(workspace: Workspace, usernames: list[str], attr: str) -> list[Any]:
+    from workspaces.models import Membership
+
+    found = {
+        m.user.username: m.user
+        for m in Membership.objects.for_workspace(workspace)
+        .filter(user__username__in=usernames)
+        .select_related("user")
+    }
+    missing = [u for u in usernames if u not in found]
+    if missing:
+        raise ValidationError({attr: f"not members of this workspace: {', '.join(missing)}"})
+    return [found[u] for u in usernames]
+
+
+def annotation_task_create(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    name: str,
+    source: RecordSet,
+    text_field: str,
+    schema: Any,
+    annotators_per_item: int = 2,
+    annotators: list[str] | None = None,
+    reviewers: list[str] | None = None,
+    instructions: str = "",
+) -> AnnotationTask:
+    """A task over every row of ``source`` (at most ``MAX_ITEMS``), labelled against ``schema``."""
+    _check_name(name)
+    if source.status != RecordSetStatus.READY:
+        raise ConflictError(f"'{source}' is {source.status}, not ready", attr="record_set")
+    columns = [c["name"] for c in source.columns]
+    if text_field not in columns:
+        raise ValidationError(
+            {"text_field": f"'{text_field}' is not a column; the columns are {', '.join(columns)}"}
+        )
+    if source.row_count > MAX_ITEMS:
+        raise ValidationError(
+            {
+                "record_set": f"'{source}' has {source.row_count} rows; "
+                f"a task takes at most {MAX_ITEMS}"
+            }
+        )
+    if not 1 <= annotators_per_item <= 10:
+        raise ValidationError({"annotators_per_item": "must be from 1 to 10"})
+    try:
+        checked = annotation.validate_schema(schema)
+    except annotation.SchemaError as exc:
+        raise ValidationError({exc.path: exc.message}) from exc
+    people = _members(workspace, list(dict.fromkeys(annotators or [])), "annotators")
+    judges = _members(workspace, list(dict.fromkeys(reviewers or [])), "reviewers")
+    if people and len(people) < annotators_per_item:
+        raise ValidationError(
+            {
+                "annotators": f"{len(people)} annotators cannot give each item "
+                f"{annotators_per_item} labels"
+            }
+        )
+    rows = pq.read_table(record_set_file(source)).to_pylist()
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                task = AnnotationTask.objects.create(
+                    workspace=workspace,
+                    name=name,
+                    source=source,
+                    text_field=text_field,
+                    schema=checked,
+                    instructions=instructions[:5000],
+                    annotators_per_item=annotators_per_item,
+                    item_count=len(rows),
+                    created_by=actor_user(actor),
+                )
+        except IntegrityError as exc:
+            raise ConflictError(f"a task named '{name}' exists", attr="name") from exc
+        task.annotators.set(people)
+        task.reviewers.set(judges)
+        AnnotationItem.objects.bulk_create(
+            [
+                AnnotationItem(workspace=workspace, task=task, position=i, data=_jsonable(row))
+                for i, row in enumerate(rows)
+            ],
+            batch_size=1000,
+        )
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="annotation_task.created",
+            refs=[Ref.to(task), Ref.to(source, role="input")],
+            payload={"name": name, "items": len(rows), "k": annotators_per_item},
+        )
+    return task
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    return json.loads(json.dumps(row, default=str))
+
+
+def may_annotate(task: AnnotationTask, user: Any, role: str | None) -> bool:
+    from workspaces.selectors import role_at_least
+
+    listed = list(task.annotators.values_list("pk", flat=True))
+    if listed:
+        return user.pk in listed
+    return role_at_least(role, "developer")
+
+
+def may_review(task: AnnotationTask, user: Any, role: str | None) -> bool:
+    from workspaces.selectors import role_at_least
+
+    listed = list(task.reviewers.values_list("pk", flat=True))
+    if listed:
+        return user.pk in listed or role_at_least(role, "admin")
+    return role_at_least(role, "maintainer")
+
+
+def next_item(task: AnnotationTask, user: Any) -> AnnotationItem | None:
+    """The next item for ``user``: one still short of labels that they have not labelled, the
+    fullest first (items finish sooner), then in the source's order."""
+    return (
+        AnnotationItem.objects.for_workspace(task.workspace_id)
+        .filter(task=task, status=ItemStatus.OPEN, label_count__lt=task.annotators_per_item)
+        .exclude(labels__annotator=user)
+        .order_by("-label_count", "position")
+        .first()
+    )
+
+
+def _text_length(task: AnnotationTask, item: AnnotationItem) -> int:
+    return len(str(item.data.get(task.text_field) or ""))
+
+
+def _checked_values(task: AnnotationTask, item: AnnotationItem, values: Any) -> dict[str, Any]:
+    try:
+        return annotation.validate_values(task.schema, values, text_length=_text_length(task, item))
+    except annotation.SchemaError as exc:
+        raise ValidationError({exc.path: exc.message}) from exc
+
+
+def annotation_submit(
+    *, actor: Any, task: AnnotationTask, item: AnnotationItem, values: Any, role: str | None
+) -> AnnotationItem:
+    """``actor``'s labels of ``item``: 403 when they do not annotate this task, 409 when they
+    labelled it already or it has its labels; the last label settles the item (agreed, or
+    disputed for a reviewer)."""
+    from rest_framework.exceptions import PermissionDenied
+
+    if task.status != AnnotationTaskStatus.OPEN:
+        raise ConflictError(f"the task is {task.status}", attr="status")
+    if not may_annotate(task, actor, role):
+        raise PermissionDenied("you are not an annotator of this task")
+    checked = _checked_values(task, item, values)
+    with transaction.atomic():
+        locked = (
+            AnnotationItem.objects.for_workspace(task.workspace_id)
+            .select_for_update()
+            .get(pk=item.pk)
+        )
+        if (
+            Annotation.objects.for_workspace(task.workspace_id)
+            .filter(item=locked, annotator=actor)
+            .exists()
+        ):
+            raise ConflictError("you labelled this item already", attr="item")
+        if locked.label_count >= task.annotators_per_item or locked.status != ItemStatus.OPEN:
+            raise ConflictError(
+                f"this item has its {task.annotators_per_item} labels; take the next one",
+                attr="item",
+            )
+        Annotation.objects.create(
+            workspace_id=task.workspace_id, item=locked, annotator=actor, values=checked
+        )
+        locked.label_count += 1
+        if locked.label_count >= task.annotators_per_item:
+            labels = list(
+                Annotation.objects.for_workspace(task.workspace_id)
+                .filter(item=locked)
+                .values_list("values", flat=True)
+            )
+            final = annotation.agreed_values(task.schema, labels)
+            locked.status = ItemStatus.AGREED if final is not None else ItemStatus.DISPUTED
+            locked.final = final
+        locked.save(update_fields=["label_count", "status", "final"])
+        event_record(
+            actor=actor,
+            workspace=task.workspace,
+            verb="annotation.labelled",
+            refs=[Ref.to(task)],
+            payload={"item": locked.position, "status": locked.status},
+        )
+    return locked
+
+
+def annotation_adjudicate(
+    *, actor: Any, task: AnnotationTask, item: AnnotationItem, values: Any, role: str | None
+) -> AnnotationItem:
+    """A reviewer's final values for a disputed item."""
+    from rest_framework.exceptions import PermissionDenied
+
+    if not may_review(task, actor, role):
+        raise PermissionDenied("you are not a reviewer of this task")
+    checked = _checked_values(task, item, values)
+    with transaction.atomic():
+        locked = (
+            AnnotationItem.objects.for_workspace(task.workspace_id)
+            .select_for_update()
+            .get(pk=item.pk)
+        )
+        if locked.status != ItemStatus.DISPUTED:
+            raise ConflictError(f"the item is {locked.status}, not disputed", attr="item")
+        locked.final, locked.status, locked.resolved_by = checked, ItemStatus.RESOLVED, actor
+        locked.save(update_fields=["final", "status", "resolved_by"])
+        event_record(
+            actor=actor,
+            workspace=task.workspace,
+            verb="annotation.adjudicated",
+            refs=[Ref.to(task)],
+            payload={"item": locked.position},
+        )
+    return locked
+
+
+def _field_type(field: dict[str, Any]) -> pa.DataType:
+    return {
+        "choice": pa.string(),
+        "multi_choice": pa.list_(pa.string()),
+        "rating": pa.int64(),
+        "text": pa.string(),
+        "spans": pa.list_(
+            pa.struct([("start", pa.int64()), ("end", pa.int64()), ("label", pa.string())])
+        ),
+    }[field["kind"]]
+
+
+def annotation_export(*, actor: Actor, task: AnnotationTask, name: str) -> RecordSet:
+    """The settled items (agreed or adjudicated) as the next version of record set ``name``:
+    the source's columns, then one column per schema field holding the final values."""
+    _check_name(name)
+    settled = list(
+        AnnotationItem.objects.for_workspace(task.workspace_id)
+        .filter(task=task, status__in=[ItemStatus.AGREED, ItemStatus.RESOLVED])
+        .order_by("position")
+    )
+    if not settled:
+        raise ConflictError("no item is settled yet (agreed or adjudicated)", attr="items")
+    source_rows = pq.read_table(record_set_file(task.source))
+    table = source_rows.take(pa.array([i.position for i in settled], pa.int64()))
+    for field in task.schema["fields"]:
+        column = f"label_{field['name']}" if field["name"] in table.column_names else field["name"]
+        values = [(i.final or {}).get(field["name"]) for i in settled]
+        table = table.append_column(column, pa.array(values, _field_type(field)))
+    workspace = task.workspace
+    with transaction.atomic():
+        version = _next_version(workspace, name)
+        path = _relative_path(workspace.pk, name, version)
+        written = _write(table, Path(settings.ARTIFACT_ROOT) / path)
+        try:
+            with transaction.atomic():
+                record_set = RecordSet.objects.create(
+                    workspace=workspace,
+                    name=name,
+                    version=version,
+                    source=RecordSetSource.ANNOTATION,
+                    parent=task.source,
+                    status=RecordSetStatus.READY,
+                    path=path,
+                    columns=_columns(table.schema),
+                    row_count=table.num_rows,
+                    bytes=written,
+                    created_by=actor_user(actor),
+                    built_at=timezone.now(),
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"'{name}' v{version} was created at the same time", attr="name"
+            ) from exc
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb="record_set.exported",
+            refs=[
+                Ref.to(record_set),
+                Ref.to(task.source, role="input"),
+                Ref.to(task, role="input"),
+            ],
+            resources={"rows": table.num_rows, "bytes": written},
+            payload={"name": name, "version": version, "rows": table.num_rows, "task": task.name},
+        )
+    return record_set
+
+
+def annotation_agreement(task: AnnotationTask) -> dict[str, Any]:
+    labels = [
+        (a.item.position, a.annotator.username, a.values)
+        for a in Annotation.objects.for_workspace(task.workspace_id)
+        .filter(item__task=task)
+        .select_related("item", "annotator")
+    ]
+    finals = {
+        i.position: i.final
+        for i in AnnotationItem.objects.for_workspace(task.workspace_id).filter(
+            task=task, final__isnull=False
+        )
+    }
+    return annotation.agreement(task.schema, labels, finals, k=task.annotators_per_item)

@@ -67,6 +67,10 @@ def _record_set(slug: str, node: Node) -> str:
 
 register_object_url("record_set", _record_set)
 register_object_url(
+    "annotation_task",
+    lambda slug, n: reverse("curation-task", kwargs={"ws": slug, "name": n.label}),
+)
+register_object_url(
     "training_job",
     lambda slug, n: reverse("training-job", kwargs={"ws": slug, "pk": int(n.object_id)}),
 )

@@ -43,6 +43,7 @@ KIND_NAMES: dict[str, str] = {
     "feature_group_version": "feature group version",
     "dataset": "dataset",
     "record_set": "record set",
+    "annotation_task": "annotation task",
     "external_job": "external job",
     "training_pipeline": "pipeline",
     "pipeline_run": "pipeline run",

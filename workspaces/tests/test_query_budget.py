@@ -248,6 +248,30 @@ def _growing_record_set(ctx: MatrixContext) -> dict[str, Any]:
     return {"pk": record_set.pk}
 
 
+def _growing_task(ctx: MatrixContext) -> dict[str, Any]:
+    """An annotation task one item longer than the last, each item labelled by two members."""
+    from curation import services
+
+    record_set = _growing_record_set(ctx)
+    source = services.RecordSet.objects.for_workspace(ctx.workspace).get(pk=record_set["pk"])
+    schema = {"fields": [{"name": "label", "kind": "choice", "options": ["a", "b"]}]}
+    task = services.annotation_task_create(
+        actor=None,
+        workspace=ctx.workspace,
+        name=f"budget_task_{next(_n)}",
+        source=source,
+        text_field="text",
+        schema=schema,
+    )
+    people = [make_member(ctx.workspace, Role.DEVELOPER) for _ in range(2)]
+    for item in task.items.all():
+        for n, person in enumerate(people):
+            services.annotation_submit(
+                actor=person, task=task, item=item, values={"label": "ab"[n % 2]}, role="developer"
+            )
+    return {"name": task.name}
+
+
 def _nothing(ctx: MatrixContext) -> None:
     """Routes whose rows do not live in the database (the built-in templates)."""
 
@@ -268,6 +292,9 @@ SEEDS: dict[str, Seed] = {
     WS + "/experiments/{key}/snapshots/": _snapshot,
     WS + "/training-templates/": _nothing,
     WS + "/record-sets/{pk}/rows/": _growing_record_set,
+    WS + "/annotation-tasks/{name}/items/": _growing_task,
+    WS + "/annotation-tasks/{name}/agreement/": _growing_task,
+    WS + "/annotation-tasks/{name}/next/": _growing_task,
     WS + "/scheduler/queue/": _queued_job,
     WS + "/scheduler/recommendation/": _queued_job,
     WS + "/scheduler/quotas/": _quota,
