@@ -162,6 +162,132 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "query": ["limit", "offset"],
         "summary": "The workspace's event log, newest first. Read-only: events are never changed.",
     },
+    "v1_workspaces_annotation_tasks_agreement_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/agreement/",
+        "path_params": ["name", "ws"],
+        "query": [],
+        "summary": "Agreement per single-valued "
+        "field (Cohen's kappa averaged "
+        "over annotator pairs, Fleiss' "
+        "kappa, Krippendorff's alpha) "
+        "and",
+    },
+    "v1_workspaces_annotation_tasks_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/",
+        "path_params": ["ws"],
+        "query": [],
+        "summary": "Annotation tasks: labelling schemas over "
+        "record sets, labels, review and "
+        "agreement.",
+    },
+    "v1_workspaces_annotation_tasks_export_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/export/",
+        "path_params": ["name", "ws"],
+        "query": [],
+        "summary": "Annotation tasks: labelling schemas "
+        "over record sets, labels, review "
+        "and agreement.",
+    },
+    "v1_workspaces_annotation_tasks_items_adjudicate_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/items/{position}/adjudicate/",
+        "path_params": ["name", "position", "ws"],
+        "query": [],
+        "summary": "Annotation tasks: "
+        "labelling schemas over "
+        "record sets, labels, "
+        "review and agreement.",
+    },
+    "v1_workspaces_annotation_tasks_items_labels_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/items/{position}/labels/",
+        "path_params": ["name", "position", "ws"],
+        "query": [],
+        "summary": "Annotation tasks: labelling "
+        "schemas over record sets, "
+        "labels, review and "
+        "agreement.",
+    },
+    "v1_workspaces_annotation_tasks_items_list": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": True,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/items/",
+        "path_params": ["name", "ws"],
+        "query": ["limit", "offset", "status"],
+        "summary": "The task's items; a reviewer also sees each item's labels.",
+    },
+    "v1_workspaces_annotation_tasks_list": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": True,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/",
+        "path_params": ["ws"],
+        "query": ["limit", "offset"],
+        "summary": "Annotation tasks: labelling schemas over "
+        "record sets, labels, review and agreement.",
+    },
+    "v1_workspaces_annotation_tasks_next_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/next/",
+        "path_params": ["name", "ws"],
+        "query": [],
+        "summary": "The next item for the caller to "
+        "label (`item` null when none is "
+        "left for them): one still short of "
+        "labels that they have",
+    },
+    "v1_workspaces_annotation_tasks_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/annotation-tasks/{name}/",
+        "path_params": ["name", "ws"],
+        "query": [],
+        "summary": "Annotation tasks: labelling schemas over "
+        "record sets, labels, review and "
+        "agreement.",
+    },
     "v1_workspaces_candidate_evaluations_create": {
         "content_types": ["multipart/form-data"],
         "idempotent_key": True,
@@ -1206,6 +1332,76 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "path_params": ["name", "ws"],
         "query": [],
         "summary": "Pipelines: a DAG of stages defined once per workspace; ``runs`` starts one.",
+    },
+    "v1_workspaces_record_sets_create": {
+        "content_types": ["multipart/form-data"],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/record-sets/",
+        "path_params": ["ws"],
+        "query": [],
+        "summary": "Upload records as the next version of `name` (ready at once).",
+    },
+    "v1_workspaces_record_sets_file_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/record-sets/{id}/file/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "The record set's Parquet file. 409 while it is not `ready`.",
+    },
+    "v1_workspaces_record_sets_list": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": True,
+        "path": "/api/v1/workspaces/{ws}/record-sets/",
+        "path_params": ["ws"],
+        "query": ["limit", "offset"],
+        "summary": "Versioned tables of records (text, instructions, "
+        "chats) and the pipelines that build them.",
+    },
+    "v1_workspaces_record_sets_pipeline_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/record-sets/{id}/pipeline/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "Run a data-building pipeline over this "
+        "record set: the stages are checked "
+        "against its columns (400 naming the "
+        "field, e.g",
+    },
+    "v1_workspaces_record_sets_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/record-sets/{id}/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "Versioned tables of records (text, "
+        "instructions, chats) and the pipelines that "
+        "build them.",
+    },
+    "v1_workspaces_record_sets_rows_retrieve": {
+        "content_types": [],
+        "idempotent_key": False,
+        "method": "GET",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/record-sets/{id}/rows/",
+        "path_params": ["id", "ws"],
+        "query": ["limit"],
+        "summary": "The first rows of a ready record set.",
     },
     "v1_workspaces_retrieve": {
         "content_types": [],
