@@ -13,7 +13,6 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
-from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
 
 from curation import annotation, services
 from curation.models import AnnotationItem, AnnotationTask, ItemStatus, RecordSetStatus
@@ -290,8 +289,6 @@ def _submit(request: WorkspaceRequest, workspace, task: AnnotationTask, mode: st
     write = services.annotation_submit if mode == "label" else services.annotation_adjudicate
     try:
         write(actor=request.user, task=task, item=item, values=values, role=request.workspace_role)
-    except ApiPermissionDenied as exc:
-        raise PermissionDenied(str(exc.detail)) from exc
     except ValidationError as exc:
         errors = {k.removeprefix("values."): v for k, v in exc.message_dict.items()}
         return _item_view(

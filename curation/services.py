@@ -23,7 +23,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -125,44 +125,79 @@ def format_of(filename: str) -> str:
     return {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}.get(suffix, "jsonl")
 
 
+def _create_once(model: Any, conflict: str, **fields: Any) -> Any:
+    """A new row, or 409 naming ``name`` when another was made with the same name (and version)
+    at the same time (the unique constraint, in a savepoint that the caller's transaction
+    survives)."""
+    try:
+        with transaction.atomic():
+            return model.objects.create(**fields)
+    except IntegrityError as exc:
+        raise ConflictError(conflict, attr="name") from exc
+
+
+def _store_ready(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    name: str,
+    table: pa.Table,
+    origin: str,
+    parent: RecordSet | None,
+    verb: str,
+    inputs: list[Any],
+    payload: dict[str, Any],
+) -> RecordSet:
+    """Write ``table`` as the next version of ``name``, ready at once, with its event (the
+    ``inputs`` as its lineage); one transaction."""
+    with transaction.atomic():
+        version = _next_version(workspace, name)
+        path = _relative_path(workspace.pk, name, version)
+        written = _write(table, Path(settings.ARTIFACT_ROOT) / path)
+        record_set = _create_once(
+            RecordSet,
+            f"'{name}' v{version} was created at the same time; try again",
+            workspace=workspace,
+            name=name,
+            version=version,
+            source=origin,
+            parent=parent,
+            status=RecordSetStatus.READY,
+            path=path,
+            columns=_columns(table.schema),
+            row_count=table.num_rows,
+            bytes=written,
+            created_by=actor_user(actor),
+            built_at=timezone.now(),
+        )
+        event_record(
+            actor=actor,
+            workspace=workspace,
+            verb=verb,
+            refs=[Ref.to(record_set), *(Ref.to(i, role="input") for i in inputs)],
+            resources={"rows": table.num_rows, "bytes": written},
+            payload={"name": name, "version": version, "rows": table.num_rows, **payload},
+        )
+    return record_set
+
+
 def record_set_upload(
     *, actor: Actor, workspace: Workspace, name: str, content: bytes, fmt: str
 ) -> RecordSet:
     """A new version of ``name`` holding the uploaded records (ready at once)."""
     _check_name(name)
     table = parse_upload(content, fmt)
-    with transaction.atomic():
-        version = _next_version(workspace, name)
-        path = _relative_path(workspace.pk, name, version)
-        written = _write(table, Path(settings.ARTIFACT_ROOT) / path)
-        try:
-            with transaction.atomic():
-                record_set = RecordSet.objects.create(
-                    workspace=workspace,
-                    name=name,
-                    version=version,
-                    source=RecordSetSource.UPLOAD,
-                    status=RecordSetStatus.READY,
-                    path=path,
-                    columns=_columns(table.schema),
-                    row_count=table.num_rows,
-                    bytes=written,
-                    created_by=actor_user(actor),
-                    built_at=timezone.now(),
-                )
-        except IntegrityError as exc:
-            raise ConflictError(
-                f"'{name}' v{version} was created at the same time; upload again", attr="name"
-            ) from exc
-        event_record(
-            actor=actor,
-            workspace=workspace,
-            verb="record_set.uploaded",
-            refs=[Ref.to(record_set)],
-            resources={"rows": table.num_rows, "bytes": written},
-            payload={"name": name, "version": version, "rows": table.num_rows, "format": fmt},
-        )
-    return record_set
+    return _store_ready(
+        actor=actor,
+        workspace=workspace,
+        name=name,
+        table=table,
+        origin=RecordSetSource.UPLOAD,
+        parent=None,
+        verb="record_set.uploaded",
+        inputs=[],
+        payload={"format": fmt},
+    )
 
 
 def pipeline_run(
@@ -185,22 +220,18 @@ def pipeline_run(
         raise ValidationError({exc.path: exc.message}) from exc
     with transaction.atomic():
         version = _next_version(workspace, name)
-        try:
-            with transaction.atomic():
-                output = RecordSet.objects.create(
-                    workspace=workspace,
-                    name=name,
-                    version=version,
-                    source=RecordSetSource.PIPELINE,
-                    parent=source,
-                    stages=checked,
-                    path=_relative_path(workspace.pk, name, version),
-                    created_by=actor_user(actor),
-                )
-        except IntegrityError as exc:
-            raise ConflictError(
-                f"'{name}' v{version} was created at the same time; run again", attr="name"
-            ) from exc
+        output = _create_once(
+            RecordSet,
+            f"'{name}' v{version} was created at the same time; run again",
+            workspace=workspace,
+            name=name,
+            version=version,
+            source=RecordSetSource.PIPELINE,
+            parent=source,
+            stages=checked,
+            path=_relative_path(workspace.pk, name, version),
+            created_by=actor_user(actor),
+        )
         event_record(
             actor=actor,
             workspace=workspace,
@@ -406,21 +437,19 @@ def annotation_task_create(
         )
     rows = pq.read_table(record_set_file(source)).to_pylist()
     with transaction.atomic():
-        try:
-            with transaction.atomic():
-                task = AnnotationTask.objects.create(
-                    workspace=workspace,
-                    name=name,
-                    source=source,
-                    text_field=text_field,
-                    schema=checked,
-                    instructions=instructions[:5000],
-                    annotators_per_item=annotators_per_item,
-                    item_count=len(rows),
-                    created_by=actor_user(actor),
-                )
-        except IntegrityError as exc:
-            raise ConflictError(f"a task named '{name}' exists", attr="name") from exc
+        task = _create_once(
+            AnnotationTask,
+            f"a task named '{name}' exists",
+            workspace=workspace,
+            name=name,
+            source=source,
+            text_field=text_field,
+            schema=checked,
+            instructions=instructions[:5000],
+            annotators_per_item=annotators_per_item,
+            item_count=len(rows),
+            created_by=actor_user(actor),
+        )
         task.annotators.set(people)
         task.reviewers.set(judges)
         AnnotationItem.objects.bulk_create(
@@ -487,25 +516,26 @@ def _checked_values(task: AnnotationTask, item: AnnotationItem, values: Any) -> 
         raise ValidationError({exc.path: exc.message}) from exc
 
 
+def _locked(task: AnnotationTask, item: AnnotationItem) -> AnnotationItem:
+    """The item, read again under a row lock (inside the caller's transaction)."""
+    return (
+        AnnotationItem.objects.for_workspace(task.workspace_id).select_for_update().get(pk=item.pk)
+    )
+
+
 def annotation_submit(
     *, actor: Any, task: AnnotationTask, item: AnnotationItem, values: Any, role: str | None
 ) -> AnnotationItem:
     """``actor``'s labels of ``item``: 403 when they do not annotate this task, 409 when they
     labelled it already or it has its labels; the last label settles the item (agreed, or
     disputed for a reviewer)."""
-    from rest_framework.exceptions import PermissionDenied
-
     if task.status != AnnotationTaskStatus.OPEN:
         raise ConflictError(f"the task is {task.status}", attr="status")
     if not may_annotate(task, actor, role):
         raise PermissionDenied("you are not an annotator of this task")
     checked = _checked_values(task, item, values)
     with transaction.atomic():
-        locked = (
-            AnnotationItem.objects.for_workspace(task.workspace_id)
-            .select_for_update()
-            .get(pk=item.pk)
-        )
+        locked = _locked(task, item)
         if (
             Annotation.objects.for_workspace(task.workspace_id)
             .filter(item=locked, annotator=actor)
@@ -545,17 +575,11 @@ def annotation_adjudicate(
     *, actor: Any, task: AnnotationTask, item: AnnotationItem, values: Any, role: str | None
 ) -> AnnotationItem:
     """A reviewer's final values for a disputed item."""
-    from rest_framework.exceptions import PermissionDenied
-
     if not may_review(task, actor, role):
         raise PermissionDenied("you are not a reviewer of this task")
     checked = _checked_values(task, item, values)
     with transaction.atomic():
-        locked = (
-            AnnotationItem.objects.for_workspace(task.workspace_id)
-            .select_for_update()
-            .get(pk=item.pk)
-        )
+        locked = _locked(task, item)
         if locked.status != ItemStatus.DISPUTED:
             raise ConflictError(f"the item is {locked.status}, not disputed", attr="item")
         locked.final, locked.status, locked.resolved_by = checked, ItemStatus.RESOLVED, actor
@@ -599,44 +623,17 @@ def annotation_export(*, actor: Actor, task: AnnotationTask, name: str) -> Recor
         column = f"label_{field['name']}" if field["name"] in table.column_names else field["name"]
         values = [(i.final or {}).get(field["name"]) for i in settled]
         table = table.append_column(column, pa.array(values, _field_type(field)))
-    workspace = task.workspace
-    with transaction.atomic():
-        version = _next_version(workspace, name)
-        path = _relative_path(workspace.pk, name, version)
-        written = _write(table, Path(settings.ARTIFACT_ROOT) / path)
-        try:
-            with transaction.atomic():
-                record_set = RecordSet.objects.create(
-                    workspace=workspace,
-                    name=name,
-                    version=version,
-                    source=RecordSetSource.ANNOTATION,
-                    parent=task.source,
-                    status=RecordSetStatus.READY,
-                    path=path,
-                    columns=_columns(table.schema),
-                    row_count=table.num_rows,
-                    bytes=written,
-                    created_by=actor_user(actor),
-                    built_at=timezone.now(),
-                )
-        except IntegrityError as exc:
-            raise ConflictError(
-                f"'{name}' v{version} was created at the same time", attr="name"
-            ) from exc
-        event_record(
-            actor=actor,
-            workspace=workspace,
-            verb="record_set.exported",
-            refs=[
-                Ref.to(record_set),
-                Ref.to(task.source, role="input"),
-                Ref.to(task, role="input"),
-            ],
-            resources={"rows": table.num_rows, "bytes": written},
-            payload={"name": name, "version": version, "rows": table.num_rows, "task": task.name},
-        )
-    return record_set
+    return _store_ready(
+        actor=actor,
+        workspace=task.workspace,
+        name=name,
+        table=table,
+        origin=RecordSetSource.ANNOTATION,
+        parent=task.source,
+        verb="record_set.exported",
+        inputs=[task.source, task],
+        payload={"task": task.name},
+    )
 
 
 def annotation_agreement(task: AnnotationTask) -> dict[str, Any]:
