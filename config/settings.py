@@ -253,6 +253,16 @@ TRAINING_SANDBOX_ROOT = Path(
         VAR_DIR / "sandbox" / (f"test-run-{os.getpid()}" if TESTING else "jobs"),
     )
 )
+# Language-model jobs (template lm_lora) name a local base model folder in their params; only
+# folders under these roots may be named (os.pathsep-separated in the environment), since the
+# node agent copies the folder into the job's sandbox.
+TRAINING_BASE_MODEL_ROOTS = [
+    Path(p)
+    for p in os.environ.get("TRAINING_BASE_MODEL_ROOTS", str(VAR_DIR / "base_models")).split(
+        os.pathsep
+    )
+    if p
+]
 ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
 # Notebooks (training.notebooks): a JupyterLab server per member and workspace, started from
 # the workspace page, as its own uid, its kernels holding a short-lived token for that workspace.

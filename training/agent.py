@@ -312,6 +312,8 @@ def build_job_spec(job: TrainingJob):
     from training.models import EntryPoint
     from training.services import entry_point_target, job_work_dir
 
+    if job.record_set_id:
+        return _record_set_job_spec(job)
     dataset = job.dataset
     label_columns = list(dataset.label_columns or [])
     label = str(job.params.get("label") or (label_columns[0] if label_columns else "clicked"))
@@ -335,6 +337,25 @@ def build_job_spec(job: TrainingJob):
         entry_point=entry,
         slice_column=str(job.params.get("slice_column") or ""),
         workers=local_workers(job),
+    )
+
+
+def _record_set_job_spec(job: TrainingJob):
+    """A language-model job's spec (``lm_lora``): its record set's file as the data, no
+    features and no label; the base model folder is in its params (staged by ``_stage``)."""
+    from curation.services import record_set_file
+    from training.data import JobSpec
+    from training.services import job_work_dir
+
+    return JobSpec(
+        job_id=job.pk,
+        template=job.template,
+        dataset_path=str(record_set_file(job.record_set)),
+        features=[],
+        work_dir=str(job_work_dir(job)),
+        label="",
+        params=dict(job.params),
+        workers=1,
     )
 
 
@@ -584,7 +605,8 @@ def _execute_locked(job: TrainingJob, work: Path) -> str:
     tracker.params(
         {
             "template": job.template or job.entry_point,
-            "dataset": str(job.dataset),
+            "dataset": str(job.dataset) if job.dataset_id else "",
+            **({"record_set": str(job.record_set)} if job.record_set_id else {}),
             "base_job": job.base_job_id or "",
             "features": ",".join(f["ref"] for f in spec.features),
             **{f"param.{k}": v for k, v in job.params.items()},
@@ -606,6 +628,20 @@ def _stage(job: TrainingJob, spec, scratch: sandbox.Scratch, work: Path):
         staged["base_model_path"] = str(
             scratch.stage_tree(Path(spec.base_model_path), "base_model")
         )
+    lm_base = str(spec.params.get("base_model_path") or "") if job.record_set_id else ""
+    if lm_base:
+        from training.services import base_model_path_problem
+
+        # Checked again here: the roots are this node's, and the folder is copied as the agent.
+        # A folder this node lacks (or may not give) is not staged: the child says so and fails.
+        if not base_model_path_problem(lm_base) and Path(lm_base).is_dir():
+            staged["params"] = {
+                **spec.params,
+                "base_model_path": str(scratch.stage_tree(Path(lm_base), "lm_base_model")),
+                "base_model_source": lm_base,  # what the adapter's config names as its base
+            }
+        else:
+            staged["params"] = {**spec.params, "base_model_path": ""}
     if spec.entry_point.endswith(".py"):
         staged["entry_point"] = str(scratch.stage_file(Path(spec.entry_point), "entry_point.py"))
     _salvage_checkpoint(job, work, keep=scratch.path)
@@ -931,6 +967,8 @@ class _Progress:
 def _production_comparison(job: TrainingJob, spec) -> dict[str, Any] | None:
     from training import evaluation
 
+    if job.record_set_id:
+        return None  # a language model's adapter is not a ranking model: nothing to compare
     path = evaluation.production_bundle_path(job.workspace, job.compare_deployment)
     if not path:
         return None

@@ -381,10 +381,18 @@ def model_file(template: str) -> str:
     return MODEL_FILES.get(template, WEIGHTS_FILE)
 
 
+# The LoRA adapter a language-model template (``lm_lora``, trained by ``training.lm``) saves.
+LM_ADAPTER_FILE = "adapter_model.safetensors"
+
+
 def template_kind(template: str) -> str:
-    """``"gbdt"`` for a template trained by ``training.gbdt`` (its own model file), else
-    ``"torch"`` (the built-in neural templates and user entry points)."""
-    return "torch" if model_file(template) == WEIGHTS_FILE else "gbdt"
+    """``"gbdt"`` for a template trained by ``training.gbdt`` (its own model file), ``"lm"``
+    for a language-model adapter (``training.lm``), else ``"torch"`` (the built-in neural
+    templates and user entry points)."""
+    name = model_file(template)
+    if name == LM_ADAPTER_FILE:
+        return "lm"
+    return "torch" if name == WEIGHTS_FILE else "gbdt"
 
 
 def bundle_files(directory: str | os.PathLike) -> tuple[str, str]:

@@ -22,6 +22,14 @@ PARAM_PREFIX = "param_"
 DEFAULT_TEMPLATE = "fine_ranking"
 
 
+def dataset_templates() -> list[str]:
+    """The built-in templates these forms offer: those trained on a dataset (a language-model
+    template, ``lm_lora``, trains on a record set and is submitted through the API)."""
+    from training.services import LM_TEMPLATES
+
+    return [name for name in template_names() if name not in LM_TEMPLATES]
+
+
 def _choice_messages(choices: list[tuple[str, str]]) -> dict[str, str]:
     allowed = ", ".join(value for value, _ in choices) or "none available"
     return {"invalid_choice": f"Not one of the choices; use one of: {allowed}."}
@@ -162,7 +170,7 @@ class JobCreateForm(forms.Form):
         # a ChoiceField; form.fields[...] is typed as the base Field.
         self.fields["dataset"].choices = dataset_choices  # type: ignore[attr-defined]
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
-        templates = [(f"template:{name}", name) for name in template_names()]
+        templates = [(f"template:{name}", name) for name in dataset_templates()]
         entries = [
             (f"entry_point:{e.name}", e.name)
             for e in EntryPoint.objects.for_workspace(workspace).order_by("name")
@@ -396,11 +404,11 @@ class TuningCreateForm(forms.Form):
         # a ChoiceField; form.fields[...] is typed as the base Field.
         self.fields["dataset"].choices = dataset_choices  # type: ignore[attr-defined]
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
-        templates = [(name, name) for name in template_names()]
+        templates = [(name, name) for name in dataset_templates()]
         # a ChoiceField; form.fields[...] is typed as the base Field.
         self.fields["template"].choices = templates  # type: ignore[attr-defined]
         self.fields["template"].error_messages.update(_choice_messages(templates))
-        self.default_spaces = {name: default_space_json(name) for name in template_names()}
+        self.default_spaces = {name: default_space_json(name) for name in dataset_templates()}
         if not self.is_bound:
             picked = self.initial.get("template") or (
                 DEFAULT_TEMPLATE if DEFAULT_TEMPLATE in self.default_spaces else templates[0][0]

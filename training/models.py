@@ -154,6 +154,15 @@ class TrainingJob(WorkspaceOwned, CreatedRecord):
     dataset = models.ForeignKey(
         Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    record_set = models.ForeignKey(
+        "curation.RecordSet",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The record set a language-model job (template lm_lora) trains on, instead of "
+        "a dataset.",
+    )
     base_job = models.ForeignKey(
         "self",
         null=True,

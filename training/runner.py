@@ -19,7 +19,9 @@ the bundle. The test rows (``holdout``) are read for reporting only: the per-epo
 curves and the final evaluation.
 
 Gradient-boosted trees (template ``lightgbm``) take another loop with the same contract:
-``training.gbdt`` (boosting rounds as steps, the booster's text model in the checkpoint).
+``training.gbdt`` (boosting rounds as steps, the booster's text model in the checkpoint); so
+does LoRA fine-tuning of a language model on a record set (template ``lm_lora``):
+``training.lm``.
 
 Exit codes: 0 done, ``EXIT_STOPPED`` checkpointed and stopped on SIGTERM, anything else failed.
 
@@ -246,6 +248,10 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     )
 
     stop = stop or StopFlag()
+    if not job.entry_point and template_kind(job.template) == "lm":
+        from training import lm
+
+        return lm.train(job, emit=emit, stop=stop)
     if not job.entry_point:
         from training.bundle import averaged_members
 

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from curation.models import RecordSet, RecordSetStatus
 from features import selectors as features_selectors
 from features.models import Dataset, DatasetStatus
 from training.models import (
@@ -96,6 +97,8 @@ def job_transition(
     refs = [Ref.to(locked)]
     if locked.dataset_id:
         refs.append(Ref.to(locked.dataset, role="input"))
+    if locked.record_set_id:
+        refs.append(Ref.to(locked.record_set, role="input"))
     if locked.node_id:
         refs.append(Ref.to(locked.node, role="related"))
     event_record(
@@ -189,9 +192,11 @@ def check_job_input(
     params: Any,
     resources: dict[str, Any],
     priority_class: str,
+    record_set: RecordSet | None = None,
 ) -> dict[str, Any]:
     """Every rule on a new job's input at once (``ValidationError`` by field); returns the
-    params normalised by their schema (``training.params.job_params_check``)."""
+    params normalised by their schema (``training.params.job_params_check``). A language-model
+    job (``lm_lora``) trains on a ready ``record_set``, every other job on a ready ``dataset``."""
     # What the job names must be of this workspace (404, another's like a missing one) ...
     if (
         entry_point
@@ -201,6 +206,8 @@ def check_job_input(
         raise ReferenceNotFound("no such entry point in this workspace", attr="entry_point")
     if dataset is not None and dataset.workspace_id != workspace.pk:
         raise ReferenceNotFound("no such dataset in this workspace", attr="dataset")
+    if record_set is not None and record_set.workspace_id != workspace.pk:
+        raise ReferenceNotFound("no such record set in this workspace", attr="record_set")
     if base_job is not None and base_job.workspace_id != workspace.pk:
         raise ReferenceNotFound("no such job in this workspace", attr="base_job")
     # ... and the rest is bad input (400), every field at once.
@@ -209,13 +216,29 @@ def check_job_input(
         errors["template"] = "give either a template or an entry_point"
     elif template and template not in _known_templates():
         errors["template"] = f"unknown template; use one of {sorted(_known_templates())}"
-    if dataset is None:
-        errors["dataset"] = "required"
-    elif dataset.status != DatasetStatus.READY:
-        errors["dataset"] = f"dataset is {dataset.status}, not ready"
-    if base_job is not None and base_job.state != JobState.SUCCEEDED:
+    language_model = bool(template) and template in LM_TEMPLATES and not entry_point
+    if language_model:
+        errors.update(_record_set_errors(record_set))
+        if dataset is not None:
+            errors["dataset"] = f"a {template} job trains on a record_set, not a dataset"
+        if base_job is not None:
+            errors["base_job"] = f"a {template} job starts from its base_model_path, not a job"
+    else:
+        if record_set is not None:
+            errors["record_set"] = (
+                "only a language-model job (template "
+                + ", ".join(sorted(LM_TEMPLATES))
+                + ") trains on a record set; give a dataset"
+            )
+        if dataset is None:
+            errors["dataset"] = "required"
+        elif dataset.status != DatasetStatus.READY:
+            errors["dataset"] = f"dataset is {dataset.status}, not ready"
+    if base_job is None or language_model:
+        pass  # nothing to continue from (a language model's base is its base_model_path)
+    elif base_job.state != JobState.SUCCEEDED:
         errors["base_job"] = "must be a succeeded job of this workspace"
-    elif base_job is not None and "template" not in errors:
+    elif "template" not in errors:
         kinds = (_model_kind(template, entry_point), _model_kind(base_job.template, ""))
         if kinds[0] != kinds[1]:
             errors["base_job"] = (
@@ -230,6 +253,10 @@ def check_job_input(
             template=template, entry_point=entry_point, params=params, workspace=workspace
         )
         errors.update(param_errors)
+        if language_model and "params.base_model_path" not in errors:
+            problem = base_model_path_problem(str(params.get("base_model_path") or ""))
+            if problem:
+                errors["params.base_model_path"] = problem
         split_column = params.get("split_column") if isinstance(params, dict) else ""
         if split_column and dataset is not None and "dataset" not in errors:
             columns = features_selectors.dataset_columns(dataset)
@@ -262,6 +289,49 @@ def check_job_input(
     return params
 
 
+# The templates that fine-tune a language model on a record set (``training.lm``).
+LM_TEMPLATES = frozenset({"lm_lora"})
+# A record set a language-model job can read: instruction rows, or chat rows.
+INSTRUCTION_COLUMNS = ("instruction", "output")
+CHAT_COLUMN = "messages"
+
+
+def _record_set_errors(record_set: RecordSet | None) -> dict[str, str]:
+    if record_set is None:
+        return {"record_set": "required"}
+    if record_set.status != RecordSetStatus.READY:
+        return {"record_set": f"record set is {record_set.status}, not ready"}
+    columns = {str(c.get("name")) for c in record_set.columns or [] if isinstance(c, dict)}
+    if CHAT_COLUMN not in columns and not set(INSTRUCTION_COLUMNS) <= columns:
+        return {
+            "record_set": "needs the columns instruction and output (input optional), or a "
+            f"messages column of {{role, content}}; it has: {', '.join(sorted(columns))}"
+        }
+    return {}
+
+
+def base_model_roots() -> list[Path]:
+    """The folders a language-model job's ``base_model_path`` may lie under."""
+    return [Path(os.path.realpath(p)) for p in getattr(settings, "TRAINING_BASE_MODEL_ROOTS", [])]
+
+
+def base_model_path_problem(path: str) -> str:
+    """Why ``path`` cannot be a language-model job's base model folder (blank: it can): it must
+    be an absolute path under one of ``TRAINING_BASE_MODEL_ROOTS`` (the agent copies it into
+    the job's sandbox, so a job must not name any other folder of the node)."""
+    if not path:
+        return "required: the base model's folder (Hugging Face format)"
+    if not os.path.isabs(path):
+        return "must be an absolute path"
+    real = Path(os.path.realpath(path))
+    roots = base_model_roots()
+    if not any(real == root or real.is_relative_to(root) for root in roots):
+        return "must lie under one of the allowed base model folders: " + ", ".join(
+            str(root) for root in roots
+        )
+    return ""
+
+
 def _request_tick_on_commit() -> None:
     try:
         from training.scheduler.tasks import request_tick
@@ -278,6 +348,7 @@ def job_create(
     name: str,
     dataset: Dataset | None,
     template: str = "",
+    record_set: RecordSet | None = None,
     entry_point: str = "",
     params: dict[str, Any] | None = None,
     base_job: TrainingJob | None = None,
@@ -304,6 +375,7 @@ def job_create(
         template=template,
         entry_point=entry_point,
         dataset=dataset,
+        record_set=record_set,
         base_job=base_job,
         params={} if params is None else params,
         resources={
@@ -322,6 +394,7 @@ def job_create(
         entry_point=entry_point,
         params=params,
         dataset=dataset,
+        record_set=record_set,
         base_job=base_job,
         cpu_milli=cpu_milli,
         memory_mb=memory_mb,
@@ -336,12 +409,16 @@ def job_create(
         created_by=actor_user(actor),
     )
     try:
-        job.full_clean(exclude=["workspace", "dataset", "base_job", "created_by", "node"])
+        job.full_clean(
+            exclude=["workspace", "dataset", "record_set", "base_job", "created_by", "node"]
+        )
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
     job.save()
-    assert dataset is not None  # check_job_input refused a job without one
-    refs = [Ref.to(job), Ref.to(dataset, role="input")]
+    # check_job_input refused a job with neither
+    data_input = dataset if dataset is not None else record_set
+    assert data_input is not None
+    refs = [Ref.to(job), Ref.to(data_input, role="input")]
     if base_job is not None:
         refs.append(Ref.to(base_job, role="input"))
     event_record(
@@ -352,7 +429,8 @@ def job_create(
         payload={
             "template": template,
             "entry_point": entry_point,
-            "dataset": str(dataset),
+            "dataset": str(dataset) if dataset is not None else "",
+            **({"record_set": str(record_set)} if record_set is not None else {}),
             "priority_class": priority_class,
             "resources": {
                 "cpu_milli": cpu_milli,

@@ -40,6 +40,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "params",
             "dataset",
             "dataset_label",
+            "record_set",
             "base_job",
             "cpu_milli",
             "memory_mb",
@@ -89,7 +90,19 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     entry_point = serializers.CharField(
         max_length=200, required=False, allow_blank=True, default=""
     )
-    dataset = serializers.IntegerField(help_text="Dataset id (same workspace, ready).")
+    dataset = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Dataset id (same workspace, ready): what every template but lm_lora trains on.",
+    )
+    record_set = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Record set id (same workspace, ready): what an lm_lora job trains on "
+        "(instead of a dataset).",
+    )
     params = serializers.JSONField(required=False, default=dict)
     base_job = serializers.IntegerField(
         required=False, allow_null=True, default=None, help_text="Incremental: start from it."

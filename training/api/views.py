@@ -12,6 +12,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from curation.models import RecordSet
 from features.models import Dataset
 from training import candidates, notebooks, pipelines, services, tuning
 from training.api import serializers as s
@@ -62,9 +63,12 @@ def check_dataset_params(workspace, params, *, attr: str) -> None:
 
 
 def job_inputs(workspace, data: dict) -> dict:
-    """A job request's ``dataset`` and ``base_job`` ids resolved to the workspace's objects
-    (404 naming the field for a missing one or another workspace's; None stays None)."""
-    for attr, model in (("dataset", Dataset), ("base_job", TrainingJob)):
+    """A job request's ``dataset``, ``record_set`` and ``base_job`` ids resolved to the
+    workspace's objects (404 naming the field for a missing one or another workspace's; None
+    stays None)."""
+    for attr, model in (("dataset", Dataset), ("record_set", RecordSet), ("base_job", TrainingJob)):
+        if attr == "record_set" and attr not in data:
+            continue  # a request that takes no record set (a tuning job's)
         if data.get(attr) is not None:
             data[attr] = workspace_object(
                 model, workspace=workspace, ref=data[attr], attr=attr, name_field=None

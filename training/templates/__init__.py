@@ -38,4 +38,9 @@ DESCRIPTIONS = {
         "dataset (dense and categorical fields, no embeddings to learn). Trained by boosting "
         "rounds: the torch params (epochs, lr, batch_size...) do not apply"
     ),
+    "lm_lora": (
+        "LoRA fine-tuning of a local causal language model (peft) on a record set of "
+        "instruction rows or chat messages: pick it to adapt a small LLM to your data; give "
+        "base_model_path, and an lr near 1e-4 to 1e-3 and a batch_size near 8 to 64"
+    ),
 }

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from training.bundle import declare_template
+from training.bundle import LM_ADAPTER_FILE, declare_template
 from training.params import Param
 
 # The templates that train an average of networks declare this param (``training.bundle.
@@ -241,6 +241,59 @@ LIGHTGBM_PARAMS: dict[str, Param] = {
 LIGHTGBM_MODEL_FILE = "model.txt"
 
 
+# ``lm_lora``: LoRA fine-tuning of a local causal language model on a record set (instruction
+# rows or chat ``messages``), trained by ``training.lm``. It reads these and, of ``COMMON``,
+# epochs, max_steps, batch_size (rows per optimiser step), lr, weight_decay, seed,
+# holdout_fraction, device, threads, log_every_steps, checkpoint_every_steps/_s, step_sleep_s.
+LM_LORA_PARAMS: dict[str, Param] = {
+    "base_model_path": Param(
+        "str",
+        "",
+        "The base model: a folder on the training nodes in Hugging Face format (config, "
+        "weights and tokenizer saved with save_pretrained), under one of the folders the "
+        "platform allows (TRAINING_BASE_MODEL_ROOTS). Nothing is downloaded.",
+        label="Base model folder",
+    ),
+    "lora_r": Param(
+        "int", 8, "LoRA rank of each adapted weight.", min=1, max=1024, label="LoRA rank"
+    ),
+    "lora_alpha": Param(
+        "int",
+        16,
+        "LoRA scaling (the update is scaled by alpha / r).",
+        min=1,
+        max=10_000,
+        label="LoRA alpha",
+    ),
+    "lora_dropout": Param(
+        "float", 0.05, "Dropout on the LoRA path's input.", min=0.0, max=0.9, label="LoRA dropout"
+    ),
+    "target_modules": Param(
+        "str",
+        "",
+        "The modules to adapt, comma-separated (e.g. q_proj,v_proj; blank: peft's default "
+        "for the architecture).",
+        advanced=True,
+    ),
+    "max_length": Param(
+        "int",
+        512,
+        "Tokens per example (longer ones are cut).",
+        min=8,
+        max=32_768,
+        label="Longest sequence",
+    ),
+    "micro_batch_size": Param(
+        "int",
+        8,
+        "Rows per forward pass; a step accumulates the gradients of batch_size rows.",
+        min=1,
+        max=4096,
+        advanced=True,
+    ),
+}
+
+
 def with_defaults(params: Mapping[str, Param], given: Mapping[str, Any]) -> dict[str, Any]:
     """A template's params as its network reads them: each declared param's given value, else
     its default (undeclared names dropped), an ``int_list`` given as ``"64,32"`` made a list."""
@@ -264,4 +317,10 @@ declare_template(
     params=LIGHTGBM_PARAMS,
     builder="training.templates.lightgbm:build",
     model_file=LIGHTGBM_MODEL_FILE,
+)
+declare_template(
+    "lm_lora",
+    params=LM_LORA_PARAMS,
+    builder="training.lm:build",
+    model_file=LM_ADAPTER_FILE,
 )

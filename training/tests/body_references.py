@@ -1,9 +1,13 @@
-"""Body-reference rows of the training API: datasets, base jobs, entry points, pipeline params."""
+"""Body-reference rows of the training API: datasets, record sets, base jobs, entry points,
+pipeline params."""
 
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from training.models import TrainingJob
@@ -39,6 +43,28 @@ def _job_body(ctx: MatrixContext, **refs) -> dict:
         "template": "logreg",
         "dataset": _dataset_id(ctx),
         **refs,
+    }
+
+
+def _record_set_id(ctx: MatrixContext) -> int:
+    from curation.services import record_set_upload
+
+    row = {"instruction": "say hi", "input": "", "output": "hi"}
+    content = (json.dumps(row) + "\n").encode()
+    name = f"ref_records_{next(_n)}"
+    return record_set_upload(
+        actor=None, workspace=ctx.workspace, name=name, content=content, fmt="jsonl"
+    ).pk
+
+
+def _lm_job_body(ctx: MatrixContext, record_set) -> dict:
+    """A language-model job: it names a record set instead of a dataset."""
+    base = Path(settings.TRAINING_BASE_MODEL_ROOTS[0]) / "matrix-model"
+    return {
+        "name": f"ref-lm-{next(_n)}",
+        "template": "lm_lora",
+        "record_set": record_set,
+        "params": {"base_model_path": str(base)},
     }
 
 
@@ -82,6 +108,14 @@ REFERENCES = [
         "dataset",
         make=_dataset_id,
         body=lambda ctx, ref: _job_body(ctx, dataset=ref),
+        missing=999_999,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/training-jobs/",
+        "record_set",
+        make=_record_set_id,
+        body=_lm_job_body,
         missing=999_999,
     ),
     BodyReference(

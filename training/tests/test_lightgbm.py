@@ -295,7 +295,7 @@ def test_the_templates_api_lists_lightgbm_with_its_schema(workspace, client_for)
     assert (params["num_leaves"]["min"], params["feature_fraction"]["max"]) == (2.0, 1.0)
     assert "embedding_dim" not in params and "seed" in params
     # every template's line says when to pick it
-    for name in ("logreg", "fine_ranking", "two_tower", "deepfm", "lightgbm"):
+    for name in ("logreg", "fine_ranking", "two_tower", "deepfm", "lightgbm", "lm_lora"):
         assert "pick it" in rows[name]["description"], name
 
 

@@ -50,7 +50,14 @@ def _errors(response) -> dict[str, str]:
 
 def test_every_built_in_template_declares_a_schema():
     schemas = template_schemas()
-    assert sorted(schemas) == ["deepfm", "fine_ranking", "lightgbm", "logreg", "two_tower"]
+    assert sorted(schemas) == [
+        "deepfm",
+        "fine_ranking",
+        "lightgbm",
+        "lm_lora",
+        "logreg",
+        "two_tower",
+    ]
     assert set(schemas["fine_ranking"]) == {
         "members",
         "cv_folds",
@@ -206,7 +213,7 @@ def test_the_templates_endpoint_lists_descriptions_and_schemas(workspace, dev):
     response = dev.get(f"/api/v1/workspaces/{workspace.slug}/training-templates/")
     assert response.status_code == 200
     rows = {row["name"]: row for row in response.json()}
-    assert sorted(rows) == ["deepfm", "fine_ranking", "lightgbm", "logreg", "two_tower"]
+    assert sorted(rows) == ["deepfm", "fine_ranking", "lightgbm", "lm_lora", "logreg", "two_tower"]
     fine = rows["fine_ranking"]
     assert fine["description"].startswith("Fine ranking CTR model")
     assert fine["params"]["hidden"] == {
