@@ -371,3 +371,55 @@ def test_the_label_form_refuses_a_submission_without_a_required_field(
     assert "Review number 1" in client.get(url).content.decode()  # the next one
     client.force_login(members[Role.VIEWER])
     assert client.get(url).status_code == 403
+
+
+@pytest.mark.django_db
+def test_exported_labels_formatted_as_instructions_are_a_record_set_an_lm_job_accepts(
+    workspace, members, client_for, source, settings, tmp_path
+):
+    from curation import services
+    from curation.models import RecordSet
+    from training.tests.test_lm_lora import instruction_rows, save_tiny_model
+
+    settings.TRAINING_BASE_MODEL_ROOTS = [tmp_path / "base_models"]
+    base = save_tiny_model(tmp_path / "base_models" / "tiny", instruction_rows(20))
+    developer = members[Role.DEVELOPER]
+    client = client_for(developer)
+    task_url = create_task(client, workspace, source, annotators_per_item=1).json()["name"]
+    task_url = f"{API.format(ws=workspace.slug)}/annotation-tasks/{task_url}/"
+    for position in range(6):
+        labelled = client.post(
+            f"{task_url}items/{position}/labels/",
+            {"values": {"sentiment": "neg" if position % 2 else "pos"}},
+            format="json",
+        )
+        assert labelled.json()["status"] == "agreed"
+    exported = client.post(task_url + "export/", {"name": "reviews_labelled"}, format="json").json()
+    jobs = f"{API.format(ws=workspace.slug)}/training-jobs/"
+
+    def lm_job(record_set_id: int):
+        body = {
+            "name": f"sentiment-lm-{record_set_id}",
+            "template": "lm_lora",
+            "record_set": record_set_id,
+            "params": {"base_model_path": str(base)},
+        }
+        return client.post(jobs, body, format="json")
+
+    # as exported (the source's columns and the labels) it is not instructions yet
+    refused = lm_job(exported["id"])
+    assert (refused.status_code, refused.json()["attr"]) == (400, "record_set")
+    formatted = services.pipeline_run(
+        actor=developer,
+        workspace=workspace,
+        source=RecordSet.objects.for_workspace(workspace).get(pk=exported["id"]),
+        name="sentiment_sft",
+        stages=[
+            {"kind": "format", "to": "instruction", "instruction": "text", "output": "sentiment"}
+        ],
+        background=False,
+    )
+    assert formatted.status == "ready" and formatted.row_count == 6
+    accepted = lm_job(formatted.pk)
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["record_set"] == formatted.pk
