@@ -582,7 +582,7 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
 
 # Each app's settings fragment (``<app>/conf.py``: beat entries, enum names, task routes) is
 # merged here, so apps add their schedules without editing this file.
-for _app in ("features", "training", "serving", "experiments", "lineage"):
+for _app in ("features", "curation", "training", "serving", "experiments", "lineage"):
     _conf = importlib.import_module(f"{_app}.conf")
     CELERY_BEAT_SCHEDULE.update(getattr(_conf, "BEAT_SCHEDULE", {}))
     SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update(getattr(_conf, "ENUM_NAME_OVERRIDES", {}))

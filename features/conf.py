@@ -4,5 +4,5 @@ Keep this module free of Django imports: settings import it.
 """
 
 BEAT_SCHEDULE: dict = {}
-ENUM_NAME_OVERRIDES: dict = {}
+ENUM_NAME_OVERRIDES: dict = {"BatchFormatEnum": "features.models.BatchFormat"}
 TASK_ROUTES: dict = {}

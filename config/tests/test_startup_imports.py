@@ -57,7 +57,14 @@ def test_a_process_start_imports_no_torch_or_scipy_stats_and_knows_every_templat
     seen = _probe()
     assert seen["loaded"] == [], f"imported at start: {seen['loaded']}"
     # The params of every built-in template are known without their networks.
-    assert seen["templates"] == ["deepfm", "fine_ranking", "lightgbm", "logreg", "two_tower"]
+    assert seen["templates"] == [
+        "deepfm",
+        "fine_ranking",
+        "lightgbm",
+        "lm_lora",
+        "logreg",
+        "two_tower",
+    ]
 
 
 def test_a_declared_template_builds_its_network_on_first_use():

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -225,7 +226,7 @@ class AnnotationTaskViewSet(
         return Response(ItemSerializer(item).data)
 
     @extend_schema(
-        responses={200: serializers.DictField()},
+        responses={200: OpenApiTypes.OBJECT},
         description="Agreement per single-valued field (Cohen's kappa averaged over annotator "
         "pairs, Fleiss' kappa, Krippendorff's alpha) and per annotator (matches with the final "
         "values).",

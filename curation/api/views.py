@@ -72,7 +72,7 @@ class UploadSerializer(serializers.Serializer):
     )
 
 
-class PipelineSerializer(serializers.Serializer):
+class RecordSetPipelineSerializer(serializers.Serializer):
     name = serializers.CharField(
         max_length=63, help_text="The output record set (its next version is built)."
     )
@@ -132,7 +132,7 @@ class RecordSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspa
         return self._located(record_set, status.HTTP_201_CREATED)
 
     @extend_schema(
-        request=PipelineSerializer,
+        request=RecordSetPipelineSerializer,
         responses={202: RecordSetSerializer},
         description="Run a data-building pipeline over this record set: the stages are checked "
         "against its columns (400 naming the field, e.g. `stages[1].rules[0].rule`), the next "
@@ -142,7 +142,7 @@ class RecordSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspa
     @action(detail=True, methods=["post"])
     def pipeline(self, request: Request, ws: str, pk: str) -> Response:
         source = self.get_object()
-        serializer = PipelineSerializer(data=request.data)
+        serializer = RecordSetPipelineSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         output = services.pipeline_run(
             actor=request.user,
@@ -155,7 +155,7 @@ class RecordSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspa
 
     @extend_schema(
         parameters=[OpenApiParameter("limit", int, description=f"At most {MAX_PREVIEW_ROWS}.")],
-        responses={200: serializers.ListField(child=serializers.DictField())},
+        responses={200: {"type": "array", "items": {"type": "object"}}},
         description="The first rows of a ready record set.",
     )
     @action(detail=True, methods=["get"])
