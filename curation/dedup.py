@@ -52,15 +52,6 @@ _EMPTY = np.iinfo(np.uint64).max
 # bytes per byte of text) and the cached powers of the word hash.
 CHUNK_BYTES = 4 << 20
 
-# A byte's class: ASCII letters lowercased, digits and bytes of multi-byte UTF-8 characters kept,
-# every other byte (spaces, punctuation, controls) a separator (0).
-_LUT = np.zeros(256, dtype=np.uint8)
-for _b in range(256):
-    if ord("A") <= _b <= ord("Z"):
-        _LUT[_b] = _b + 32
-    elif ord("a") <= _b <= ord("z") or ord("0") <= _b <= ord("9") or _b >= 0x80:
-        _LUT[_b] = _b
-
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser: a bijection of uint64 whose output bits all depend on every input
@@ -125,6 +116,17 @@ def _powers(length: int) -> tuple[np.ndarray, np.ndarray]:
         return _power_cache[0], _power_cache[1]
 
 
+_buffers = threading.local()
+
+
+def _prefix_buffer(length: int) -> np.ndarray:
+    """A uint64 scratch array of ``length`` that this thread reuses from run to run."""
+    held = getattr(_buffers, "prefix", None)
+    if held is None or len(held) < length:
+        held = _buffers.prefix = np.empty(max(length, CHUNK_BYTES + 1), dtype=U64)
+    return held[:length]
+
+
 def words(column: pa.Array) -> Words:
     """Each row's normalised words as hashes: a word is a maximal run of letters, digits and
     non-ASCII characters, the text lowercased (Unicode's rules) first."""
@@ -132,9 +134,11 @@ def words(column: pa.Array) -> Words:
         raise TypeError(f"a text column must be a string column, not {column.type}")
     offsets, data = _string_parts(pc.utf8_lower(column))
     rows = len(offsets) - 1
-    mapped = _LUT[data]
-    is_word = mapped != 0
-    size = len(mapped)
+    # utf8_lower has lowercased ASCII letters already, so a word's bytes hash as they are; the
+    # class test is arithmetic on the bytes (a table lookup, a gather, took 4x as long).
+    is_word = (data >= 0x80) | ((data | 0x20) - np.uint8(ord("a")) < 26)
+    is_word |= data - np.uint8(ord("0")) < 10
+    size = len(data)
     row_start = np.zeros(size + 1, dtype=bool)
     row_start[offsets[:-1][offsets[:-1] < size]] = True
     before = np.concatenate(([False], is_word))  # is_word[i-1], False at 0
@@ -143,12 +147,17 @@ def words(column: pa.Array) -> Words:
     ends = np.flatnonzero(before & (~after | row_start))
     if not len(starts):
         return Words(np.zeros(0, dtype=U64), np.zeros(0, dtype=np.int64), rows)
-    # The word hash: sum of byte * P**i over its bytes, shifted to start at P**0.
+    # The word hash: sum of byte * P**i over its bytes, shifted to start at P**0. The prefix
+    # sums go to a buffer the thread keeps (a fresh one per run was a third of this function's
+    # time, in page faults).
     powers, inverse_powers = _powers(size + 1)
-    prefix = np.zeros(size + 1, dtype=U64)
-    np.cumsum(mapped.astype(U64) * powers[:size], out=prefix[1:])
+    prefix = _prefix_buffer(size + 1)
+    prefix[0] = 0
+    np.multiply(data, powers[:size], out=prefix[1:])
+    np.cumsum(prefix[1:], out=prefix[1:])
     hashed = mix64((prefix[ends] - prefix[starts]) * inverse_powers[starts])
-    owner = np.searchsorted(offsets, starts, side="right") - 1
+    # each row's words are a run of ``starts``: one search per row, not one per word
+    owner = np.repeat(np.arange(rows), np.diff(np.searchsorted(starts, offsets)))
     return Words(hashed, owner.astype(np.int64), rows)
 
 
@@ -391,11 +400,15 @@ def find_duplicates(
 def _hash_words(found: Words) -> np.ndarray:
     # an order-dependent combination: each word's hash mixed with its place in the row
     out = np.zeros(found.row_count, dtype=U64)
+    counts = np.bincount(found.rows, minlength=found.row_count)
     if len(found.hashes):
         first = np.searchsorted(found.rows, np.arange(found.row_count))
         place = np.arange(len(found.rows)) - first[found.rows]
-        np.add.at(out, found.rows, mix64(found.hashes ^ mix64(place.astype(U64) + U64(1))))
-    counts = np.bincount(found.rows, minlength=found.row_count).astype(U64)
+        mixed = mix64(found.hashes ^ mix64(place.astype(U64) + U64(1)))
+        # words come in row order: a sum per run (add.at, one row at a time, took 3x as long)
+        has = counts > 0
+        out[has] = np.add.reduceat(mixed, first[has])
+    counts = counts.astype(U64)
     return mix64(out ^ mix64(counts + U64(0x51ED27)))
 
 
@@ -468,7 +481,10 @@ def _candidate_pairs(
         found = [p for p in pool.map(band_pairs, keys) if len(p)]
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
-    return rows[np.unique(np.concatenate(found), axis=0)]
+    # one 64-bit key per pair: a 1-D unique sorts 8 times faster than the (k, 2) one
+    both = np.concatenate(found).astype(np.int64)
+    key = np.unique((both[:, 0] << 32) | both[:, 1])
+    return rows[np.stack([key >> 32, key & 0xFFFFFFFF], axis=1)]
 
 
 _SET_BITS = 40  # shingle hashes are compared on 40 bits: a false match in a pair of rows of
@@ -478,15 +494,20 @@ _SET_MASK = U64((1 << _SET_BITS) - 1)
 
 
 def _shingle_sets(
-    column: pa.Array, rows: np.ndarray, shingle: int
+    column: pa.Array, rows: np.ndarray, shingle: int, workers: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(indptr, values): each listed row's distinct shingle hashes (40 bits), sorted, as CSR."""
+    """(indptr, values): each listed row's distinct shingle hashes (40 bits), sorted, as CSR.
+    Runs of rows are hashed and sorted on threads; keyed by (row, hash), the sorted runs
+    concatenate in order."""
     picked = column.take(pa.array(rows))
-    keys = []
-    for start, part in _chunks(picked, CHUNK_BYTES):
+
+    def run_keys(start: int, part: pa.Array) -> np.ndarray:
         values, owner = shingles(words(part), shingle)
-        keys.append(((owner + start).astype(U64) << U64(_SET_BITS)) | (values & _SET_MASK))
-    key = np.sort(np.concatenate(keys)) if keys else np.zeros(0, dtype=U64)
+        return np.sort(((owner + start).astype(U64) << U64(_SET_BITS)) | (values & _SET_MASK))
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        keys = list(pool.map(lambda run: run_keys(*run), _chunks(picked, CHUNK_BYTES)))
+    key = np.concatenate(keys) if keys else np.zeros(0, dtype=U64)
     key = key[np.concatenate(([True], key[1:] != key[:-1]))] if len(key) else key
     owner = (key >> U64(_SET_BITS)).astype(np.int64)
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -509,14 +530,20 @@ def jaccard(
     block: int = 100_000,
     workers: int | None = None,
 ) -> np.ndarray:
-    """The exact Jaccard similarity of each pair's shingle sets (0 when both are empty); blocks
-    of pairs run on threads (their sorts release the GIL)."""
+    """The exact Jaccard similarity of each pair's shingle sets (0 when both are empty). Each
+    row's set is built once (a row is in many pairs; built per block of pairs instead, the
+    rows of two blocks were hashed twice), then blocks of pairs are intersected on threads."""
     out = np.zeros(len(pairs))
+    if not len(pairs):
+        return out
+    rows, local = np.unique(pairs, return_inverse=True)
+    local = local.reshape(pairs.shape)
+    indptr, values = _shingle_sets(column, rows, shingle, workers)
     threads = workers or os.cpu_count() or 1
     size = max(1, min(block, -(-len(pairs) // threads)))
 
     def one_block(start: int) -> None:
-        out[start : start + size] = _jaccard_block(column, pairs[start : start + size], shingle)
+        out[start : start + size] = _jaccard_block(indptr, values, local[start : start + size])
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for done in [pool.submit(one_block, s) for s in range(0, len(pairs), size)]:
@@ -524,22 +551,20 @@ def jaccard(
     return out
 
 
-def _jaccard_block(column: pa.Array, part: np.ndarray, shingle: int) -> np.ndarray:
-    rows, local = np.unique(part, return_inverse=True)
-    local = local.reshape(part.shape)
-    indptr, values = _shingle_sets(column, rows, shingle)
+def _jaccard_block(indptr: np.ndarray, values: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """The Jaccard similarity of pairs of rows of the CSR sets (``part`` holds set numbers)."""
     sizes = indptr[1:] - indptr[:-1]
-    a, b = local[:, 0], local[:, 1]
+    a, b = part[:, 0], part[:, 1]
     number = np.arange(len(part), dtype=U64) << U64(_SET_BITS)
-    merged = np.sort(
-        np.concatenate(
-            (
-                np.repeat(number, sizes[a]) | values[_ranges(indptr, a)],
-                np.repeat(number, sizes[b]) | values[_ranges(indptr, b)],
-            )
-        )
-    )
-    both = merged[1:] == merged[:-1]  # each set is distinct: equal neighbours are shared
-    shared = np.bincount((merged[1:][both] >> U64(_SET_BITS)).astype(np.int64), minlength=len(part))
+    # Keyed by (pair, shingle), each side is sorted already (pairs in order, each set sorted):
+    # a binary search of one side in the other finds the shared shingles (half the time of
+    # sorting the two sides together on the data bench's corpus, 0.31 s against 0.56 s).
+    first = np.repeat(number, sizes[a]) | values[_ranges(indptr, a)]
+    second = np.repeat(number, sizes[b]) | values[_ranges(indptr, b)]
+    shared = np.zeros(len(part), dtype=np.int64)
+    if len(first) and len(second):
+        at = np.minimum(np.searchsorted(second, first), len(second) - 1)
+        found = first[second[at] == first]
+        shared = np.bincount((found >> U64(_SET_BITS)).astype(np.int64), minlength=len(part))
     union = sizes[a] + sizes[b] - shared
     return np.divide(shared, union, out=np.zeros(len(part)), where=union > 0)

@@ -199,6 +199,8 @@ def deployment_create(
     device: str = "cpu",
     scaling: Any = None,
 ) -> Deployment:
+    """A deployment serving ``version`` in production. The row is the desired state; the
+    backend's controller makes it so after the commit (its status says when it is Ready)."""
     try:
         name_validator(name)
     except ValidationError as exc:
@@ -213,8 +215,6 @@ def deployment_create(
         or not 1 <= replicas <= MAX_REPLICAS
     ):
         raise ValidationError({"replicas": f"give 1-{MAX_REPLICAS}"})
-    """A deployment serving ``version`` in production. The row is the desired state; the
-    backend's controller makes it so after the commit (its status says when it is Ready)."""
     scaling = clean_scaling(scaling)
     version = _version(workspace, version)
     require_deployable(version)

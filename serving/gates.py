@@ -48,8 +48,25 @@ def workspace_limits(workspace: Workspace) -> dict[str, float]:
     return limits
 
 
+def language_model(version: ModelVersion) -> bool:
+    """Whether ``version`` is a language-model adapter (``lm_lora``): the ranking gates and the
+    ranking gateway do not apply to it."""
+    from training.bundle import template_kind
+
+    return template_kind(str((version.spec or {}).get("template") or "")) == "lm"
+
+
+LANGUAGE_MODEL_DETAIL = (
+    "a language model (LoRA adapter): the ranking gateway serves ranking models only, and the "
+    "consistency and performance gates compare ranking features"
+)
+
+
 def require_deployable(version: ModelVersion) -> None:
-    """409 naming the gate unless every gate passed."""
+    """409 naming the gate unless every gate passed (naming the version for a language model,
+    which the ranking gateway does not serve)."""
+    if language_model(version):
+        raise ConflictError(f"{version} is {LANGUAGE_MODEL_DETAIL}", attr="version_id")
     gates = version.gates or {}
     for gate in GATES:
         result = gates.get(gate) or {}
@@ -254,6 +271,12 @@ def version_gates_run(*, actor: Actor, workspace: Workspace, version: ModelVersi
     """Run both gates, store the results on the version and record an event."""
     results: dict[str, Any] = {}
     for gate, check in (("consistency", consistency_check), ("performance", performance_check)):
+        if language_model(version):
+            results[gate] = {
+                "status": GateStatus.FAILED,
+                "detail": f"not applicable: {LANGUAGE_MODEL_DETAIL}",
+            }
+            continue
         if results and any(r["status"] != GateStatus.PASSED for r in results.values()):
             # Gates run in order; a version that already failed is not worth a sandbox run.
             results[gate] = {

@@ -76,6 +76,25 @@ def load_version(version: ModelVersion) -> Bundle:
         ) from exc
 
 
+def check_loadable(version: ModelVersion) -> None:
+    """Refuse (400 naming the artifact) a version whose files do not load: a ranking bundle is
+    loaded (tensors only, no pickle); a language-model adapter, whose base model may be large,
+    has its adapter's tensors and config read instead (``training.bundle.check_adapter``)."""
+    from training.bundle import check_adapter, template_kind
+
+    if template_kind(str((version.spec or {}).get("template") or "")) != "lm":
+        load_version(version)
+        return
+
+    path = artifacts.resolve_artifact(version.artifact_path, attr="artifact_path")
+    try:
+        check_adapter(path)
+    except (ValueError, OSError) as exc:
+        raise ValidationError(
+            {"artifact_path": f"model artifact refused: {type(exc).__name__}: {str(exc)[:200]}"}
+        ) from exc
+
+
 def _model_get_or_create(*, actor: Actor, workspace: Workspace, name: str) -> RegisteredModel:
     try:
         name_validator(name)
@@ -357,7 +376,7 @@ def _record_version(
             )
     except IntegrityError as exc:
         raise ConflictError(f"model '{name}' v{number} was registered at the same moment") from exc
-    load_version(version)  # refuses anything that is not a loadable tensors-only bundle
+    check_loadable(version)
     refs = [Ref.to(version, role="output"), Ref.to(model, role="related")]
     if job is not None:
         refs.append(Ref.to(job, role="input"))

@@ -395,13 +395,54 @@ def template_kind(template: str) -> str:
     return "torch" if name == WEIGHTS_FILE else "gbdt"
 
 
-def bundle_files(directory: str | os.PathLike) -> tuple[str, str]:
-    """The two files of the bundle in ``directory``: the spec and the model file its template
-    uses (read from ``spec.json``; ``ValueError`` when that is not a bundle spec)."""
+# What a language-model bundle keeps beside its adapter: the adapter's config (required: PEFT
+# loads nothing without it) and the tokenizer's files, whichever of them the tokenizer saved.
+LM_ADAPTER_CONFIG = "adapter_config.json"
+LM_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+
+
+def bundle_files(directory: str | os.PathLike) -> tuple[str, ...]:
+    """The files of the bundle in ``directory``: the spec and the model file its template uses
+    (read from ``spec.json``; ``ValueError`` when that is not a bundle spec), and for a
+    language-model adapter its config and the tokenizer files present."""
     spec = json.loads((Path(directory) / SPEC_FILE).read_text())
     if not isinstance(spec, dict) or not isinstance(spec.get("template"), str):
         raise ValueError("spec.json names no template")
-    return SPEC_FILE, model_file(spec["template"])
+    files = (SPEC_FILE, model_file(spec["template"]))
+    if template_kind(spec["template"]) != "lm":
+        return files
+    present = tuple(name for name in LM_TOKENIZER_FILES if (Path(directory) / name).is_file())
+    return (*files, LM_ADAPTER_CONFIG, *present)
+
+
+def check_adapter(directory: Path) -> None:
+    """A LoRA adapter folder as ``training.lm`` saves it: a LoRA ``adapter_config.json`` and a
+    safetensors file of LoRA tensors, both read without the base model (which may be large);
+    ``ValueError`` naming what is wrong."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        config = json.loads((directory / LM_ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{LM_ADAPTER_CONFIG} is not readable JSON: {exc}") from exc
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise ValueError(f"{LM_ADAPTER_CONFIG} is not a LoRA adapter's config")
+    try:
+        with safe_open(str(directory / LM_ADAPTER_FILE), framework="pt") as tensors:
+            names = list(tensors.keys())
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{LM_ADAPTER_FILE} is not a safetensors file: {exc}") from exc
+    if not names or not all("lora_" in name for name in names):
+        raise ValueError(f"{LM_ADAPTER_FILE} holds no LoRA tensors")
 
 
 def averaged_members(template: str, params: Mapping[str, Any]) -> int:

@@ -1,13 +1,14 @@
 """From raw records to a fine-tuned language model on real workers: a pipeline (filter, scrub,
 dedup, format) built by the platform's Celery worker, then an ``lm_lora`` job on its output
 through the scheduler and a node agent; the lineage graph puts the raw records upstream of the
-job that made the model."""
+job that made the model and of the model version registered from it."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from django.test import Client
 
 from curation.models import RecordSet, RecordSetStatus
 from lineage.projection import project
@@ -45,7 +46,8 @@ def test_raw_records_are_cleaned_on_a_worker_and_fine_tune_a_model_with_lineage(
     settings.ARTIFACT_ROOT = str(tmp_path / "artifacts")
     settings.TRAINING_BASE_MODEL_ROOTS = [tmp_path / "base_models"]
     base = save_tiny_model(tmp_path / "base_models" / "tiny-gpt2", instruction_rows())
-    client = client_for(make_member(workspace, Role.DEVELOPER))
+    developer = make_member(workspace, Role.DEVELOPER)
+    client = client_for(developer)
     ws = API.format(ws=workspace.slug)
     from django.core.files.uploadedfile import SimpleUploadedFile
 
@@ -113,3 +115,32 @@ def test_raw_records_are_cleaned_on_a_worker_and_fine_tune_a_model_with_lineage(
     ).json()
     keys = {n["key"] for n in up["nodes"]}
     assert {f"record_set:{built.pk}", f"record_set:{raw['id']}"} <= keys
+
+    # The adapter is a model version in the registry: its files are the adapter, its config and
+    # the tokenizer, and the raw records are upstream of the version in the lineage graph.
+    registered = client.post(
+        f"{ws}/model-versions/", {"model": "support-lm", "job_id": trained.pk}, format="json"
+    )
+    assert registered.status_code == 201, registered.content
+    version = registered.json()
+    files = {f["name"] for f in version["artifacts"]}
+    assert {"spec.json", "adapter_model.safetensors", "adapter_config.json"} <= files
+    assert "tokenizer_config.json" in files
+    project()
+    up = client.get(
+        f"{ws}/lineage/",
+        {"node": f"model_version:{version['id']}", "direction": "upstream", "depth": 8},
+    ).json()
+    assert f"record_set:{raw['id']}" in {n["key"] for n in up["nodes"]}
+    # the ranking gateway does not serve a language model: refused naming the version
+    maintainer = client_for(make_member(workspace, Role.MAINTAINER))
+    refused = maintainer.post(
+        f"{ws}/deployments/", {"name": "support-lm", "version_id": version["id"]}, format="json"
+    )
+    assert refused.status_code == 409, refused.content
+    assert "language model" in refused.content.decode()
+    browser = Client()
+    browser.force_login(developer)
+    page = browser.get(f"/w/{workspace.slug}/models/support-lm/v{version['version']}/")
+    assert page.status_code == 200
+    assert "adapter_config.json" in page.content.decode()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from curation.services import record_set_upload
-from training import agent, lm, runner
+from training import agent, bundle, lm, runner
 from training.data import JobSpec
 from training.models import JobMetric, JobState, TrainingJob
 from training.tests.factories import make_demo_dataset
@@ -300,3 +300,50 @@ def test_an_lm_lora_job_is_checked_for_its_record_set_and_base_model(
     assert tabular.status_code == 400
     assert "record_set" in {e["attr"] for e in tabular.json().get("errors", [tabular.json()])}
     assert submit(record_set=record_set.pk).status_code == 201
+
+
+@pytest.mark.django_db
+def test_an_adapter_registers_with_its_tokenizer_and_a_broken_one_is_refused(
+    workspace, settings, tmp_path
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from serving.models import ModelVersion
+    from serving.registry import model_version_register
+    from workspaces.exceptions import ValidationError
+
+    settings.ARTIFACT_ROOT = str(tmp_path / "artifacts")
+    rows = instruction_rows(40, seed=2)
+    base = save_tiny_model(tmp_path / "base", rows)
+    record_file = tmp_path / "records.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), record_file)
+    work = Path(settings.ARTIFACT_ROOT) / "jobs" / "1"
+    spec = _spec(record_file, base, work, max_steps=2)
+    assert runner.train(spec, emit=runner.Emitter(sink=lambda event: None)) == 0
+    folder = work / "model"
+    bundle.check_adapter(folder)
+
+    version = model_version_register(actor=None, workspace=workspace, name="lm", bundle_path=folder)
+    names = {f["name"] for f in version.artifacts}
+    assert {"spec.json", "adapter_model.safetensors", "adapter_config.json"} <= names
+    assert {"tokenizer_config.json"} <= names
+    copied = Path(settings.ARTIFACT_ROOT) / version.artifact_path
+    bundle.check_adapter(copied)  # the registered copy is a whole adapter
+
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "IA3"}))
+    with pytest.raises(ValidationError, match="LoRA adapter's config"):
+        model_version_register(actor=None, workspace=workspace, name="lm", bundle_path=folder)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    (folder / "adapter_model.safetensors").write_bytes(b"not tensors")
+    with pytest.raises(ValidationError, match="not a safetensors file"):
+        model_version_register(actor=None, workspace=workspace, name="lm", bundle_path=folder)
+    # nothing half-written: one version, and its folder only
+    assert ModelVersion.objects.for_workspace(workspace).count() == 1
+    assert sorted(p.name for p in copied.parent.iterdir()) == [str(version.version)]
+    # the ranking gates do not apply: they say so instead of failing on a missing weights.pt
+    from serving.gates import version_gates_run
+
+    gated = version_gates_run(actor=None, workspace=workspace, version=version)
+    assert {g["detail"].split(":")[0] for g in gated.gates.values()} == {"not applicable"}
