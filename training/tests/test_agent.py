@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import pytest
 
@@ -13,6 +12,7 @@ from training import agent, evaluation, runner
 from training.models import JobMetric, JobState, TrainingJob
 from training.services import job_create, job_request_stop, job_transition, job_work_dir
 from training.tests.factories import FAST, make_demo_dataset, make_node, place
+from training.tests.workers import execute_in_thread
 from workspaces.models import Event
 from workspaces.testing.waiting import wait_until
 
@@ -30,22 +30,6 @@ def _job(workspace, dataset, **params):
         template=params.pop("template", "fine_ranking"),
         params={**FAST, **params},
     )
-
-
-def _in_thread(job_id):
-    result = {}
-
-    def target():
-        from django.db import connection
-
-        try:
-            result["state"] = agent.execute_job(job_id)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, result
 
 
 def _reference_auc(job, tmp_path) -> float:
@@ -68,7 +52,7 @@ def test_sigkilled_child_is_requeued_and_resumes_to_the_same_model(workspace, tm
     )
     reference = _reference_auc(job, tmp_path)
     place(job, node)
-    thread, result = _in_thread(job.pk)
+    thread, result = execute_in_thread(job.pk)
     pid_file = job_work_dir(job) / agent.PID_FILE
     _wait(
         lambda: TrainingJob.objects.unscoped().get(pk=job.pk).checkpoint_step >= 10,
@@ -128,7 +112,7 @@ def test_preempt_checkpoints_and_a_requeued_job_continues(workspace):
     node = make_node()
     job = _job(workspace, dataset, epochs=4, batch_size=32, step_sleep_s=0.03)
     place(job, node)
-    thread, result = _in_thread(job.pk)
+    thread, result = execute_in_thread(job.pk)
     _wait(lambda: TrainingJob.objects.unscoped().get(pk=job.pk).step >= 4, what="progress")
     job_request_stop(job=job, mode="preempt", reason="a production job needs the node")
     thread.join(60)
@@ -153,7 +137,7 @@ def test_cancel_stops_a_running_job(workspace):
     dataset = make_demo_dataset(workspace, scale=0.05)
     job = _job(workspace, dataset, epochs=20, batch_size=32, step_sleep_s=0.03)
     place(job, make_node())
-    thread, result = _in_thread(job.pk)
+    thread, result = execute_in_thread(job.pk)
     _wait(lambda: TrainingJob.objects.unscoped().get(pk=job.pk).step >= 2, what="progress")
     job_request_stop(job=job, mode="cancel", reason="not needed")
     thread.join(60)
@@ -165,7 +149,7 @@ def test_agent_shutdown_checkpoints_and_releases_the_job(workspace):
     dataset = make_demo_dataset(workspace, scale=0.05)
     job = _job(workspace, dataset, epochs=20, batch_size=32, step_sleep_s=0.03)
     place(job, make_node())
-    thread, result = _in_thread(job.pk)
+    thread, result = execute_in_thread(job.pk)
     try:
         _wait(lambda: TrainingJob.objects.unscoped().get(pk=job.pk).step >= 2, what="progress")
         agent.SHUTTING_DOWN.set()  # what the worker's SIGTERM (worker_shutting_down) does

@@ -347,3 +347,66 @@ def test_an_adapter_registers_with_its_tokenizer_and_a_broken_one_is_refused(
 
     gated = version_gates_run(actor=None, workspace=workspace, version=version)
     assert {g["detail"].split(":")[0] for g in gated.gates.values()} == {"not applicable"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigkilled_lm_lora_child_is_requeued_and_resumes_to_the_same_adapter(
+    workspace, lm_root, tmp_path
+):
+    """The node agent's child killed mid-run: the job goes back to the queue and its next run
+    resumes from the last checkpoint to the adapter an uninterrupted run makes."""
+    import os
+    import signal
+
+    from training.services import job_create, job_work_dir
+    from training.tests.factories import make_node, place
+    from training.tests.workers import execute_in_thread
+
+    record_set = record_set_upload(
+        actor=None, workspace=workspace, name="colors", content=jsonl(instruction_rows()),
+        fmt="jsonl",
+    )  # fmt: skip
+    params = {
+        **FAST_LM,
+        "base_model_path": str(lm_root),
+        "epochs": 2,
+        "batch_size": 8,
+        "lora_dropout": 0.1,
+        "checkpoint_every_steps": 4,
+        "step_sleep_s": 0.1,
+    }
+    job = job_create(
+        actor=None, workspace=workspace, name="lora", dataset=None, template="lm_lora",
+        record_set=record_set, params=params,
+    )  # fmt: skip
+    reference = agent.build_job_spec(job)
+    reference.work_dir = str(tmp_path / "reference")
+    reference.params = {**reference.params, "step_sleep_s": 0}
+    assert runner.train(reference, emit=runner.Emitter(sink=lambda event: None)) == 0
+
+    node = make_node()
+    place(job, node)
+    thread, result = execute_in_thread(job.pk)
+    wait_for(
+        lambda: TrainingJob.objects.unscoped().get(pk=job.pk).checkpoint_step >= 8,
+        timeout=120,
+        what="a checkpoint",
+    )
+    os.kill(int((job_work_dir(job) / agent.PID_FILE).read_text()), signal.SIGKILL)
+    thread.join(60)
+    assert result["state"] == JobState.PENDING
+    job.refresh_from_db()
+    killed_at = job.checkpoint_step
+    assert job.attempts == 1 and 8 <= killed_at < job.total_steps == 40
+
+    place(job, node)
+    assert agent.execute_job(job.pk) == JobState.SUCCEEDED
+    job.refresh_from_db()
+    log = (job_work_dir(job) / agent.LOG_FILE).read_text()
+    assert f"resumed from checkpoint at step {killed_at}" in log
+    assert job.attempts == 2 and job.step == 40
+    ours = _adapter(agent.artifact_path(job.model_path).parent)
+    theirs = _adapter(tmp_path / "reference")
+    assert sorted(ours) == sorted(theirs)
+    for name in ours:
+        assert torch.allclose(ours[name], theirs[name], atol=1e-6), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,3 +46,21 @@ def node_worker(prefix: str = "t", *, platform: bool = False) -> Iterator[Node]:
             )
     finally:
         agent.HEARTBEATS.shutdown()  # the embedded test worker sends no worker_shutdown
+
+
+def execute_in_thread(job_id: int) -> tuple[threading.Thread, dict[str, Any]]:
+    """``agent.execute_job(job_id)`` on a thread of its own (its own database connection); the
+    returned dict gets the job's final state as ``"state"``."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        from django.db import connection
+
+        try:
+            result["state"] = agent.execute_job(job_id)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
