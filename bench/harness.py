@@ -55,6 +55,7 @@ KNOWN_AREAS: tuple[str, ...] = (
     "faults",
     "offline",
     "data",
+    "quantization",
 )
 
 # Unit shown for a measure, read from the end of its name (longest suffix first).
