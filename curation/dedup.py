@@ -24,10 +24,10 @@ for all rows at once instead of one row at a time:
 
 Why by hand: datasketch (2.0.0, the maintained library) hashes one row at a time in Python.
 On the data bench's corpus (``make bench ONLY=data``, 3 seeds, this machine's 2 cores) its
-``MinHash.bulk`` and ``MinHashLSH`` ran at 5,510-5,803 rows/s on 20,000 rows and found 83-89% of
+``MinHash.bulk`` and ``MinHashLSH`` ran at 3,000-5,800 rows/s on 20,000 rows and found 83-89% of
 the planted pairs at the threshold (precision 0.955-0.970, by its MinHash estimate); this code ran
-at 65,000-76,000 rows/s on the same rows with recall and precision 1.0 (exact confirmation), and
-at 41,900-49,000 rows/s on the whole 200,000 rows (exact and near).
+at 54,000-80,000 rows/s on the same rows with recall and precision 1.0 (exact confirmation), and
+at 52,900-61,200 rows/s on the whole 200,000 rows (exact and near; two runs of the 3 seeds).
 """
 
 from __future__ import annotations
