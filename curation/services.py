@@ -77,6 +77,31 @@ def _columns(schema: pa.Schema) -> list[dict[str, str]]:
     return [{"name": f.name, "type": str(f.type)} for f in schema]
 
 
+def ranking_features(record_set: RecordSet) -> list[tuple[str, str]]:
+    """A ranking sample's features (a record set formatted ``to: ranking``): (column, dtype:
+    ``float``, ``bool`` or ``categorical``) for each column but the label and the time;
+    ``ValueError`` naming what the record set lacks."""
+    schema = pq.read_schema(record_set_file(record_set))
+    if stage_kinds.RANKING_LABEL not in schema.names or not pa.types.is_integer(
+        schema.field(stage_kinds.RANKING_LABEL).type
+    ):
+        raise ValueError(
+            f"has no 0/1 {stage_kinds.RANKING_LABEL} column: a pipeline's format stage with "
+            "to: ranking makes one"
+        )
+    out = []
+    for column in schema:
+        if column.name in (stage_kinds.RANKING_LABEL, stage_kinds.RANKING_TIME):
+            continue
+        kind = stage_kinds.feature_kind(column.type)
+        if kind is None:
+            raise ValueError(f"column {column.name!r} is {column.type}, not a ranking feature")
+        out.append((column.name, kind))
+    if not out:
+        raise ValueError("has no feature columns besides its label")
+    return out
+
+
 def _check_name(name: str) -> None:
     try:
         name_validator(name)

@@ -17,8 +17,12 @@ A pipeline is a list of stages, each a JSON object with a ``kind``:
   ``threshold`` (0.8 by default; ``shingle`` words, 3 by default); see ``curation.dedup``.
 - ``format``: reshapes the rows for a training template: ``to``: ``instruction`` (columns
   ``instruction``, ``input``, ``output`` from the columns named by ``instruction``, ``input``
-  (optional) and ``output``) or ``chat`` (a ``messages`` column of ``{role, content}`` from
-  ``user`` and ``assistant``, with an optional ``system``).
+  (optional) and ``output``), ``chat`` (a ``messages`` column of ``{role, content}`` from
+  ``user`` and ``assistant``, with an optional ``system``) or ``ranking`` (a ranking sample the
+  ranking templates train on: a 0/1 ``label`` from the ``label`` column, true or at least
+  ``positive_at_least`` (1 by default), rows without one removed; the ``features`` columns as
+  they are, numbers, booleans or text (categorical); an ``event_time`` from the optional
+  ``event_time`` column, a timestamp, that orders the rows for the held-out split).
 
 Each stage reports rows in, rows out, rows removed per rule and up to ``EXAMPLES`` examples of
 what each rule removed or changed.
@@ -26,6 +30,8 @@ what each rule removed or changed.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +71,8 @@ SCRUB_PATTERNS: dict[str, tuple[str, str]] = {
         "<PHONE>",
     ),
 }
-FORMATS = ("instruction", "chat")
+FORMATS = ("instruction", "chat", "ranking")
+RANKING_LABEL, RANKING_TIME = "label", "event_time"
 
 
 class StageError(ValueError):
@@ -293,6 +300,8 @@ def _validate_format(spec: dict[str, Any], path: str, schema: pa.Schema) -> dict
     to = _need(spec, "to", path)
     if to not in FORMATS:
         raise StageError(f"{path}.to", f"unknown format {to!r}; allowed: {', '.join(FORMATS)}")
+    if to == "ranking":
+        return _validate_ranking(spec, path, schema)
     roles = (
         ("instruction", "input", "output")
         if to == "instruction"
@@ -306,6 +315,58 @@ def _validate_format(spec: dict[str, Any], path: str, schema: pa.Schema) -> dict
             out[role] = _column(
                 _need(spec, role, path), f"{path}.{role}", schema.names, text=True, schema=schema
             )
+    return out
+
+
+def feature_kind(kind: pa.DataType) -> str | None:
+    """A ranking feature's dtype (``training.bundle``'s) for an Arrow type, None if unusable."""
+    if pa.types.is_boolean(kind):
+        return "bool"
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return "float"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "categorical"
+    return None
+
+
+def _validate_ranking(spec: dict[str, Any], path: str, schema: pa.Schema) -> dict[str, Any]:
+    _unknown(spec, {"kind", "to", "label", "positive_at_least", "features", "event_time"}, path)
+    out: dict[str, Any] = {"kind": "format", "to": "ranking"}
+    label = _column(_need(spec, "label", path), f"{path}.label", schema.names)
+    kind = schema.field(label).type
+    if feature_kind(kind) not in ("bool", "float"):
+        raise StageError(f"{path}.label", f"'{label}' is {kind}; a label is a boolean or a number")
+    out["label"] = label
+    if "positive_at_least" in spec:
+        out["positive_at_least"] = _number(spec["positive_at_least"], f"{path}.positive_at_least")
+    features = _need(spec, "features", path)
+    if (
+        not isinstance(features, list)
+        or not features
+        or len(set(map(str, features))) != len(features)
+    ):
+        raise StageError(f"{path}.features", "must be a list of distinct column names")
+    for index, name in enumerate(features):
+        where = f"{path}.features[{index}]"
+        _column(name, where, schema.names)
+        if name in (label, RANKING_LABEL, RANKING_TIME):
+            raise StageError(where, f"'{name}' is the label or the time, not a feature")
+        if feature_kind(schema.field(name).type) is None:
+            raise StageError(
+                where,
+                f"'{name}' is {schema.field(name).type}; a feature is a number, a boolean or text",
+            )
+    out["features"] = list(features)
+    if spec.get("event_time") is not None:
+        name = _column(spec["event_time"], f"{path}.event_time", schema.names)
+        if not (
+            pa.types.is_timestamp(schema.field(name).type)
+            or pa.types.is_date(schema.field(name).type)
+        ):
+            raise StageError(
+                f"{path}.event_time", f"'{name}' is {schema.field(name).type}, not a timestamp"
+            )
+        out["event_time"] = name
     return out
 
 
@@ -324,6 +385,10 @@ def _output_schema(stage: dict[str, Any], schema: pa.Schema) -> pa.Schema:
         return schema
     if stage["to"] == "instruction":
         return pa.schema([(n, pa.string()) for n in ("instruction", "input", "output")])
+    if stage["to"] == "ranking":
+        time = [(RANKING_TIME, pa.timestamp("us", "UTC"))] if "event_time" in stage else []
+        features = [(name, schema.field(name).type) for name in stage["features"]]
+        return pa.schema([*time, (RANKING_LABEL, pa.int64()), *features])
     return pa.schema([("messages", pa.list_(MESSAGE))])
 
 
@@ -420,8 +485,22 @@ def _rule_label(rule: dict[str, Any]) -> str:
 
 
 def _clip(value: Any) -> Any:
+    """An example's value as stored (JSON): long text cut, times as ISO 8601, bytes as a
+    count, lists and structs value by value."""
     if isinstance(value, str) and len(value) > EXAMPLE_CHARS:
         return value[:EXAMPLE_CHARS] + "…"
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, list):
+        return [_clip(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clip(v) for k, v in value.items()}
+    if isinstance(value, decimal.Decimal):
+        return float(value)
     return value
 
 
@@ -501,7 +580,38 @@ def run_dedup(table: pa.Table, stage: dict[str, Any]) -> tuple[pa.Table, StageRe
     return out, report
 
 
+def run_ranking(table: pa.Table, stage: dict[str, Any]) -> tuple[pa.Table, StageReport]:
+    """The ``ranking`` format: rows with a label, the label as 0/1, time and features kept."""
+    report = StageReport("format", table.num_rows, table.num_rows)
+    raw = table.column(stage["label"])
+    missing = pc.is_null(raw, nan_is_null=True)
+    if pa.types.is_boolean(raw.type):
+        positive = raw
+    else:
+        positive = pc.greater_equal(raw, pa.scalar(stage.get("positive_at_least", 1.0)))
+    columns: dict[str, Any] = {}
+    if "event_time" in stage:
+        columns[RANKING_TIME] = pc.cast(
+            table.column(stage["event_time"]), pa.timestamp("us", "UTC")
+        )
+    columns[RANKING_LABEL] = pc.cast(pc.fill_null(positive, False), pa.int64())
+    for name in stage["features"]:
+        columns[name] = table.column(name)
+    out = pa.table(columns)
+    dropped = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
+    if len(dropped):
+        report.removed["label_missing"] = len(dropped)
+        report.examples["label_missing"] = _example_rows(table, dropped)
+        out = out.filter(pc.invert(missing))
+    report.rows_out = out.num_rows
+    report.changed["positive"] = int(pc.sum(out.column(RANKING_LABEL)).as_py() or 0)
+    report.examples["formatted"] = _example_rows(out, np.arange(min(EXAMPLES, out.num_rows)))
+    return out, report
+
+
 def run_format(table: pa.Table, stage: dict[str, Any]) -> tuple[pa.Table, StageReport]:
+    if stage["to"] == "ranking":
+        return run_ranking(table, stage)
     report = StageReport("format", table.num_rows, table.num_rows)
     if stage["to"] == "instruction":
         empty = pa.array([""] * table.num_rows, pa.string())

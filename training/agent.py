@@ -341,19 +341,30 @@ def build_job_spec(job: TrainingJob):
 
 
 def _record_set_job_spec(job: TrainingJob):
-    """A language-model job's spec (``lm_lora``): its record set's file as the data, no
-    features and no label; the base model folder is in its params (staged by ``_stage``)."""
-    from curation.services import record_set_file
+    """A job on a record set: for a language model (``lm_lora``) its file as the data, no
+    features and no label (the base model folder is in its params, staged by ``_stage``); for
+    a ranking template, a ranking sample (``curation.stages``' format ``to: ranking``): its
+    columns as the features, ``label`` the label."""
+    from curation.services import ranking_features, record_set_file
+    from training.bundle import template_kind
     from training.data import JobSpec
     from training.services import job_work_dir
 
+    features: list[dict[str, Any]] = []
+    label = ""
+    if template_kind(job.template) != "lm":
+        features = [
+            {"ref": f"record_set:{name}", "column": name, "dtype": dtype, "entity": "context"}
+            for name, dtype in ranking_features(job.record_set)
+        ]
+        label = "label"
     return JobSpec(
         job_id=job.pk,
         template=job.template,
         dataset_path=str(record_set_file(job.record_set)),
-        features=[],
+        features=features,
         work_dir=str(job_work_dir(job)),
-        label="",
+        label=label,
         params=dict(job.params),
         workers=1,
     )

@@ -10,6 +10,8 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from curation.models import RecordSetStatus
+from curation.selectors import record_sets_of
 from features.models import Dataset, DatasetStatus
 from training.models import EntryPoint, Pipeline, PriorityClass, TuningMetric, TuningPruner
 from training.params import Param, param_text, params_schema, template_names
@@ -133,7 +135,13 @@ class JobCreateForm(forms.Form):
     workspace's entry points (free JSON params)."""
 
     name = forms.CharField(max_length=63, help_text="Lower case letters, digits and dashes.")
-    dataset = forms.ChoiceField()
+    dataset = forms.ChoiceField(required=False)
+    record_set = forms.ChoiceField(
+        required=False,
+        label="or a record set",
+        help_text="Picked, it is the input instead of the dataset: a ranking sample (a "
+        "pipeline's format to: ranking) for a ranking template, instructions or chats for lm_lora.",
+    )
     code = forms.ChoiceField(label="Template or entry point")
     params = forms.CharField(
         required=False,
@@ -170,7 +178,13 @@ class JobCreateForm(forms.Form):
         # a ChoiceField; form.fields[...] is typed as the base Field.
         self.fields["dataset"].choices = dataset_choices  # type: ignore[attr-defined]
         self.fields["dataset"].error_messages.update(_choice_messages(dataset_choices))
-        templates = [(f"template:{name}", name) for name in dataset_templates()]
+        record_sets = record_sets_of(workspace=workspace).filter(status=RecordSetStatus.READY)
+        record_set_choices = [(str(r.pk), f"{r.name} v{r.version}") for r in record_sets]
+        # a ChoiceField; form.fields[...] is typed as the base Field.
+        self.fields["record_set"].choices = [("", "—"), *record_set_choices]  # type: ignore[attr-defined]
+        self.fields["record_set"].error_messages.update(_choice_messages(record_set_choices))
+        offer = template_names() if record_set_choices else dataset_templates()
+        templates = [(f"template:{name}", name) for name in offer]
         entries = [
             (f"entry_point:{e.name}", e.name)
             for e in EntryPoint.objects.for_workspace(workspace).order_by("name")
@@ -265,9 +279,21 @@ class JobCreateForm(forms.Form):
         """Keyword arguments of ``job_create`` (besides actor and workspace)."""
         data = self.cleaned_data
         kind, _, code = data["code"].partition(":")
+        # a record set picked is the input, whatever the dataset select still shows
+        record_set = data.get("record_set")
+        dataset = None if record_set else data.get("dataset")
         return {
             "name": data["name"],
-            "dataset": Dataset.objects.for_workspace(self.workspace).get(pk=int(data["dataset"])),
+            "dataset": (
+                Dataset.objects.for_workspace(self.workspace).get(pk=int(dataset))
+                if dataset
+                else None
+            ),
+            "record_set": (
+                record_sets_of(workspace=self.workspace).get(pk=int(record_set))
+                if record_set
+                else None
+            ),
             "template": code if kind == "template" else "",
             "entry_point": code if kind == "entry_point" else "",
             "params": self.template_params() if kind == "template" else data["params"],

@@ -223,17 +223,15 @@ def check_job_input(
             errors["dataset"] = f"a {template} job trains on a record_set, not a dataset"
         if base_job is not None:
             errors["base_job"] = f"a {template} job starts from its base_model_path, not a job"
-    else:
-        if record_set is not None:
-            errors["record_set"] = (
-                "only a language-model job (template "
-                + ", ".join(sorted(LM_TEMPLATES))
-                + ") trains on a record set; give a dataset"
-            )
-        if dataset is None:
-            errors["dataset"] = "required"
-        elif dataset.status != DatasetStatus.READY:
-            errors["dataset"] = f"dataset is {dataset.status}, not ready"
+    elif record_set is not None:
+        # a ranking sample built by a pipeline (format to: ranking) instead of a dataset
+        errors.update(_ranking_record_set_errors(record_set, entry_point=bool(entry_point)))
+        if dataset is not None:
+            errors["dataset"] = "give a dataset or a record_set, not both"
+    elif dataset is None:
+        errors["dataset"] = "required"
+    elif dataset.status != DatasetStatus.READY:
+        errors["dataset"] = f"dataset is {dataset.status}, not ready"
     if base_job is None or language_model:
         pass  # nothing to continue from (a language model's base is its base_model_path)
     elif base_job.state != JobState.SUCCEEDED:
@@ -306,6 +304,22 @@ def _record_set_errors(record_set: RecordSet | None) -> dict[str, str]:
         return {
             "record_set": "needs the columns instruction and output (input optional), or a "
             f"messages column of {{role, content}}; it has: {', '.join(sorted(columns))}"
+        }
+    return {}
+
+
+def _ranking_record_set_errors(record_set: RecordSet, *, entry_point: bool) -> dict[str, str]:
+    if entry_point:
+        return {"record_set": "an entry point trains on a dataset; give a dataset"}
+    if record_set.status != RecordSetStatus.READY:
+        return {"record_set": f"record set is {record_set.status}, not ready"}
+    from curation.services import ranking_features
+
+    try:
+        ranking_features(record_set)
+    except (ValueError, OSError) as exc:
+        return {
+            "record_set": f"a ranking template trains on a ranking sample; this record set {exc}"
         }
     return {}
 
