@@ -49,11 +49,11 @@ def workspace_limits(workspace: Workspace) -> dict[str, float]:
 
 
 def language_model(version: ModelVersion) -> bool:
-    """Whether ``version`` is a language-model adapter (``lm_lora``): the ranking gates and the
-    ranking gateway do not apply to it."""
-    from training.bundle import template_kind
+    """Whether ``version`` is a language model (``lm_lora``, ``lm_full``): the ranking gates and
+    the ranking gateway do not apply to it."""
+    from training.bundle import is_language_model
 
-    return template_kind(str((version.spec or {}).get("template") or "")) == "lm"
+    return is_language_model(str((version.spec or {}).get("template") or ""))
 
 
 LANGUAGE_MODEL_DETAIL = (
@@ -270,8 +270,9 @@ def performance_check(version: ModelVersion, *, seconds: float | None = None) ->
 def version_gates_run(*, actor: Actor, workspace: Workspace, version: ModelVersion) -> ModelVersion:
     """Run both gates, store the results on the version and record an event."""
     results: dict[str, Any] = {}
+    not_applicable = language_model(version)
     for gate, check in (("consistency", consistency_check), ("performance", performance_check)):
-        if language_model(version):
+        if not_applicable:
             results[gate] = {
                 "status": GateStatus.FAILED,
                 "detail": f"not applicable: {LANGUAGE_MODEL_DETAIL}",

@@ -341,18 +341,18 @@ def build_job_spec(job: TrainingJob):
 
 
 def _record_set_job_spec(job: TrainingJob):
-    """A job on a record set: for a language model (``lm_lora``) its file as the data, no
-    features and no label (the base model folder is in its params, staged by ``_stage``); for
-    a ranking template, a ranking sample (``curation.stages``' format ``to: ranking``): its
-    columns as the features, ``label`` the label."""
+    """A job on a record set: for a language model (``lm_lora``, ``lm_full``) its file as the
+    data, no features and no label (the base model folder is in its params, staged by
+    ``_stage``); for a ranking template, a ranking sample (``curation.stages``' format
+    ``to: ranking``): its columns as the features, ``label`` the label."""
     from curation.services import ranking_features, record_set_file
-    from training.bundle import template_kind
+    from training.bundle import is_language_model
     from training.data import JobSpec
     from training.services import job_work_dir
 
     features: list[dict[str, Any]] = []
     label = ""
-    if template_kind(job.template) != "lm":
+    if not is_language_model(job.template):
         features = [
             {"ref": f"record_set:{name}", "column": name, "dtype": dtype, "entity": "context"}
             for name, dtype in ranking_features(job.record_set)

@@ -381,23 +381,35 @@ def model_file(template: str) -> str:
     return MODEL_FILES.get(template, WEIGHTS_FILE)
 
 
-# The LoRA adapter a language-model template (``lm_lora``, trained by ``training.lm``) saves.
+# The model files of the language-model templates (trained by ``training.lm``): the LoRA
+# adapter ``lm_lora`` saves, and the whole model ``lm_full`` saves (one safetensors file).
 LM_ADAPTER_FILE = "adapter_model.safetensors"
+LM_FULL_MODEL_FILE = "model.safetensors"
+LM_MODEL_FILES = frozenset({LM_ADAPTER_FILE, LM_FULL_MODEL_FILE})
 
 
 def template_kind(template: str) -> str:
     """``"gbdt"`` for a template trained by ``training.gbdt`` (its own model file), ``"lm"``
-    for a language-model adapter (``training.lm``), else ``"torch"`` (the built-in neural
-    templates and user entry points)."""
+    for a language model (``training.lm``: a LoRA adapter or a whole model), else ``"torch"``
+    (the built-in neural templates and user entry points)."""
     name = model_file(template)
-    if name == LM_ADAPTER_FILE:
+    if name in LM_MODEL_FILES:
         return "lm"
     return "torch" if name == WEIGHTS_FILE else "gbdt"
 
 
-# What a language-model bundle keeps beside its adapter: the adapter's config (required: PEFT
-# loads nothing without it) and the tokenizer's files, whichever of them the tokenizer saved.
+def is_language_model(template: str) -> bool:
+    """Whether ``template`` makes a language model (``training.lm``), not a ranking bundle:
+    the one answer the training agent, the registry's load check and the ranking gates use."""
+    return template_kind(template) == "lm"
+
+
+# What a language-model bundle keeps beside its model file: an adapter's config (required: PEFT
+# loads nothing without it), or a whole model's config (required) and generation config (when
+# saved), and the tokenizer's files, whichever of them the tokenizer saved.
 LM_ADAPTER_CONFIG = "adapter_config.json"
+LM_MODEL_CONFIG = "config.json"
+LM_GENERATION_CONFIG = "generation_config.json"
 LM_TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -413,15 +425,23 @@ LM_TOKENIZER_FILES = (
 def bundle_files(directory: str | os.PathLike) -> tuple[str, ...]:
     """The files of the bundle in ``directory``: the spec and the model file its template uses
     (read from ``spec.json``; ``ValueError`` when that is not a bundle spec), and for a
-    language-model adapter its config and the tokenizer files present."""
+    language model its config (a LoRA adapter's, or a whole model's and its generation config
+    when present) and the tokenizer files present."""
     spec = json.loads((Path(directory) / SPEC_FILE).read_text())
     if not isinstance(spec, dict) or not isinstance(spec.get("template"), str):
         raise ValueError("spec.json names no template")
-    files = (SPEC_FILE, model_file(spec["template"]))
-    if template_kind(spec["template"]) != "lm":
+    name = model_file(spec["template"])
+    files = (SPEC_FILE, name)
+    if not is_language_model(spec["template"]):
         return files
+    if name == LM_ADAPTER_FILE:
+        configs: tuple[str, ...] = (LM_ADAPTER_CONFIG,)
+    else:
+        configs = (LM_MODEL_CONFIG,)
+        if (Path(directory) / LM_GENERATION_CONFIG).is_file():
+            configs += (LM_GENERATION_CONFIG,)
     present = tuple(name for name in LM_TOKENIZER_FILES if (Path(directory) / name).is_file())
-    return (*files, LM_ADAPTER_CONFIG, *present)
+    return (*files, *configs, *present)
 
 
 def check_adapter(directory: Path) -> None:
@@ -443,6 +463,46 @@ def check_adapter(directory: Path) -> None:
         raise ValueError(f"{LM_ADAPTER_FILE} is not a safetensors file: {exc}") from exc
     if not names or not all("lora_" in name for name in names):
         raise ValueError(f"{LM_ADAPTER_FILE} holds no LoRA tensors")
+
+
+# The tensor types a saved causal language model's weights may have.
+_WEIGHT_DTYPES = frozenset({"F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2"})
+
+
+def check_full_model(directory: Path) -> None:
+    """A whole causal language model's folder as ``training.lm`` saves it (``lm_full``): a
+    ``config.json`` naming its model type and one safetensors file of floating-point weights,
+    checked from the config and the safetensors header (names, types and shapes) without
+    reading the weights (which may be large); ``ValueError`` naming what is wrong."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        config = json.loads((directory / LM_MODEL_CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{LM_MODEL_CONFIG} is not readable JSON: {exc}") from exc
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ValueError(f"{LM_MODEL_CONFIG} is not a model's config (no model_type)")
+    try:
+        with safe_open(str(directory / LM_FULL_MODEL_FILE), framework="pt") as tensors:
+            names = list(tensors.keys())
+            dtypes = {tensors.get_slice(name).get_dtype() for name in names}
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{LM_FULL_MODEL_FILE} is not a safetensors file: {exc}") from exc
+    if not names:
+        raise ValueError(f"{LM_FULL_MODEL_FILE} holds no tensors")
+    if any("lora_" in name for name in names):
+        raise ValueError(f"{LM_FULL_MODEL_FILE} holds LoRA tensors, not a whole model")
+    if not dtypes & _WEIGHT_DTYPES:
+        raise ValueError(f"{LM_FULL_MODEL_FILE} holds no floating-point weights")
+
+
+def check_language_model(directory: Path, template: str) -> None:
+    """The check of a language-model ``template``'s folder that reads no weights: a LoRA
+    adapter's (``check_adapter``) or a whole model's (``check_full_model``)."""
+    if model_file(template) == LM_ADAPTER_FILE:
+        check_adapter(directory)
+    else:
+        check_full_model(directory)
 
 
 def averaged_members(template: str, params: Mapping[str, Any]) -> int:

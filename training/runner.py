@@ -20,8 +20,8 @@ curves and the final evaluation.
 
 Gradient-boosted trees (template ``lightgbm``) take another loop with the same contract:
 ``training.gbdt`` (boosting rounds as steps, the booster's text model in the checkpoint); so
-does LoRA fine-tuning of a language model on a record set (template ``lm_lora``):
-``training.lm``.
+does the fine-tuning of a language model on a record set (templates ``lm_lora``: LoRA, and
+``lm_full``: every weight): ``training.lm``.
 
 Exit codes: 0 done, ``EXIT_STOPPED`` checkpointed and stopped on SIGTERM, anything else failed.
 
@@ -243,12 +243,13 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
     from training.bundle import (
         apply_calibration,
         build_model,
+        is_language_model,
         load_bundle,
         template_kind,
     )
 
     stop = stop or StopFlag()
-    if not job.entry_point and template_kind(job.template) == "lm":
+    if not job.entry_point and is_language_model(job.template):
         from training import lm
 
         return lm.train(job, emit=emit, stop=stop)
