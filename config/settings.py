@@ -253,9 +253,9 @@ TRAINING_SANDBOX_ROOT = Path(
         VAR_DIR / "sandbox" / (f"test-run-{os.getpid()}" if TESTING else "jobs"),
     )
 )
-# Language-model jobs (template lm_lora) name a local base model folder in their params; only
-# folders under these roots may be named (os.pathsep-separated in the environment), since the
-# node agent copies the folder into the job's sandbox.
+# Language-model jobs (templates lm_lora, lm_full) name a local base model folder in their
+# params; only folders under these roots may be named (os.pathsep-separated in the
+# environment), since the node agent copies the folder into the job's sandbox.
 TRAINING_BASE_MODEL_ROOTS = [
     Path(p)
     for p in os.environ.get("TRAINING_BASE_MODEL_ROOTS", str(VAR_DIR / "base_models")).split(

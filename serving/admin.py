@@ -8,10 +8,13 @@ cannot be marked deployable without its gates, nor a deployment moved without a 
 from django.contrib import admin
 
 from serving.models import (
+    BenchmarkScore,
+    BenchmarkSet,
     Deployment,
     DeploymentChange,
     DeploymentStatus,
     ModelVersion,
+    PairwiseReview,
     RegisteredModel,
 )
 from workspaces.admin_base import ServiceManagedAdminMixin, UnscopedAdminMixin
@@ -42,3 +45,24 @@ class DeploymentStatusAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.
     """What the controllers observed; written by them only, so read-only here."""
 
     list_display = ["deployment", "phase", "observed_generation", "ready_replicas", "reconciled_at"]
+
+
+@admin.register(PairwiseReview)
+class PairwiseReviewAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
+    """Blind human reviews: written by ``serving.review`` only (items and judgements with it)."""
+
+    list_display = ["id", "model", "version_a", "version_b", "status", "item_count", "created_at"]
+
+
+@admin.register(BenchmarkSet)
+class BenchmarkSetAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
+    """Benchmark sets: versions are immutable once created (``serving.benchmarks``)."""
+
+    list_display = ["name", "version", "workspace", "kind", "rows", "created_at"]
+
+
+@admin.register(BenchmarkScore)
+class BenchmarkScoreAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
+    """Scores written by the benchmark worker only."""
+
+    list_display = ["benchmark", "version", "workspace", "state", "scored_at"]

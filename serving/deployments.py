@@ -39,6 +39,7 @@ from serving.models import (
 )
 from serving.quality import require_quality
 from serving.registry import model_alias_assign
+from serving.review import require_review
 from serving.routing import publish
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
@@ -287,6 +288,8 @@ def deployment_release(
     version = _version(workspace, version)
     if version.model_id != deployment.model_id:
         raise ValidationError({"version_id": f"not a version of model '{deployment.model.name}'"})
+    # 409 naming the review when the workspace's policy wants a passed human review first.
+    require_review(version)
     require_deployable(version)
     if deployment.version_id != version.pk:
         # 409 naming the metric when it is worse than production on the same held-out rows.

@@ -104,3 +104,49 @@ class MlflowImportForm(forms.Form):
                 "Use one form for every line: 'column = group:feature', or 'group:feature' alone."
             )
         return lines
+
+
+class BenchmarkSetForm(forms.Form):
+    """The next version of a benchmark set, over a ready dataset or record set."""
+
+    name = forms.CharField(
+        max_length=63,
+        help_text="Lowercase letters, digits, '-' and '_'. An existing name makes its next "
+        "version.",
+    )
+    source = forms.ChoiceField(
+        label="Rows",
+        help_text="A dataset or a ranking record set makes a ranking set (AUC, log loss, ECE, "
+        "NDCG); a record set of instructions or chats a language set (exact match, token F1, "
+        "ROUGE-L, perplexity).",
+    )
+    label_column = forms.CharField(
+        required=False, max_length=200, help_text="0/1 labels. Default: the dataset's label."
+    )
+    group_column = forms.CharField(
+        required=False,
+        max_length=200,
+        help_text="Rows of one request or user, for NDCG. Default: the dataset's entity key.",
+    )
+    ndcg_k = forms.IntegerField(
+        label="NDCG at k", min_value=1, max_value=1000, initial=10, help_text="1 to 1000."
+    )
+    max_new_tokens = forms.IntegerField(
+        min_value=1, max_value=256, initial=64, help_text="Language sets: 1 to 256 tokens."
+    )
+    description = forms.CharField(required=False, max_length=2000, widget=forms.Textarea)
+
+    def __init__(self, *args, workspace, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from curation.selectors import record_sets_of
+        from features.selectors import datasets_of
+
+        choices = [
+            (f"dataset:{d.pk}", f"dataset {d.name} v{d.version} ({d.row_count} rows)")
+            for d in datasets_of(workspace=workspace).filter(status="ready")[:200]
+        ] + [
+            (f"record_set:{r.pk}", f"record set {r.name} v{r.version} ({r.row_count} rows)")
+            for r in record_sets_of(workspace=workspace).filter(status="ready")[:200]
+        ]
+        self.fields["source"].choices = choices  # type: ignore[attr-defined]
+        self.fields["source"].error_messages.update(_choice_messages(choices))

@@ -15,7 +15,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workspaces.models import WorkspaceOwned
+from workspaces.models import CreatedRecord, WorkspaceOwned
 
 name_validator = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,62}$",
@@ -114,6 +114,79 @@ class ModelVersion(WorkspaceOwned):
     @property
     def name(self) -> str:
         return f"{self.model.name}-v{self.version}"
+
+
+class BenchmarkKind(models.TextChoices):
+    RANKING = "ranking"
+    LANGUAGE = "language"
+
+
+class BenchmarkSet(WorkspaceOwned, CreatedRecord):
+    """A versioned evaluation set of the workspace (X4's benchmark sets): a frozen sample
+    (a feature-store dataset, or a record set) that every new model version of its kind is
+    scored on without anyone asking. Re-creating a name makes its next version; a version never
+    changes, so scores of different model versions on it compare."""
+
+    name = models.CharField(max_length=63, validators=[name_validator])
+    version = models.PositiveIntegerField(default=1)
+    kind = models.CharField(max_length=10, choices=BenchmarkKind.choices)
+    dataset = models.ForeignKey(
+        "features.Dataset", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    record_set = models.ForeignKey(
+        "curation.RecordSet", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    label_column = models.CharField(max_length=200, blank=True)
+    group_column = models.CharField(
+        max_length=200, blank=True, help_text="Rows of one request or user, for NDCG."
+    )
+    ndcg_k = models.PositiveSmallIntegerField(default=10)
+    max_new_tokens = models.PositiveSmallIntegerField(default=64)
+    rows = models.PositiveBigIntegerField(default=0)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name", "-version"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name", "version"], name="serving_benchmark_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+class BenchmarkScoreState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    NOT_APPLICABLE = "not_applicable"
+
+
+class BenchmarkScore(WorkspaceOwned):
+    """One model version's scores on one benchmark set version."""
+
+    benchmark = models.ForeignKey(BenchmarkSet, on_delete=models.CASCADE, related_name="scores")
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="benchmark_scores"
+    )
+    state = models.CharField(
+        max_length=16, choices=BenchmarkScoreState.choices, default=BenchmarkScoreState.QUEUED
+    )
+    metrics = models.JSONField(default=dict, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+    requested_at = models.DateTimeField(default=timezone.now)
+    scored_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["benchmark_id", "version_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["benchmark", "version"], name="serving_benchmark_score_unique"
+            )
+        ]
 
 
 class Backend(models.TextChoices):
@@ -308,3 +381,108 @@ class PredictionLog(WorkspaceOwned):
 
     def __str__(self) -> str:
         return self.request_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Blind side-by-side human review of two language-model versions (serving.review)
+
+
+class ReviewStatus(models.TextChoices):
+    GENERATING = "generating", "Generating the two versions' responses"
+    OPEN = "open", "Open for judgements"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class ReviewVerdict(models.TextChoices):
+    """A judgement in the versions' terms (the reviewer chose a side; the server maps it)."""
+
+    A = "a", "A is better"
+    B = "b", "B is better"
+    TIE = "tie", "Tie"
+
+
+class PairwiseReview(WorkspaceOwned):
+    """A blind side-by-side review: reviewers compare the responses of versions A and B of one
+    language model to prompts sampled from a record set, without knowing which is which."""
+
+    event_kind = "pairwise_review"
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="+")
+    version_a = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    version_b = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    record_set = models.ForeignKey("curation.RecordSet", on_delete=models.PROTECT, related_name="+")
+    item_count = models.PositiveIntegerField(help_text="Prompts sampled from the record set.")
+    seed = models.PositiveIntegerField(default=0, help_text="The sample's seed.")
+    max_new_tokens = models.PositiveSmallIntegerField(default=64)
+    reviewers = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="+")
+    status = models.CharField(
+        max_length=10, choices=ReviewStatus.choices, default=ReviewStatus.GENERATING
+    )
+    generated = models.PositiveIntegerField(
+        default=0, help_text="Responses generated so far (of twice the items)."
+    )
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"review {self.pk}"
+
+
+class PairwiseItem(WorkspaceOwned):
+    """One sampled prompt with both versions' responses and the side A is shown on."""
+
+    event_kind = "pairwise_item"
+
+    review = models.ForeignKey(PairwiseReview, on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField()
+    row = models.JSONField(default=dict, help_text="The record the prompt was rendered from.")
+    prompt = models.TextField()
+    output_a = models.TextField(blank=True)
+    output_b = models.TextField(blank=True)
+    a_on_left = models.BooleanField(help_text="A is 'Response 1' (shown first).")
+
+    class Meta:
+        ordering = ["review_id", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["review", "position"], name="serving_pairwise_item_unique_position"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"item {self.position} of review {self.review_id}"
+
+
+class PairwiseJudgement(WorkspaceOwned):
+    """One reviewer's verdict on one item, stored in the versions' terms with the side they
+    picked (for position-bias checks)."""
+
+    event_kind = "pairwise_judgement"
+
+    review = models.ForeignKey(PairwiseReview, on_delete=models.CASCADE, related_name="judgements")
+    item = models.ForeignKey(PairwiseItem, on_delete=models.CASCADE, related_name="judgements")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    verdict = models.CharField(max_length=3, choices=ReviewVerdict.choices)
+    side = models.CharField(max_length=3, help_text="What the reviewer picked: 1, 2 or tie.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["review_id", "item_id", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["item", "reviewer"], name="serving_pairwise_judgement_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer_id} on item {self.item_id}: {self.verdict}"

@@ -78,17 +78,19 @@ def load_version(version: ModelVersion) -> Bundle:
 
 def check_loadable(version: ModelVersion) -> None:
     """Refuse (400 naming the artifact) a version whose files do not load: a ranking bundle is
-    loaded (tensors only, no pickle); a language-model adapter, whose base model may be large,
-    has its adapter's tensors and config read instead (``training.bundle.check_adapter``)."""
-    from training.bundle import check_adapter, template_kind
+    loaded (tensors only, no pickle); a language model, which may be large, has its config and
+    its safetensors header read instead of its weights: a LoRA adapter's
+    (``training.bundle.check_adapter``) or a whole model's (``check_full_model``)."""
+    from training.bundle import check_language_model, is_language_model
 
-    if template_kind(str((version.spec or {}).get("template") or "")) != "lm":
+    template = str((version.spec or {}).get("template") or "")
+    if not is_language_model(template):
         load_version(version)
         return
 
     path = artifacts.resolve_artifact(version.artifact_path, attr="artifact_path")
     try:
-        check_adapter(path)
+        check_language_model(path, template)
     except (ValueError, OSError) as exc:
         raise ValidationError(
             {"artifact_path": f"model artifact refused: {type(exc).__name__}: {str(exc)[:200]}"}
@@ -400,6 +402,9 @@ def _record_version(
     )
     _register_consumers(actor=actor, version=version)
     model_alias_assign(actor=actor, model=model, alias="candidate", version=version, sync=False)
+    from serving.benchmarks import benchmarks_request_for_version
+
+    benchmarks_request_for_version(workspace=workspace, version=version)
     return version
 
 

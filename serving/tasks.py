@@ -103,3 +103,27 @@ def run_gates(version_id: int, actor_id: int | None = None) -> str:
     from serving.gates import version_gates_run_requested
 
     return version_gates_run_requested(version_id=int(version_id), actor_id=actor_id)
+
+
+@shared_task(name="serving.score_benchmarks", acks_late=True, ignore_result=True)
+def score_benchmarks(score_ids: list[int]) -> list[str]:
+    """Benchmark scores asked for on registration or for a new set (``serving.benchmarks``):
+    each computed once, in order."""
+    from serving.benchmarks import benchmark_score_run
+
+    return [benchmark_score_run(int(pk)) for pk in score_ids]
+
+
+@shared_task(
+    name="serving.review_generate",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def review_generate_task(review_id: int) -> str | None:
+    """Generate a new human review's responses (``serving.review``); a redelivery of a review no
+    longer generating does nothing."""
+    from serving.review import review_generate
+
+    review = review_generate(int(review_id))
+    return review.status if review is not None else None

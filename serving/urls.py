@@ -2,7 +2,15 @@
 
 from django.urls import path
 
-from serving import quality_views, views
+from serving import benchmark_views, quality_views, views
+from serving.review_views import (
+    review_close,
+    review_create,
+    review_judge,
+    review_list,
+    review_page,
+    review_progress,
+)
 
 urlpatterns: list = [
     path("metrics", views.metrics, name="metrics"),
@@ -34,6 +42,24 @@ urlpatterns: list = [
         quality_views.version_quality_override,
         name="serving-version-quality-override",
     ),
+    path("w/<slug:ws>/benchmarks/", benchmark_views.benchmark_list, name="serving-benchmarks"),
+    path(
+        "w/<slug:ws>/benchmarks/new/",
+        benchmark_views.benchmark_create,
+        name="serving-benchmark-create",
+    ),
+    path(
+        "w/<slug:ws>/benchmarks/<str:name>/",
+        benchmark_views.benchmark_detail,
+        name="serving-benchmark",
+    ),
+    # Blind side-by-side human reviews (serving.review_views).
+    path("w/<slug:ws>/reviews/", review_list, name="serving-reviews"),
+    path("w/<slug:ws>/reviews/new/", review_create, name="serving-review-create"),
+    path("w/<slug:ws>/reviews/<int:pk>/", review_page, name="serving-review"),
+    path("w/<slug:ws>/reviews/<int:pk>/progress/", review_progress, name="serving-review-progress"),
+    path("w/<slug:ws>/reviews/<int:pk>/close/", review_close, name="serving-review-close"),
+    path("w/<slug:ws>/reviews/<int:pk>/judge/", review_judge, name="serving-review-judge"),
     path("w/<slug:ws>/deployments/", views.deployment_list, name="serving-deployments"),
     path("w/<slug:ws>/deployments/<str:name>/", views.deployment_detail, name="serving-deployment"),
     path(

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from serving import presentation, registry
+from serving import benchmarks, presentation, registry
 from serving.controllers import deployment_status
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
 from serving.forms import DeployForm, MlflowImportForm, VersionRegisterForm
@@ -290,6 +290,8 @@ def version_detail(
             gates_run=(found.gates or {}).get("run"),
             can_deploy=role_at_least(request.workspace_role, Role.MAINTAINER),
             deploy_form=deploy_form or DeployForm(workspace=workspace, version=found),
+            benchmark_view=benchmarks.version_benchmarks(found),
+            benchmark_kind=benchmarks.version_kind(found),
         ),
         status=400 if deploy_form is not None and deploy_form.errors else 200,
     )

@@ -26,7 +26,7 @@ DEFAULT_TEMPLATE = "fine_ranking"
 
 def dataset_templates() -> list[str]:
     """The built-in templates these forms offer: those trained on a dataset (a language-model
-    template, ``lm_lora``, trains on a record set and is submitted through the API)."""
+    template, ``lm_lora`` or ``lm_full``, trains on a record set)."""
     from training.services import LM_TEMPLATES
 
     return [name for name in template_names() if name not in LM_TEMPLATES]
@@ -140,7 +140,8 @@ class JobCreateForm(forms.Form):
         required=False,
         label="or a record set",
         help_text="Picked, it is the input instead of the dataset: a ranking sample (a "
-        "pipeline's format to: ranking) for a ranking template, instructions or chats for lm_lora.",
+        "pipeline's format to: ranking) for a ranking template, instructions or chats for "
+        "lm_lora or lm_full.",
     )
     code = forms.ChoiceField(label="Template or entry point")
     params = forms.CharField(

@@ -1,5 +1,8 @@
-"""The language-model path of the training child (template ``lm_lora``): LoRA fine-tuning of a
-local Hugging Face causal language model on a record set (``curation``), with ``peft``.
+"""The language-model path of the training child (templates ``lm_lora`` and ``lm_full``):
+fine-tuning of a local Hugging Face causal language model on a record set (``curation``), either
+LoRA (``lm_lora``: low-rank adapters with ``peft``, the base weights frozen) or full
+(``lm_full``: every weight of the model trains). One loop runs both; the template decides only
+how the model and its trainable weights are built and what the model output is.
 
 ``runner.train`` hands a job here when its template is a language model
 (``bundle.template_kind`` ``"lm"``). The contract is the other loops': the same events
@@ -14,21 +17,31 @@ not know which kind ran.
   tokens only (the assistant's messages in a chat), and an end-of-sequence token after it.
 - Split: ``holdout_fraction`` of the rows, drawn by a permutation fixed once for all jobs (not
   by ``seed``, so jobs of different seeds are scored on the same rows), are held out; the
-  held-out loss and perplexity are reported for the base model (adapter off) before training
-  and for the fine-tuned model after it, and ``eval_loss`` after every epoch (``epoch_eval``).
+  held-out loss and perplexity are reported for the base model (adapter off, or the weights
+  before the first step) before training and for the fine-tuned model after it, and
+  ``eval_loss`` after every epoch (``epoch_eval``).
 - The base model is a local folder (``base_model_path``, copied into the sandbox by the agent),
-  read with ``local_files_only``: nothing is downloaded. It trains in bf16 on a CUDA device
-  that supports it, else in float32; the LoRA weights stay float32.
-- Steps: ``batch_size`` rows per optimiser step (AdamW over the LoRA weights), in forward
+  read with ``local_files_only``: nothing is downloaded. ``lm_lora``: the base model is held in
+  bf16 on a CUDA device that supports it, else in float32; the LoRA weights stay float32.
+  ``lm_full``: the weights (and AdamW's state) are float32, and on a CUDA device that supports
+  bf16 the forward and backward passes run under bf16 autocast (mixed precision: updates as
+  small as a fine-tuning lr makes them are not lost to bf16 rounding); about 16 bytes a
+  parameter (weights, gradients, two AdamW moments) plus the activations, which
+  ``gradient_checkpointing`` trades for a second forward pass.
+- Steps: ``batch_size`` rows per optimiser step (AdamW over the trainable weights), in forward
   passes of ``micro_batch_size`` rows whose gradients are summed (the loss is the mean over the
   step's response tokens); the rows of each step come from ``data.BatchOrder`` (seed, epoch),
   so the position in the data is the step number.
-- Checkpoints hold the LoRA weights, the optimiser state, the step, the torch RNG states and the
-  base model's held-out figures; a resumed run continues from the same step with the same
-  batches and dropout draws, and ends with the adapter an uninterrupted run ends with.
-- The model output (``model/``): the adapter (peft's ``save_pretrained``: ``adapter_config.json``
-  and ``adapter_model.safetensors``), the base model's tokenizer, and ``spec.json`` (the bundle
-  spec: template, hyperparameters, the base model and the held-out figures).
+- Checkpoints hold the trainable weights (the LoRA weights, or all of the model's), the
+  optimiser state, the step, the torch RNG states and the base model's held-out figures; a
+  resumed run continues from the same step with the same batches and dropout draws, and ends
+  with the weights an uninterrupted run ends with.
+- The model output (``model/``): ``lm_lora``: the adapter (peft's ``save_pretrained``:
+  ``adapter_config.json`` and ``adapter_model.safetensors``); ``lm_full``: the whole model
+  (``save_pretrained``: ``config.json``, one ``model.safetensors``, ``generation_config.json``),
+  loadable on its own with ``AutoModelForCausalLM.from_pretrained``. Both with the base model's
+  tokenizer and ``spec.json`` (the bundle spec: template, hyperparameters, the base model and
+  the held-out figures).
 """
 
 from __future__ import annotations
@@ -46,8 +59,17 @@ IGNORE_INDEX = -100
 SPLIT_SEED = 0
 
 
+# The template that fine-tunes every weight of the model (the others train a LoRA adapter).
+FULL_TEMPLATE = "lm_full"
+
+
 def build(spec: Any) -> Any:
-    """The bundle loader's builder: an ``lm_lora`` model is an adapter for its base model."""
+    """The bundle loader's builder: a language model is not a ranking bundle."""
+    if getattr(spec, "template", "") == FULL_TEMPLATE:
+        raise ValueError(
+            "an lm_full model is a whole causal language model: load it with transformers "
+            "(AutoModelForCausalLM.from_pretrained(<model folder>)), not as a ranking bundle"
+        )
     raise ValueError(
         "an lm_lora model is a LoRA adapter for its base model: load it with peft "
         "(PeftModel.from_pretrained(base, <model folder>)), not as a ranking bundle"
@@ -174,8 +196,63 @@ def _offline(work: Path) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _lora_model(base: Any, params: dict[str, Any]) -> Any:
+    """``lm_lora``: the base model wrapped in peft's LoRA adapters (only they train)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = [t.strip() for t in str(params.get("target_modules") or "").split(",") if t.strip()]
+    config = LoraConfig(
+        r=int(params.get("lora_r", 8)),
+        lora_alpha=int(params.get("lora_alpha", 16)),
+        lora_dropout=float(params.get("lora_dropout", 0.05)),
+        target_modules=targets or None,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(base, config)
+
+
+def _precision(device: Any, full: bool) -> tuple[Any, Any, str]:
+    """(the dtype the weights load in, a context for the forward passes, the autocast dtype's
+    name or ""): ``lm_lora`` holds the frozen base in bf16 where the CUDA device supports it;
+    ``lm_full`` keeps float32 weights and runs the passes under bf16 autocast there. float32
+    elsewhere."""
+    import contextlib
+
+    import torch
+
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if not bf16:
+        return torch.float32, contextlib.nullcontext, ""
+    if not full:
+        return torch.bfloat16, contextlib.nullcontext, ""
+
+    def autocast() -> Any:
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+
+    return torch.float32, autocast, "bfloat16"
+
+
+def _activation_checkpointing(model: Any, *, on: bool) -> None:
+    """Turn activation (gradient) checkpointing on or off: recomputed activations (the RNG
+    state kept, so dropout draws are the same), and no key/value cache while it is on."""
+    if on:
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:  # transformers 5's name
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+    else:
+        disable = getattr(model, "activation_checkpointing_disable", None)
+        (disable or model.gradient_checkpointing_disable)()
+    if on:  # no key/value cache while training (restored as saved before the model is)
+        model.config.use_cache = False
+
+
 def train(job: Any, *, emit: Any, stop: Any) -> int:
-    """Run (or resume) an ``lm_lora`` job (a ``data.JobSpec``). Returns an exit code."""
+    """Run (or resume) an ``lm_lora`` or ``lm_full`` job (a ``data.JobSpec``). Returns an exit
+    code."""
     from training.runner import EXIT_STOPPED, _atomic_save, _device
 
     work = Path(job.work_dir)
@@ -192,15 +269,18 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
 
     import pyarrow.parquet as pq
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from training import data
     from training.bundle import SPEC_FILE, BundleSpec
     from training.params import params_resolved
 
-    seed = int(job.param("seed", 0))
-    threads = int(job.param("threads", 0))
+    full = job.template == FULL_TEMPLATE
+    # The job's params over its template's defaults (``lm_full``'s own lr and batch_size).
+    hparams = params_resolved(job.template, job.params)
+    hp = {name: value for name, value in hparams.items() if value is not None}
+    seed = int(hp.get("seed", 0))
+    threads = int(hp.get("threads", 0))
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -217,8 +297,8 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    max_length = int(job.param("max_length", 512))
-    train_rows, held_rows = split_rows(len(rows), float(job.param("holdout_fraction", 0.2)))
+    max_length = int(hp.get("max_length", 512))
+    train_rows, held_rows = split_rows(len(rows), float(hp.get("holdout_fraction", 0.2)))
     train_set = encode(tokenizer, [rows[i] for i in train_rows], max_length)
     holdout = encode(tokenizer, [rows[i] for i in held_rows], max_length)
     emit(
@@ -230,46 +310,49 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
         emit("error", message="the record set has no training examples")
         return 2
 
-    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    dtype = torch.bfloat16 if bf16 else torch.float32
+    dtype, precision, autocast = _precision(device, full)
     base = AutoModelForCausalLM.from_pretrained(base_path, local_files_only=True, dtype=dtype)
-    targets = [t.strip() for t in str(job.param("target_modules", "")).split(",") if t.strip()]
-    config = LoraConfig(
-        r=int(job.param("lora_r", 8)),
-        lora_alpha=int(job.param("lora_alpha", 16)),
-        lora_dropout=float(job.param("lora_dropout", 0.05)),
-        target_modules=targets or None,
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(base, config)
+    model = base if full else _lora_model(base, hp)
     model.to(device)
+    checkpointing = full and bool(hp.get("gradient_checkpointing", False))
+    use_cache = getattr(model.config, "use_cache", None)
+    if checkpointing:
+        _activation_checkpointing(model, on=True)
+    # Tied weights (an input embedding shared with the output layer) are one parameter here.
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(
         list(trainable.values()),
-        lr=float(job.param("lr", 0.01)),
-        weight_decay=float(job.param("weight_decay", 0.0)),
+        lr=float(hp.get("lr", 0.01)),
+        weight_decay=float(hp.get("weight_decay", 0.0)),
     )
-    batch_size = int(job.param("batch_size", 512))
-    micro = max(1, int(job.param("micro_batch_size", 8)))
+    batch_size = int(hp.get("batch_size", 512))
+    micro = max(1, int(hp.get("micro_batch_size", 8)))
     order = data.BatchOrder(len(train_set), batch_size, seed)
-    epochs = int(job.param("epochs", 2))
-    total = int(job.param("max_steps", 0)) or epochs * order.steps_per_epoch
+    epochs = int(hp.get("epochs", 2))
+    total = int(hp.get("max_steps", 0)) or epochs * order.steps_per_epoch
+    # What the checkpoint calls the trainable weights (``adapter``: as lm_lora always has).
+    weights_key = "weights" if full else "adapter"
+
+    def held_out() -> dict:
+        with precision():
+            return evaluate(model, holdout, pad_id=pad_id, device=device, rows=micro)
 
     step = 0
     base_metrics: dict[str, Any] = {}
     checkpoint = None
     if job.checkpoint_file.exists():
         checkpoint = torch.load(job.checkpoint_file, map_location="cpu", weights_only=True)
-        if checkpoint.get("format") != LM_CHECKPOINT_FORMAT:
+        if checkpoint.get("format") != LM_CHECKPOINT_FORMAT or weights_key not in checkpoint:
             checkpoint = None
     if checkpoint is not None:
-        missing = set(trainable) - set(checkpoint["adapter"])
+        missing = set(trainable) - set(checkpoint[weights_key])
         if missing:
-            emit("error", message=f"the checkpoint lacks LoRA weights: {sorted(missing)[:3]}")
+            what = "model weights" if full else "LoRA weights"
+            emit("error", message=f"the checkpoint lacks {what}: {sorted(missing)[:3]}")
             return 2
         with torch.no_grad():
             for name, param in trainable.items():
-                param.copy_(checkpoint["adapter"][name].to(param.device, param.dtype))
+                param.copy_(checkpoint[weights_key][name].to(param.device, param.dtype))
         optimizer.load_state_dict(checkpoint["optimizer"])
         step = int(checkpoint["step"])
         torch.set_rng_state(checkpoint["rng"])
@@ -278,19 +361,21 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
         base_metrics = json.loads(checkpoint.get("base_metrics") or "{}")
         emit("log", message=f"resumed from checkpoint at step {step}")
     elif holdout:
-        with model.disable_adapter():
-            base_metrics = evaluate(model, holdout, pad_id=pad_id, device=device, rows=micro)
+        if full:  # the weights before the first step are the base model's
+            base_metrics = held_out()
+        else:
+            with model.disable_adapter():
+                base_metrics = held_out()
         emit("metric", step=0, name="base_eval_loss", value=base_metrics["eval_loss"])
         emit("log", message=f"base model: held-out perplexity {base_metrics['perplexity']:.4g}")
 
-    hparams = params_resolved(job.template, job.params)
     spec = BundleSpec(template=job.template, features=[], hparams=hparams, label="")
 
     def save_checkpoint(at: int) -> None:
         _atomic_save(
             {
                 "format": LM_CHECKPOINT_FORMAT,
-                "adapter": {n: p.detach().cpu().clone() for n, p in trainable.items()},
+                weights_key: {n: p.detach().cpu().clone() for n, p in trainable.items()},
                 "optimizer": optimizer.state_dict(),
                 "rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
@@ -313,11 +398,11 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
         device=str(device),
         workers=1,
     )
-    every_steps = int(job.param("checkpoint_every_steps", 200))
-    every_s = float(job.param("checkpoint_every_s", 30.0))
-    log_every = max(1, int(job.param("log_every_steps", 10)))
-    step_sleep_s = float(job.param("step_sleep_s", 0.0))
-    epoch_eval = bool(job.param("epoch_eval", True))
+    every_steps = int(hp.get("checkpoint_every_steps", 200))
+    every_s = float(hp.get("checkpoint_every_s", 30.0))
+    log_every = max(1, int(hp.get("log_every_steps", 10)))
+    step_sleep_s = float(hp.get("step_sleep_s", 0.0))
+    epoch_eval = bool(hp.get("epoch_eval", True))
     model.train()
     first_step = step
     train_start = window_start = last_checkpoint = time.monotonic()
@@ -335,7 +420,8 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
         step_loss = 0.0
         for start in range(0, len(batch), micro):
             ids, labels, mask = _batch(batch[start : start + micro], pad_id, device)
-            loss, _ = _token_loss(model, ids, labels, mask)
+            with precision():
+                loss, _ = _token_loss(model, ids, labels, mask)
             (loss / max(tokens, 1)).backward()
             step_loss += float(loss.detach())
         optimizer.step()
@@ -368,7 +454,7 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
             running_loss, running_tokens = 0.0, 0
         if step % order.steps_per_epoch == 0 and holdout and epoch_eval:
             eval_start = time.monotonic()
-            held = evaluate(model, holdout, pad_id=pad_id, device=device, rows=micro)
+            held = held_out()
             emit("metric", step=step, name="eval_loss", value=held["eval_loss"])
             emit("metric", step=step, name="perplexity", value=held["perplexity"])
             eval_s += time.monotonic() - eval_start
@@ -380,7 +466,7 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
     elapsed = time.monotonic() - train_start - eval_s
     save_checkpoint(step)
 
-    held = evaluate(model, holdout, pad_id=pad_id, device=device, rows=micro) if holdout else {}
+    held = held_out() if holdout else {}
     metrics: dict[str, Any] = {
         "steps": step,
         "train_samples_per_s": train_samples / elapsed if elapsed > 0 else 0.0,
@@ -393,13 +479,22 @@ def train(job: Any, *, emit: Any, stop: Any) -> int:
         "base_holdout": base_metrics,
         "base_perplexity": base_metrics.get("perplexity"),
     }
+    if full:
+        metrics["autocast"] = autocast
     if held and base_metrics:
         metrics["perplexity_delta"] = held["perplexity"] - base_metrics["perplexity"]
-    source = str(job.param("base_model_source", "")) or base_path
-    model.peft_config["default"].base_model_name_or_path = source
+    source = str(hp.get("base_model_source", "")) or base_path
     out = Path(job.model_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+    if full:
+        if checkpointing:
+            _activation_checkpointing(model, on=False)
+            model.config.use_cache = use_cache
+        # One safetensors file (``bundle.LM_FULL_MODEL_FILE``), however large: no shards.
+        model.save_pretrained(str(out), safe_serialization=True, max_shard_size="100000GB")
+    else:
+        model.peft_config["default"].base_model_name_or_path = source
+        model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     spec.extra = {
         "job_id": job.job_id,

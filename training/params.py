@@ -353,9 +353,12 @@ def _with_policy(schema: dict[str, Param], workspace) -> dict[str, Param]:
 def params_schema(template: str = "", *, workspace=None, policy: bool = True) -> dict[str, Param]:
     """The params a job of ``template`` may be given (``COMMON`` and the template's own; only
     ``COMMON`` for an entry point or an unknown template), the training length bounded by the
-    workspace's policy unless ``policy`` is false (no database then)."""
+    workspace's policy unless ``policy`` is false (no database then). A template may declare a
+    shared param itself to give it a default of its own (``lm_full``'s ``lr``), its type and
+    bounds unchanged."""
     own = template_schemas().get(template, {}) if template else {}
-    schema = {**own, **COMMON}  # the template's own first: what a form shows first
+    # the template's own first: what a form shows first
+    schema = {**own, **{name: p for name, p in COMMON.items() if name not in own}}
     return _with_policy(schema, workspace) if policy else schema
 
 

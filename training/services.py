@@ -196,7 +196,8 @@ def check_job_input(
 ) -> dict[str, Any]:
     """Every rule on a new job's input at once (``ValidationError`` by field); returns the
     params normalised by their schema (``training.params.job_params_check``). A language-model
-    job (``lm_lora``) trains on a ready ``record_set``, every other job on a ready ``dataset``."""
+    job (``lm_lora``, ``lm_full``) trains on a ready ``record_set``, every other job on a ready
+    ``dataset``."""
     # What the job names must be of this workspace (404, another's like a missing one) ...
     if (
         entry_point
@@ -288,7 +289,7 @@ def check_job_input(
 
 
 # The templates that fine-tune a language model on a record set (``training.lm``).
-LM_TEMPLATES = frozenset({"lm_lora"})
+LM_TEMPLATES = frozenset({"lm_lora", "lm_full"})
 # A record set a language-model job can read: instruction rows, or chat rows.
 INSTRUCTION_COLUMNS = ("instruction", "output")
 CHAT_COLUMN = "messages"

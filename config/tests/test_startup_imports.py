@@ -61,6 +61,7 @@ def test_a_process_start_imports_no_torch_or_scipy_stats_and_knows_every_templat
         "deepfm",
         "fine_ranking",
         "lightgbm",
+        "lm_full",
         "lm_lora",
         "logreg",
         "two_tower",

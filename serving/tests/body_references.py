@@ -93,6 +93,40 @@ def _quality_deployment(ctx: MatrixContext) -> str:
     ).name
 
 
+def _dataset_id(ctx: MatrixContext) -> int:
+    """A ready dataset with 0/1 labels (the serving scene's)."""
+    from serving.tests.factories import make_scene
+
+    return make_scene(ctx.workspace, None).dataset.pk
+
+
+def _review_home(ctx: MatrixContext) -> dict:
+    """Two language-model versions, prompts and two reviewers in the caller's workspace, for
+    a review's body (other workspaces read the model's name)."""
+    a, b = matrix._lm_versions(ctx)
+    ctx.extra.update(
+        model=a.model.name,
+        version_a=a.version,
+        version_b=b.version,
+        record_set=matrix._prompts(ctx).pk,
+        reviewers=[ctx.new_member().username, ctx.new_member().username],
+    )
+    return {}
+
+
+def _review_body(ctx: MatrixContext, **refs) -> dict:
+    home = ctx.extra
+    fields = ("model", "version_a", "version_b", "record_set", "reviewers")
+    return {**{f: home[f] for f in fields}, "items": 2, "max_new_tokens": 2, **refs}
+
+
+def _review_version_number(ctx: MatrixContext) -> int:
+    """A version number the caller's model lacks, made in ctx's workspace under its name (in
+    the caller's workspace: one more version of it)."""
+    count = 3 if "home" in ctx.extra else 1
+    return matrix._lm_versions(ctx, name=_model_name(ctx), count=count)[-1].version
+
+
 REFERENCES = [
     BodyReference(
         "POST",
@@ -177,11 +211,83 @@ REFERENCES = [
         missing=999_999,
         success=202,
     ),
+    BodyReference(
+        "POST",
+        WS + "/benchmarks/",
+        "record_set_id",
+        make=lambda ctx: matrix._ranking_record_set(ctx).pk,
+        body=lambda ctx, ref: {"name": f"bm-ref-{next(_n)}", "record_set_id": ref},
+        missing=999_999,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/benchmarks/",
+        "dataset_id",
+        make=_dataset_id,
+        body=lambda ctx, ref: {"name": f"bm-ref-{next(_n)}", "dataset_id": ref},
+        missing=999_999,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/reviews/",
+        "model",
+        setup=_review_home,
+        make=lambda ctx: matrix._lm_versions(ctx)[0].model.name,
+        body=lambda ctx, ref: _review_body(ctx, model=ref),
+        missing="no-such-model",
+        success=202,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/reviews/",
+        "version_a",
+        setup=_review_home,
+        make=_review_version_number,
+        body=lambda ctx, ref: _review_body(ctx, version_a=ref),
+        missing=999,
+        success=202,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/reviews/",
+        "version_b",
+        setup=_review_home,
+        make=_review_version_number,
+        body=lambda ctx, ref: _review_body(ctx, version_b=ref),
+        missing=999,
+        success=202,
+    ),
+    BodyReference(
+        "POST",
+        WS + "/reviews/",
+        "record_set",
+        setup=_review_home,
+        make=lambda ctx: matrix._prompts(ctx).pk,
+        body=lambda ctx, ref: _review_body(ctx, record_set=ref),
+        missing=999_999,
+        success=202,
+    ),
+    # a member of another workspace is no member of this one, as a user who does not exist
+    BodyReference(
+        "POST",
+        WS + "/reviews/",
+        "reviewers",
+        setup=_review_home,
+        make=lambda ctx: ctx.new_member().username,
+        body=lambda ctx, ref: _review_body(ctx, reviewers=[ctx.extra["reviewers"][0], ref]),
+        missing="no-such-user",
+        success=202,
+        status=400,
+    ),
 ]
 
 NO_REFERENCES = {
+    "POST " + WS + "/benchmark-scores/{pk}/rescore/": "no body; the score is in the URL",
     "POST " + WS + "/model-versions/{pk}/gates/": "no body; the version is in the URL",
     "POST " + WS + "/deployments/{name}/rollback/": "a reason only",
     "POST " + WS + "/deployments/{name}/scale/": "replicas and a scaling policy only",
     "POST " + WS + "/deployments/{name}/stop/": "a reason only",
+    "POST " + WS + "/reviews/{pk}/close/": "no body; the review is in the URL",
+    "POST " + WS + "/reviews/{pk}/judgements/": "an item's position within the review in the URL "
+    "and a choice",
 }

@@ -17,4 +17,16 @@ QUERY_REFERENCES = [
         make=lambda ctx: matrix._version(ctx, name=f"queried-{next(_n)}").model.name,
         missing="no-such-model",
     ),
+    QueryReference(
+        WS + "/benchmark-scores/",
+        "version",
+        make=lambda ctx: matrix._score(ctx).version_id,
+        missing=999_999,
+    ),
+    QueryReference(
+        WS + "/benchmark-scores/",
+        "benchmark",
+        make=lambda ctx: matrix._score(ctx).benchmark_id,
+        missing=999_999,
+    ),
 ]

@@ -94,14 +94,15 @@ class TrainingJobCreateSerializer(serializers.Serializer):
         required=False,
         allow_null=True,
         default=None,
-        help_text="Dataset id (same workspace, ready): what every template but lm_lora trains on.",
+        help_text="Dataset id (same workspace, ready): what every template but the language "
+        "models (lm_lora, lm_full) trains on.",
     )
     record_set = serializers.IntegerField(
         required=False,
         allow_null=True,
         default=None,
-        help_text="Record set id (same workspace, ready): what an lm_lora job trains on "
-        "(instead of a dataset).",
+        help_text="Record set id (same workspace, ready): what an lm_lora or lm_full job "
+        "trains on (instead of a dataset).",
     )
     params = serializers.JSONField(required=False, default=dict)
     base_job = serializers.IntegerField(

@@ -43,4 +43,12 @@ DESCRIPTIONS = {
         "instruction rows or chat messages: pick it to adapt a small LLM to your data; give "
         "base_model_path, and an lr near 1e-4 to 1e-3 and a batch_size near 8 to 64"
     ),
+    "lm_full": (
+        "Full fine-tuning of a local causal language model (every weight trains) on a record "
+        "set of instruction rows or chat messages: pick it for a small model, or when LoRA's "
+        "low-rank update cannot fit your data; it costs about 16 bytes of memory a parameter "
+        "(float32 weights, gradients and AdamW state: some 8 GB for a 0.5B model, before "
+        "activations) against LoRA's few, and saves the whole model, loadable on its own; "
+        "give base_model_path, and an lr near 1e-5 to 1e-4"
+    ),
 }

@@ -16,10 +16,11 @@ params do to it; ``DESCRIPTIONS`` in ``training.templates`` says what each one i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from training.bundle import LM_ADAPTER_FILE, declare_template
-from training.params import Param
+from training.bundle import LM_ADAPTER_FILE, LM_FULL_MODEL_FILE, declare_template
+from training.params import COMMON, Param
 
 # The templates that train an average of networks declare this param (``training.bundle.
 # build_model`` builds the members, ``Averaged`` trains and averages them).
@@ -294,6 +295,33 @@ LM_LORA_PARAMS: dict[str, Param] = {
 }
 
 
+# ``lm_full``: full fine-tuning of a local causal language model on a record set (every weight
+# trains), trained by ``training.lm`` with the same data, loss, checkpoints and events as
+# ``lm_lora``. Its own params are lm_lora's less the LoRA ones, and ``gradient_checkpointing``;
+# it gives ``lr`` and ``batch_size`` defaults of its own (a whole model's weights take far
+# smaller steps than LoRA's), the shared params' types and bounds unchanged.
+LM_FULL_PARAMS: dict[str, Param] = {
+    "base_model_path": LM_LORA_PARAMS["base_model_path"],
+    "lr": replace(
+        COMMON["lr"],
+        default=5e-5,
+        help="AdamW learning rate over all of the model's weights: near 1e-5 to 1e-4 for a "
+        "pretrained model (larger steps overwrite what it knew); a tiny model trained from "
+        "random weights takes more.",
+    ),
+    "batch_size": replace(COMMON["batch_size"], default=16),
+    "max_length": LM_LORA_PARAMS["max_length"],
+    "micro_batch_size": LM_LORA_PARAMS["micro_batch_size"],
+    "gradient_checkpointing": Param(
+        "bool",
+        False,
+        "Keep fewer activations and compute them again in the backward pass: less memory "
+        "for longer sequences or larger micro-batches, about a third more time a step.",
+        advanced=True,
+    ),
+}
+
+
 def with_defaults(params: Mapping[str, Param], given: Mapping[str, Any]) -> dict[str, Any]:
     """A template's params as its network reads them: each declared param's given value, else
     its default (undeclared names dropped), an ``int_list`` given as ``"64,32"`` made a list."""
@@ -323,4 +351,10 @@ declare_template(
     params=LM_LORA_PARAMS,
     builder="training.lm:build",
     model_file=LM_ADAPTER_FILE,
+)
+declare_template(
+    "lm_full",
+    params=LM_FULL_PARAMS,
+    builder="training.lm:build",
+    model_file=LM_FULL_MODEL_FILE,
 )

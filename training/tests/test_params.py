@@ -54,6 +54,7 @@ def test_every_built_in_template_declares_a_schema():
         "deepfm",
         "fine_ranking",
         "lightgbm",
+        "lm_full",
         "lm_lora",
         "logreg",
         "two_tower",
@@ -77,9 +78,18 @@ def test_every_built_in_template_declares_a_schema():
     }
     assert set(schemas["two_tower"]) == {"embedding_dim", "tower_dim", "hidden", "temperature"}
     assert set(schemas["logreg"]) == {"solver", "l2", "max_iter", "cv_folds"}
-    # a template's own params never redefine a shared one
-    for own in schemas.values():
-        assert not set(own) & set(COMMON)
+    # a template's own params redefine a shared one only for a default of its own (lm_full's
+    # lr and batch_size): the type and bounds stay the shared param's
+    for name, own in schemas.items():
+        for shared in set(own) & set(COMMON):
+            mine, common = own[shared], COMMON[shared]
+            assert (mine.type, mine.min, mine.max, mine.choices) == (
+                common.type,
+                common.min,
+                common.max,
+                common.choices,
+            ), (name, shared)
+    assert {name for name, own in schemas.items() if set(own) & set(COMMON)} == {"lm_full"}
 
 
 def test_an_unknown_param_is_400_naming_it_and_the_allowed_names(workspace, dev, dataset):
@@ -213,7 +223,15 @@ def test_the_templates_endpoint_lists_descriptions_and_schemas(workspace, dev):
     response = dev.get(f"/api/v1/workspaces/{workspace.slug}/training-templates/")
     assert response.status_code == 200
     rows = {row["name"]: row for row in response.json()}
-    assert sorted(rows) == ["deepfm", "fine_ranking", "lightgbm", "lm_lora", "logreg", "two_tower"]
+    assert sorted(rows) == [
+        "deepfm",
+        "fine_ranking",
+        "lightgbm",
+        "lm_full",
+        "lm_lora",
+        "logreg",
+        "two_tower",
+    ]
     fine = rows["fine_ranking"]
     assert fine["description"].startswith("Fine ranking CTR model")
     assert fine["params"]["hidden"] == {

@@ -218,7 +218,7 @@ PAGES = [
         lambda ws, n: reverse(
             "serving-version", kwargs={"ws": ws.slug, "name": n["model"], "version": 1}
         ),
-        7,
+        8,  # 7, plus the benchmark sets (one query; two more, fixed, when there are sets)
     ),
     ("deployments", lambda ws, n: reverse("serving-deployments", kwargs={"ws": ws.slug}), 5),
     (
