@@ -55,11 +55,16 @@ TEMPLATE_ONNX = "mlflow-onnx"
 TEMPLATE_LIGHTGBM = "mlflow-lightgbm"
 TEMPLATE_XGBOOST = "mlflow-xgboost"
 TEMPLATE_MLP = "mlflow-mlp"
+# A platform ranking model compiled to ONNX and quantised to int8 by ONNX Runtime
+# (``serving.quantization``): it takes the bundle's encoded (dense, categorical) inputs, as the
+# torch model it came from did, and gives logits.
+TEMPLATE_ONNX_INT8 = "onnx-int8"
 FILES = {
     TEMPLATE_SKLEARN: "model.skops",
     TEMPLATE_ONNX: "model.onnx",
     TEMPLATE_LIGHTGBM: "model.lgb",
     TEMPLATE_XGBOOST: "model.ubj",
+    TEMPLATE_ONNX_INT8: "model.int8.onnx",
 }
 XGBOOST_FORMATS = (".ubj", ".json")
 
@@ -84,7 +89,14 @@ class FileModel:
         self.output = str(spec.hparams.get("output") or "probability")
         self.source: Path | None = None
 
+    # Never trained here: the evaluation loop's ``model.training`` / ``model.train()`` see an
+    # inference-only model.
+    training = False
+
     def eval(self) -> FileModel:
+        return self
+
+    def train(self, mode: bool = True) -> FileModel:
         return self
 
     def load(self, path: Path) -> None:
@@ -139,6 +151,30 @@ class OnnxModel(FileModel):
         out = self.session.run(None, {self.input.name: dense.astype(kind)})[0]
         out = np.asarray(out)
         return out[:, -1] if out.ndim == 2 else out
+
+
+class OnnxRankerModel(FileModel):
+    """A platform ranker in ONNX (``serving.quantization``): inputs ``dense`` (float32) and
+    ``cat`` (int64) as the encoder gives them, output one logit per row; one intra-op thread,
+    as the gateway's workers run every model."""
+
+    def open(self, path: Path) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.session = onnxruntime.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"]
+        )
+        self.inputs = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, dense, cat):
+        import torch
+
+        feed = {"dense": dense.numpy().astype(np.float32), "cat": cat.numpy().astype(np.int64)}
+        out = self.session.run(None, {name: feed[name] for name in self.inputs})[0]
+        return torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(-1))
 
 
 class LightGBMBoosterModel(FileModel):
@@ -246,6 +282,7 @@ def _register() -> None:
         (TEMPLATE_ONNX, OnnxModel),
         (TEMPLATE_LIGHTGBM, LightGBMBoosterModel),
         (TEMPLATE_XGBOOST, XGBoostBoosterModel),
+        (TEMPLATE_ONNX_INT8, OnnxRankerModel),
     ):
         register_template(template, model_file=FILES[template])(model_class)
     # No param schema: these load imported models; they are not templates a job trains.

@@ -17,7 +17,7 @@ import fcntl
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ def require_deployable(version: ModelVersion) -> None:
     if language_model(version):
         raise ConflictError(f"{version} is {LANGUAGE_MODEL_DETAIL}", attr="version_id")
     gates = version.gates or {}
-    for gate in GATES:
+    for gate in gates_of(version):
         result = gates.get(gate) or {}
         status = result.get("status", GateStatus.PENDING)
         if status != GateStatus.PASSED:
@@ -247,10 +247,26 @@ def performance_check(version: ModelVersion, *, seconds: float | None = None) ->
     path = artifacts.resolve_artifact(version.artifact_path, attr="artifact_path")
     artifacts.check_bundle_dir(path, attr="artifact_path")
     mode = getattr(settings, "SERVING_SANDBOX", "process")
+    source = _quantization_source(version)
     with _one_measurement_at_a_time():
         measured = _measure(version, path, mode=mode, candidates=candidates, seconds=seconds)
+        beside = None
+        if source is not None and "error" not in measured:
+            # A quantised variant is measured beside the version it came from, in the same
+            # sandbox and the same lock: the speed-up is one reading, not two days' apart.
+            source_path = artifacts.resolve_artifact(source.artifact_path, attr="artifact_path")
+            beside = _measure(
+                source, source_path, mode=mode, candidates=candidates, seconds=seconds
+            )
     if "error" in measured:
         return {"status": GateStatus.FAILED, "detail": measured["error"], "limits": limits}
+    if source is not None and beside is not None and "error" not in beside:
+        measured["source"] = {
+            "version": source.version,
+            **{k: beside[k] for k in ("p50_ms", "p99_ms", "rps", "requests")},
+        }
+        measured["speedup_p99"] = beside["p99_ms"] / measured["p99_ms"]
+        measured["throughput_ratio"] = measured["rps"] / beside["rps"]
     failures = []
     if measured["p50_ms"] > limits["p50_ms"]:
         failures.append(f"p50 {measured['p50_ms']:.2f} ms > {limits['p50_ms']} ms")
@@ -267,18 +283,51 @@ def performance_check(version: ModelVersion, *, seconds: float | None = None) ->
     }
 
 
+def _quantization_source(version: ModelVersion) -> ModelVersion | None:
+    """The version a quantised variant came from (None for any other version)."""
+    from serving.quantization import is_quantized, quantization_of
+
+    if not is_quantized(version):
+        return None
+    return (
+        ModelVersion.objects.for_workspace(version.workspace_id)
+        .filter(pk=quantization_of(version).get("source_version_id"))
+        .first()
+    )
+
+
+def gates_of(version: ModelVersion) -> tuple[str, ...]:
+    """The gates ``version`` must pass: ``GATES``, and ``quantization`` for a quantised
+    variant (``serving.quantization``)."""
+    from serving.quantization import is_quantized
+
+    return (*GATES, "quantization") if is_quantized(version) else GATES
+
+
 def version_gates_run(*, actor: Actor, workspace: Workspace, version: ModelVersion) -> ModelVersion:
-    """Run both gates, store the results on the version and record an event."""
+    """Run the gates, store the results on the version and record an event."""
+    from serving.quantization import quantization_check
+
     results: dict[str, Any] = {}
     not_applicable = language_model(version)
-    for gate, check in (("consistency", consistency_check), ("performance", performance_check)):
-        if not_applicable:
+    checks: dict[str, Callable[[ModelVersion], dict[str, Any]]] = {
+        "consistency": consistency_check,
+        "performance": performance_check,
+        "quantization": quantization_check,
+    }
+    for gate in gates_of(version):
+        check = checks[gate]
+        if not_applicable and gate in GATES:
             results[gate] = {
                 "status": GateStatus.FAILED,
                 "detail": f"not applicable: {LANGUAGE_MODEL_DETAIL}",
             }
             continue
-        if results and any(r["status"] != GateStatus.PASSED for r in results.values()):
+        if (
+            not not_applicable
+            and results
+            and any(r["status"] != GateStatus.PASSED for r in results.values())
+        ):
             # Gates run in order; a version that already failed is not worth a sandbox run.
             results[gate] = {
                 "status": GateStatus.FAILED,

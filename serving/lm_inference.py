@@ -75,11 +75,32 @@ def load(version: Any) -> tuple[Any, Any]:
         )
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model.eval()
+    if quantized(version):
+        model = quantize_int8(model)
     with _lock:
         _cache[key] = (model, tokenizer)
         while len(_cache) > LM_CACHE_SIZE:
             _cache.popitem(last=False)
     return model, tokenizer
+
+
+def quantized(version: Any) -> bool:
+    """Whether ``version`` is a torch.ao int8 variant (``serving.quantization``)."""
+    extra = (version.spec or {}).get("extra") or {}
+    record = extra.get("quantization") if isinstance(extra, dict) else None
+    return isinstance(record, dict) and record.get("method") == "torch_dynamic_int8"
+
+
+def quantize_int8(model: Any) -> Any:
+    """``model`` with its ``Linear`` layers in dynamic int8 (``torch.ao``): int8 weights,
+    activations quantised per call, on CPU. A LoRA model is merged into its base first (a
+    quantised base under a float adapter would not be the model that was measured)."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
 def prompt_of(row: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ class VersionSource(models.TextChoices):
     TRAINING = "training", "Platform training job"
     MLFLOW_IMPORT = "mlflow_import", "Imported from MLflow"
     UPLOAD = "upload", "Bundle written by the platform"
+    QUANTIZED = "quantized", "Quantised (int8) variant of another version"
 
 
 class RegisteredModel(WorkspaceOwned):

@@ -326,3 +326,21 @@ def comparison(a, b) -> dict[str, Any]:
         "templates": (template_of(a), template_of(b)),
         "has_jobs": a.job is not None and b.job is not None,
     }
+
+
+def version_quantization(version) -> dict[str, Any]:
+    """The version page's quantised-inference card: for a variant, what it came from and its
+    quantisation record; for any other version, its variant if it has one, else the method it
+    would take or why it takes none."""
+    from serving.quantization import existing_variant, is_quantized, method_for, quantization_of
+    from workspaces.exceptions import ConflictError
+
+    if is_quantized(version):
+        record = quantization_of(version)
+        fp32, int8 = record.get("fp32_bytes") or 0, record.get("int8_bytes") or 0
+        return {"record": record, "size_ratio": int8 / fp32 if fp32 and int8 else None}
+    try:
+        method = method_for(version)
+    except ConflictError as exc:
+        return {"refusal": str(exc)}
+    return {"method": method, "variant": existing_variant(version)}

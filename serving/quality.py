@@ -59,6 +59,12 @@ def quality_policy(workspace) -> dict[str, float]:
     return policy
 
 
+def artifacts_path(relative: str):
+    from serving import artifacts
+
+    return artifacts.resolve_artifact(relative, attr="artifact_path")
+
+
 def _metrics(values: dict[str, Any] | None) -> dict[str, float | None]:
     values = values or {}
     out: dict[str, float | None] = {}
@@ -68,26 +74,51 @@ def _metrics(values: dict[str, Any] | None) -> dict[str, float | None]:
     return out
 
 
-def _scores(job, dep: Deployment) -> tuple[dict[str, Any], dict[str, Any]]:
+def _scores(job, dep: Deployment, candidate: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """(candidate, production) scores on the candidate job's held-out rows: the agent's own
     when it compared against this production bundle, else both bundles scored now on that
-    split (so both numbers always come from the same rows and the same code)."""
+    split (so both numbers always come from the same rows and the same code). ``candidate``
+    names a bundle other than the job's own model (a quantised variant of it)."""
     from serving import artifacts
     from training import evaluation
 
     bundle = str(artifacts.resolve_artifact(dep.version.artifact_path))
     recorded = (job.metrics or {}).get("production") or {}
-    if recorded.get("bundle") == bundle and not recorded.get("error"):
+    if not candidate and recorded.get("bundle") == bundle and not recorded.get("error"):
         return (job.metrics or {}).get("holdout") or {}, recorded
     from training.agent import build_job_spec
 
     spec = build_job_spec(job)
-    candidate = evaluation.evaluate_bundle(str(artifacts.platform_path(job.model_path)), spec)
-    return candidate, evaluation.evaluate_bundle(bundle, spec)
+    candidate = candidate or str(artifacts.platform_path(job.model_path))
+    return evaluation.evaluate_bundle(candidate, spec), evaluation.evaluate_bundle(bundle, spec)
 
 
-def job_verdict(job, dep: Deployment) -> dict[str, Any]:
-    """The gate's verdict for a trained job against ``dep``'s production model."""
+def holdout_scores(job, bundles: list[str]) -> list[dict[str, Any]]:
+    """Each bundle (a path relative to the artifact store) scored on ``job``'s held-out rows:
+    the same rows and the same code for all of them."""
+    from training import evaluation
+    from training.agent import build_job_spec
+
+    spec = build_job_spec(job)
+    return [evaluation.evaluate_bundle(str(artifacts_path(b)), spec) for b in bundles]
+
+
+def held_out_records(job) -> list[dict[str, Any]]:
+    """The records a language-model ``job`` held out (``training.lm.split_rows``)."""
+    import pyarrow.parquet as pq
+
+    from training.agent import build_job_spec
+    from training.lm import split_rows
+
+    spec = build_job_spec(job)
+    rows = pq.read_table(spec.dataset_path).to_pylist()
+    _, held = split_rows(len(rows), float(spec.params.get("holdout_fraction", 0.2) or 0.2))
+    return [rows[i] for i in held]
+
+
+def job_verdict(job, dep: Deployment, *, bundle: str = "") -> dict[str, Any]:
+    """The gate's verdict for a trained job (or ``bundle``, a model made from the job's, such
+    as a quantised variant) against ``dep``'s production model."""
     policy = quality_policy(dep.workspace)
     base = {
         "deployment": dep.name,
@@ -96,12 +127,14 @@ def job_verdict(job, dep: Deployment) -> dict[str, Any]:
         "policy": policy,
         "checked_at": timezone.now().isoformat(),
     }
-    if dep.version.job_id is not None and dep.version.job_id == job.pk:
+    same_bundle = not bundle or dep.version.artifact_path == bundle
+    if dep.version.job_id is not None and dep.version.job_id == job.pk and same_bundle:
         return {**base, "status": PASSED, "message": "the same model as production"}
-    if not job.model_path:
+    if not job.model_path and not bundle:
         return {**base, "status": NOT_EVALUATED, "message": "the job has no model"}
     try:
-        candidate_scores, scores = _scores(job, dep)
+        candidate_path = str(artifacts_path(bundle)) if bundle else ""
+        candidate_scores, scores = _scores(job, dep, candidate_path)
     except Exception as exc:
         logger.warning("quality gate: scoring for job %s failed", job.pk, exc_info=True)
         return {
@@ -202,7 +235,13 @@ def version_verdict(version: ModelVersion, dep: Deployment, *, save: bool = True
             "message": "no training job: held-out metrics unknown",
         }
     else:
-        verdict = job_verdict(version.job, dep)
+        from serving.quantization import is_quantized
+
+        # A quantised variant is not its job's model: either side being one, the two files
+        # are scored, not the job's records.
+        quantized = is_quantized(version) or is_quantized(dep.version)
+        own = version.artifact_path if quantized else ""
+        verdict = job_verdict(version.job, dep, bundle=own)
     if cached.get("override"):
         verdict["override"] = cached["override"]
     if save and version.pk:

@@ -233,25 +233,28 @@ def model_version_register(
     mlflow_run_id: str = "",
     dataset: Dataset | None = None,
 ) -> ModelVersion:
-    """Register the next version of model ``name`` from a job's bundle (or a platform path)."""
+    """Register the next version of model ``name`` from a job's bundle (or a platform path;
+    both for a bundle made from a job's model, such as a quantised variant, whose lineage runs
+    through the job)."""
     from training.bundle import BundleSpec
 
     if job is not None:
         if job.workspace_id != workspace.pk:
             raise ValidationError({"job": "no such training job in this workspace"})
-        if not job.model_path:
+        if not job.model_path and bundle_path is None:
             raise ConflictError(f"training job '{job.name}' has no model yet", attr="job")
-        source_dir = artifacts.platform_path(job.model_path)
         dataset = dataset or job.dataset
         metrics = metrics if metrics is not None else dict(job.metrics or {})
         mlflow_run_id = mlflow_run_id or job.mlflow_run_id
-    elif bundle_path is not None:
+    if bundle_path is not None:
         source_dir = (
             Path(bundle_path)
             if isinstance(bundle_path, Path)
             else artifacts.resolve_artifact(str(bundle_path), attr="bundle_path")
         )
         source_dir = artifacts.platform_path(str(source_dir))
+    elif job is not None:
+        source_dir = artifacts.platform_path(job.model_path)
     else:
         raise ValidationError({"job": "give a training job or a bundle"})
     artifacts.check_bundle_dir(source_dir, attr="bundle_path")

@@ -33,6 +33,11 @@ urlpatterns: list = [
         name="serving-version-deploy",
     ),
     path(
+        "w/<slug:ws>/models/<str:name>/v<int:version>/quantize/",
+        views.version_quantize,
+        name="serving-version-quantize",
+    ),
+    path(
         "w/<slug:ws>/models/<str:name>/v<int:version>/gates/",
         views.version_gates,
         name="serving-version-gates",

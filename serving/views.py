@@ -237,6 +237,30 @@ def version_gates(request: WorkspaceRequest, workspace, name: str, version: int)
     return redirect("serving-version", ws=workspace.slug, name=name, version=version)
 
 
+@require_POST
+@workspace_page(Role.DEVELOPER)
+def version_quantize(request: WorkspaceRequest, workspace, name: str, version: int) -> HttpResponse:
+    """Register the version's int8 variant (``model_version_quantize``, as the API) and show
+    it; a refusal (already quantised, not a torch model) is said on the version's page."""
+    from serving.quantization import model_version_quantize
+
+    found = _version_or_404(workspace, name, version)
+    try:
+        variant = model_version_quantize(actor=request.user, workspace=workspace, version=found)
+    except ConflictError as exc:
+        messages.error(request, str(exc))
+        return redirect("serving-version", ws=workspace.slug, name=name, version=version)
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+        return redirect("serving-version", ws=workspace.slug, name=name, version=version)
+    messages.success(
+        request,
+        f"Registered v{variant.version}, the int8 variant of v{found.version}; its release "
+        f"gates (with the quantization gate against v{found.version}) are running on a worker.",
+    )
+    return redirect("serving-version", ws=workspace.slug, name=name, version=variant.version)
+
+
 @workspace_page()
 def version_detail(
     request: WorkspaceRequest, workspace, name: str, version: int, deploy_form=None
@@ -290,6 +314,8 @@ def version_detail(
             gates_run=(found.gates or {}).get("run"),
             can_deploy=role_at_least(request.workspace_role, Role.MAINTAINER),
             deploy_form=deploy_form or DeployForm(workspace=workspace, version=found),
+            quantization=presentation.version_quantization(found),
+            can_quantize=role_at_least(request.workspace_role, Role.DEVELOPER),
             benchmark_view=benchmarks.version_benchmarks(found),
             benchmark_kind=benchmarks.version_kind(found),
         ),

@@ -1196,6 +1196,22 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "with a reason (recorded as "
         "an",
     },
+    "v1_workspaces_model_versions_quantize_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/model-versions/{id}/quantize/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "Register the version's int8 variant "
+        "as the model's next version (ONNX "
+        "Runtime dynamic",
+    },
     "v1_workspaces_model_versions_retrieve": {
         "content_types": [],
         "idempotent_key": False,

@@ -64,6 +64,19 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         ]
 
 
+class QuantizeSerializer(serializers.Serializer):
+    method = serializers.ChoiceField(
+        choices=["onnx_dynamic_int8", "torch_dynamic_int8"],
+        required=False,
+        error_messages={
+            "invalid_choice": '"{input}" is not an int8 method; allowed values: '
+            "onnx_dynamic_int8, torch_dynamic_int8"
+        },
+        help_text="The int8 method (default: the one the version takes: ONNX Runtime dynamic "
+        "int8 for a neural ranker, torch.ao dynamic int8 for a language model).",
+    )
+
+
 class QualityOverrideSerializer(serializers.Serializer):
     reason = serializers.CharField(
         max_length=2000, help_text="Why the version may go on despite the failed quality gate."

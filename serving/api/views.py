@@ -22,6 +22,7 @@ from serving.api.serializers import (
     DeploymentStopSerializer,
     ModelVersionSerializer,
     QualityOverrideSerializer,
+    QuantizeSerializer,
     RegisteredModelSerializer,
     ReleaseSerializer,
     RollbackSerializer,
@@ -101,6 +102,7 @@ class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Work
         "create": Role.DEVELOPER,
         "gates": Role.MAINTAINER,
         "quality_override": Role.MAINTAINER,
+        "quantize": Role.DEVELOPER,
     }
 
     filterset_class = ModelVersionFilter
@@ -192,6 +194,27 @@ class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Work
             actor=request.user, workspace=self.workspace, version=version
         )
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=QuantizeSerializer, responses={201: ModelVersionSerializer})
+    @action(detail=True, methods=["post"])
+    def quantize(self, request: Request, ws: str, pk: str) -> Response:
+        """Register the version's int8 variant as the model's next version (ONNX Runtime dynamic
+        int8 for a neural ranker, torch.ao dynamic int8 for a language model); its release gates
+        (with the ``quantization`` gate: both on the same held-out rows, speed beside speed)
+        run on a worker. 409 naming the variant when there is one already, or naming why the
+        version takes no int8 method."""
+        from serving.quantization import model_version_quantize
+
+        version = self.get_object()
+        body = QuantizeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        variant = model_version_quantize(
+            actor=request.user,
+            workspace=self.workspace,
+            version=version,
+            method=body.validated_data.get("method") or "",
+        )
+        return Response(ModelVersionSerializer(variant).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=QualityOverrideSerializer, responses={200: ModelVersionSerializer})
     @action(detail=True, methods=["post"], url_path="quality-override")

@@ -291,6 +291,14 @@ ENDPOINTS = [
     ),
     Endpoint(
         "POST",
+        WS + "/model-versions/{pk}/quantize/",
+        role=Role.DEVELOPER,
+        success=201,
+        setup=_version_kwargs,
+        has_object=True,
+    ),
+    Endpoint(
+        "POST",
         WS + "/model-versions/{pk}/quality-override/",
         role=Role.MAINTAINER,
         setup=_failed_quality_version,
