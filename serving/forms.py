@@ -150,3 +150,34 @@ class BenchmarkSetForm(forms.Form):
         ]
         self.fields["source"].choices = choices  # type: ignore[attr-defined]
         self.fields["source"].error_messages.update(_choice_messages(choices))
+
+
+class RankerTryForm(forms.Form):
+    """The playground's request for a ranking version: rows of raw feature values (JSON)."""
+
+    rows = forms.CharField(
+        label="Request rows (JSON)",
+        widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false", "class": "mono"}),
+        help_text="A list of objects, one per candidate, keyed by feature reference; a "
+        "feature left out is missing (as a null in the online store). At most 100 rows.",
+    )
+
+
+class LanguageTryForm(forms.Form):
+    """The playground's prompt for a language-model version."""
+
+    prompt = forms.CharField(
+        label="Prompt",
+        max_length=4000,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 8}),
+        help_text="Continued greedily. An instruction-tuned version expects the prompt as its "
+        "training rendered one: '### Instruction:' ... '### Response:'.",
+    )
+    max_new_tokens = forms.IntegerField(
+        label="Max new tokens",
+        initial=64,
+        min_value=1,
+        max_value=256,
+        error_messages={"min_value": "At least 1 token.", "max_value": "At most 256 tokens."},
+    )

@@ -214,18 +214,28 @@ def _measure(
         from serving.registry import load_version
 
         return sandbox(load_version(version), candidates=candidates, seconds=seconds)
+    return model_server_run(
+        version,
+        path,
+        ["sandbox", "--candidates", str(candidates), "--seconds", str(seconds)],
+    )
+
+
+def model_server_run(
+    version: ModelVersion, path: Path, arguments: list[str], *, stdin: str = ""
+) -> dict[str, Any]:
+    """One run of ``serving.model_server`` on ``version``'s bundle at ``path``, its last line
+    of output as JSON (``{"error": ...}`` when it fails). The server loads a user artifact: as a
+    uid of its own, from a private copy, with no platform credential in its environment
+    (``training.sandbox``)."""
     from training import sandbox as user_code
 
-    # The server loads a user artifact: as a uid of its own, from a private copy, with no
-    # platform credential in its environment (training.sandbox).
+    command, *rest = arguments
     scratch, staged = user_code.prepare_server(path, owner_id=version.pk)
     try:
         proc = subprocess.run(  # noqa: S603 - our own module, fixed arguments
-            [
-                *(sys.executable, "-m", "serving.model_server", "sandbox"),
-                *("--path", str(staged), "--candidates", str(candidates)),
-                *("--seconds", str(seconds)),
-            ],
+            [sys.executable, "-m", "serving.model_server", command, "--path", str(staged), *rest],
+            input=stdin,
             capture_output=True,
             text=True,
             timeout=120,

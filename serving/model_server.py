@@ -7,6 +7,9 @@
     python -m serving.model_server serve --path DIR --port 8801 [--name NAME]
         Serve the Open Inference Protocol (``/v2/health/live|ready``, ``/v2/models/NAME``,
         ``/v2/models/NAME/infer``) for the bundle; started and supervised by the local backend.
+    python -m serving.model_server score --path DIR < {"columns": {...}, "n": N}
+        Score one request of raw feature values read from stdin and print {"scores", "ms"}
+        (the playground's sandbox replica: a version tried before it takes any traffic).
 
 The path must be a platform-written bundle; the caller resolves it inside ARTIFACT_ROOT.
 Weights are loaded with ``weights_only=True`` (``training.bundle.load_bundle``).
@@ -18,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +84,13 @@ def sandbox(bundle, *, candidates: int, seconds: float, windows: int = 3) -> dic
     }
 
 
+def score(bundle, columns: dict[str, list], n: int) -> dict[str, Any]:
+    """One request's click probabilities, and the milliseconds the model took."""
+    began = time.perf_counter()
+    scores = bundle.predict(columns, n)
+    return {"scores": [float(x) for x in scores], "ms": (time.perf_counter() - began) * 1000}
+
+
 def oip_app(bundle, name: str, version: str = "1"):
     """A minimal WSGI app speaking OIP v2 JSON for one bundle."""
     from serving import oip
@@ -138,7 +149,7 @@ def oip_app(bundle, name: str, version: str = "1"):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="serving.model_server")
-    parser.add_argument("command", choices=["sandbox", "serve"])
+    parser.add_argument("command", choices=["sandbox", "serve", "score"])
     parser.add_argument("--path", required=True)
     parser.add_argument("--candidates", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=1.0)
@@ -156,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_bundle(args.path)
     if args.command == "sandbox":
         print(json.dumps(sandbox(bundle, candidates=args.candidates, seconds=args.seconds)))
+        return 0
+    if args.command == "score":
+        # One request from stdin: {"columns": {column or ref: [values]}, "n": rows}.
+        request = json.loads(sys.stdin.read())
+        print(json.dumps(score(bundle, request["columns"], int(request["n"]))))
         return 0
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 

@@ -33,6 +33,11 @@ urlpatterns: list = [
         name="serving-version-deploy",
     ),
     path(
+        "w/<slug:ws>/models/<str:name>/v<int:version>/try/",
+        views.version_try,
+        name="serving-version-try",
+    ),
+    path(
         "w/<slug:ws>/models/<str:name>/v<int:version>/quantize/",
         views.version_quantize,
         name="serving-version-quantize",

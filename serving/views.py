@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -18,7 +19,13 @@ from django.views.decorators.http import require_GET, require_POST
 from serving import benchmarks, presentation, registry
 from serving.controllers import deployment_status
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
-from serving.forms import DeployForm, MlflowImportForm, VersionRegisterForm
+from serving.forms import (
+    DeployForm,
+    LanguageTryForm,
+    MlflowImportForm,
+    RankerTryForm,
+    VersionRegisterForm,
+)
 from serving.gates import version_gates_request
 from serving.metrics import exposition
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
@@ -259,6 +266,70 @@ def version_quantize(request: WorkspaceRequest, workspace, name: str, version: i
         f"gates (with the quantization gate against v{found.version}) are running on a worker.",
     )
     return redirect("serving-version", ws=workspace.slug, name=name, version=variant.version)
+
+
+@workspace_page(Role.DEVELOPER)
+def version_try(request: WorkspaceRequest, workspace, name: str, version: int) -> HttpResponse:
+    """The playground: a request form for a ranking version (scored by a sandbox replica), a
+    prompt box for a language model (``serving.playground``, as the API's ``try``)."""
+    import json
+
+    from serving import playground
+
+    found = _version_or_404(workspace, name, version)
+    language = playground.is_language(found)
+    result = None
+    form: forms.Form
+    if request.method == "POST":
+        form = LanguageTryForm(request.POST) if language else RankerTryForm(request.POST)
+        if form.is_valid():
+            try:
+                if language:
+                    result = playground.try_language(
+                        actor=request.user,
+                        workspace=workspace,
+                        version=found,
+                        prompt=form.cleaned_data["prompt"],
+                        max_new_tokens=form.cleaned_data["max_new_tokens"],
+                    )
+                else:
+                    result = playground.try_ranker(
+                        actor=request.user,
+                        workspace=workspace,
+                        version=found,
+                        rows=form.cleaned_data["rows"],
+                    )
+            except ValidationError as exc:
+                _put_errors(form, exc, {})
+    elif language:
+        form = LanguageTryForm(
+            initial={"prompt": "### Instruction:\n\n\n### Response:\n", "max_new_tokens": 64}
+        )
+    else:
+        rows = playground.example_rows(found)
+        form = RankerTryForm(initial={"rows": json.dumps(rows, indent=1, default=str)})
+    features = [str(f.get("ref")) for f in (found.spec or {}).get("features") or []]
+    scored = []
+    if result and result["kind"] == "ranking":
+        scored = [
+            {"n": i + 1, "score": score, "cells": [row.get(ref) for ref in features]}
+            for i, (score, row) in enumerate(zip(result["scores"], result["rows"], strict=True))
+        ]
+    return render(
+        request,
+        "serving/version_try.html",
+        page_context(
+            request,
+            section="serving",
+            version=found,
+            language=language,
+            form=form,
+            result=result,
+            scored=scored,
+            features=features,
+        ),
+        status=400 if form.errors else 200,
+    )
 
 
 @workspace_page()

@@ -1224,6 +1224,22 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "job or import from MLflow; run release "
         "gates.",
     },
+    "v1_workspaces_model_versions_try_create": {
+        "content_types": [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ],
+        "idempotent_key": True,
+        "method": "POST",
+        "paginated": False,
+        "path": "/api/v1/workspaces/{ws}/model-versions/{id}/try/",
+        "path_params": ["id", "ws"],
+        "query": [],
+        "summary": "The playground: score ``rows`` of raw "
+        "feature values with a sandbox replica of "
+        "a",
+    },
     "v1_workspaces_models_alias_create": {
         "content_types": [
             "application/json",

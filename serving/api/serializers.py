@@ -64,6 +64,37 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         ]
 
 
+class TrySerializer(serializers.Serializer):
+    rows = serializers.JSONField(
+        required=False,
+        help_text="A ranking model's request: a list of 1 to 100 objects of raw feature values "
+        "keyed by feature reference (the version's ``features``), one per candidate.",
+    )
+    prompt = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=4000,
+        help_text="A language model's prompt, continued greedily.",
+    )
+    max_new_tokens = serializers.IntegerField(
+        required=False, default=64, min_value=1, max_value=256
+    )
+
+
+class TryResultSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["ranking", "language"])
+    version = serializers.IntegerField()
+    replica = serializers.CharField(help_text="What scored the request (never production).")
+    scores = serializers.ListField(child=serializers.FloatField(), required=False)
+    rows = serializers.JSONField(required=False)
+    model_ms = serializers.FloatField(required=False)
+    prompt = serializers.CharField(required=False)
+    completion = serializers.CharField(required=False)
+    max_new_tokens = serializers.IntegerField(required=False)
+    total_ms = serializers.FloatField()
+
+
 class QuantizeSerializer(serializers.Serializer):
     method = serializers.ChoiceField(
         choices=["onnx_dynamic_int8", "torch_dynamic_int8"],

@@ -27,6 +27,8 @@ from serving.api.serializers import (
     ReleaseSerializer,
     RollbackSerializer,
     ScaleSerializer,
+    TryResultSerializer,
+    TrySerializer,
     VersionRegisterSerializer,
 )
 from serving.gates import version_gates_request
@@ -103,6 +105,7 @@ class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Work
         "gates": Role.MAINTAINER,
         "quality_override": Role.MAINTAINER,
         "quantize": Role.DEVELOPER,
+        "trial": Role.DEVELOPER,
     }
 
     filterset_class = ModelVersionFilter
@@ -215,6 +218,39 @@ class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Work
             method=body.validated_data.get("method") or "",
         )
         return Response(ModelVersionSerializer(variant).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=TrySerializer, responses={200: TryResultSerializer})
+    @action(detail=True, methods=["post"], url_path="try")
+    def trial(self, request: Request, ws: str, pk: str) -> Response:
+        """The playground: score ``rows`` of raw feature values with a sandbox replica of a
+        ranking version (never a production replica), or continue ``prompt`` with a language
+        model version; 400 naming the row, the key and what it takes."""
+        from serving import playground
+
+        version = self.get_object()
+        body = TrySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if playground.is_language(version):
+            if "rows" in data:
+                raise ValidationError({"rows": f"{version} is a language model: give a prompt"})
+            result = playground.try_language(
+                actor=request.user,
+                workspace=self.workspace,
+                version=version,
+                prompt=data.get("prompt", ""),
+                max_new_tokens=data["max_new_tokens"],
+            )
+        else:
+            if "prompt" in data:
+                raise ValidationError({"prompt": f"{version} is a ranking model: give rows"})
+            result = playground.try_ranker(
+                actor=request.user,
+                workspace=self.workspace,
+                version=version,
+                rows=data.get("rows"),
+            )
+        return Response(TryResultSerializer(result).data)
 
     @extend_schema(request=QualityOverrideSerializer, responses={200: ModelVersionSerializer})
     @action(detail=True, methods=["post"], url_path="quality-override")

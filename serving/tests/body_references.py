@@ -285,6 +285,8 @@ NO_REFERENCES = {
     "POST " + WS + "/benchmark-scores/{pk}/rescore/": "no body; the score is in the URL",
     "POST " + WS + "/model-versions/{pk}/gates/": "no body; the version is in the URL",
     "POST " + WS + "/model-versions/{pk}/quantize/": "a method only; the version is in the URL",
+    "POST " + WS + "/model-versions/{pk}/try/": "feature values or a prompt; the version is in "
+    "the URL",
     "POST " + WS + "/deployments/{name}/rollback/": "a reason only",
     "POST " + WS + "/deployments/{name}/scale/": "replicas and a scaling policy only",
     "POST " + WS + "/deployments/{name}/stop/": "a reason only",

@@ -291,6 +291,15 @@ ENDPOINTS = [
     ),
     Endpoint(
         "POST",
+        WS + "/model-versions/{pk}/try/",
+        role=Role.DEVELOPER,
+        success=200,
+        setup=_version_kwargs,
+        has_object=True,
+        body=lambda ctx: {"rows": [{"ctx:hour": 3}]},
+    ),
+    Endpoint(
+        "POST",
         WS + "/model-versions/{pk}/quantize/",
         role=Role.DEVELOPER,
         success=201,
