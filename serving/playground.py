@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db import transaction
 
 from serving import artifacts
 from serving.models import ModelVersion
@@ -211,6 +212,7 @@ def try_language(
     return result
 
 
+@transaction.atomic
 def _record(actor: Actor, workspace: Workspace, version: ModelVersion, payload: dict) -> None:
     event_record(
         actor=actor,

@@ -193,8 +193,12 @@ def routing_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
 def version_evaluation(version) -> dict[str, Any]:
     """The held-out evaluation of a version: its own metrics as registered, else its training
     job's (``metrics["holdout"]``, ``["production"]``, ``["auc_delta_vs_production"]``, curves)."""
+    from serving.models import VersionSource
+
     metrics = dict(version.metrics or {})
-    if not metrics.get("holdout") and version.job is not None:
+    # A quantised variant shares its source's job but not its model: only its own figures.
+    own_only = version.source == VersionSource.QUANTIZED
+    if not metrics.get("holdout") and version.job is not None and not own_only:
         metrics = dict(version.job.metrics or {})
     production = metrics.get("production")
     if not isinstance(production, dict):

@@ -213,8 +213,9 @@ def model_version_quantize(
                 job=version.job,
                 bundle_path=folder,
                 source=VersionSource.QUANTIZED,
-                metrics=dict(version.metrics or {}),
-                evaluation=dict(version.evaluation or {}),
+                # Its own held-out figures come from its quantization gate, not its source's.
+                metrics={},
+                evaluation={},
                 importance=dict(version.importance or {}),
                 dataset=version.dataset,
                 description=f"int8 ({expected}) variant of v{version.version}",
@@ -260,6 +261,7 @@ def _ranker_check(version: ModelVersion, source: ModelVersion, policy: dict) -> 
     from serving.quality import holdout_scores
 
     variant, base = holdout_scores(version.job, [version.artifact_path, source.artifact_path])
+    _keep_holdout(version, variant)
     failures = []
     auc_drop = float(base["auc"]) - float(variant["auc"])
     logloss_rise = float(variant["logloss"]) - float(base["logloss"])
@@ -307,6 +309,7 @@ def _language_check(version: ModelVersion, source: ModelVersion, policy: dict) -
             "rows": len(rows),
         }
     variant, base = figures["variant"], figures["source"]
+    _keep_holdout(version, {k: variant[k] for k in ("perplexity", "eval_loss", "rows")})
     rise = variant["perplexity"] / base["perplexity"] - 1 if base["perplexity"] else 0.0
     ok = rise <= policy["max_perplexity_rise"]
     return {
@@ -321,3 +324,11 @@ def _language_check(version: ModelVersion, source: ModelVersion, policy: dict) -
         else f"held-out perplexity {variant['perplexity']:.4g} is {rise:.1%} above the "
         f"source's {base['perplexity']:.4g} (allowed {policy['max_perplexity_rise']:.0%})",
     }
+
+
+def _keep_holdout(version: ModelVersion, holdout: dict[str, Any]) -> None:
+    """The variant's own held-out figures, shown on its page as a trained version's are."""
+    version.metrics = {**(version.metrics or {}), "holdout": holdout}
+    ModelVersion.objects.for_workspace(version.workspace_id).filter(pk=version.pk).update(
+        metrics=version.metrics
+    )

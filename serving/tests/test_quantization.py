@@ -114,6 +114,9 @@ def test_a_ranker_int8_variant_is_a_gated_version_that_serves(workspace, members
     assert gate["variant"]["rows"] == gate["source"]["rows"] > 0
     assert gate["auc_drop"] == pytest.approx(gate["source"]["auc"] - gate["variant"]["auc"])
     assert variant.gate_status == GateStatus.PASSED
+    # The variant's page shows its own held-out figures, not its source job's.
+    assert variant.metrics["holdout"]["auc"] == gate["variant"]["auc"]
+    assert variant.metrics["holdout"]["logloss"] == gate["variant"]["logloss"]
 
     # Released like any version, it serves through the gateway.
     dep = deployment_create(actor=actor, workspace=workspace, name="main", version=variant)
