@@ -14,9 +14,7 @@ import torch
 from curation.services import record_set_upload
 from training import agent, bundle, lm, runner
 from training.data import JobSpec
-from training.models import JobState, TrainingJob
-from training.tests.test_lm_lora import instruction_rows, jsonl, save_tiny_model
-from training.tests.workers import node_worker, wait_for
+from training.tests.test_lm_lora import instruction_rows, jsonl, run_lm_job, save_tiny_model
 from workspaces.models import Role
 from workspaces.testing.factories import make_member
 
@@ -93,31 +91,9 @@ def test_an_lm_full_job_fine_tunes_through_the_scheduler_and_registers_a_loadabl
     from serving import lm_inference
     from serving.registry import model_version_register
 
-    record_set = record_set_upload(
-        actor=None, workspace=workspace, name="colors", content=jsonl(instruction_rows()),
-        fmt="jsonl",
-    )  # fmt: skip
-    client = client_for(make_member(workspace, Role.DEVELOPER))
-    body = {
-        "name": "colors-full",
-        "template": "lm_full",
-        "record_set": record_set.pk,
-        "params": {**FAST_FULL, "base_model_path": str(lm_root)},
-    }
-    response = client.post(_jobs_url(workspace), body, format="json")
-    assert response.status_code == 201, response.content
-    job = TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
-
-    with node_worker("lmfull"):
-        wait_for(
-            lambda: TrainingJob.objects.unscoped().get(pk=job.pk).is_terminal,
-            timeout=180,
-            what="the lm_full job",
-            tick=True,  # the scheduler admits, places and dispatches it to the node's agent
-        )
-    job.refresh_from_db()
-    log = (Path(lm_root).parents[1] / "artifacts").rglob(agent.LOG_FILE)
-    assert job.state == JobState.SUCCEEDED, (job.state_reason, [p.read_text() for p in log])
+    job = run_lm_job(
+        workspace, client_for, lm_root, template="lm_full", params=FAST_FULL, prefix="lmfull"
+    )
     assert job.step == job.total_steps == 30  # 160 training rows / 16 a step, 3 epochs
     metrics = job.metrics
     # every weight trained (the output layer is tied to the input embedding: one tensor)

@@ -107,38 +107,46 @@ def _jobs_url(workspace) -> str:
     return f"/api/v1/workspaces/{workspace.slug}/training-jobs/"
 
 
-@pytest.mark.celery_worker
-@pytest.mark.django_db(transaction=True)
-def test_an_lm_lora_job_fine_tunes_on_a_record_set_through_the_scheduler_and_an_agent(
-    workspace, client_for, client, lm_root
-):
+def run_lm_job(workspace, client_for, lm_root, *, template: str, params: dict, prefix: str):
+    """A ``template`` job on the colours record set, created through the API by a developer and
+    run to its end by the scheduler and a node agent (``prefix`` names the node); it must
+    succeed (the agent's log says why when it did not)."""
     record_set = record_set_upload(
         actor=None, workspace=workspace, name="colors", content=jsonl(instruction_rows()),
         fmt="jsonl",
     )  # fmt: skip
     client = client_for(make_member(workspace, Role.DEVELOPER))
     body = {
-        "name": "colors-lora",
-        "template": "lm_lora",
+        "name": f"colors-{template.removeprefix('lm_')}",
+        "template": template,
         "record_set": record_set.pk,
-        "params": {**FAST_LM, "base_model_path": str(lm_root)},
+        "params": {**params, "base_model_path": str(lm_root)},
     }
     response = client.post(_jobs_url(workspace), body, format="json")
     assert response.status_code == 201, response.content
     assert response.json()["record_set"] == record_set.pk and response.json()["dataset"] is None
     job = TrainingJob.objects.for_workspace(workspace).get(pk=response.json()["id"])
-
-    with node_worker("lm"):
+    with node_worker(prefix):
         wait_for(
             lambda: TrainingJob.objects.unscoped().get(pk=job.pk).is_terminal,
             timeout=180,
-            what="the lm_lora job",
+            what=f"the {template} job",
             tick=True,  # the scheduler admits, places and dispatches it to the node's agent
         )
     job.refresh_from_db()
     log = (Path(lm_root).parents[1] / "artifacts").rglob(agent.LOG_FILE)
     assert job.state == JobState.SUCCEEDED, (job.state_reason, [p.read_text() for p in log])
-    assert job.step == job.total_steps == 30  # 160 training rows / 16 a step, 3 epochs
+    return job
+
+
+@pytest.mark.celery_worker
+@pytest.mark.django_db(transaction=True)
+def test_an_lm_lora_job_fine_tunes_on_a_record_set_through_the_scheduler_and_an_agent(
+    workspace, client_for, client, lm_root
+):
+    job = run_lm_job(
+        workspace, client_for, lm_root, template="lm_lora", params=FAST_LM, prefix="lm"
+    )
     holdout, base = job.metrics["holdout"], job.metrics["base_holdout"]
     assert holdout["rows"] == base["rows"] == 40
     # Fine-tuning helped: the held-out perplexity is well below the base model's.
@@ -172,13 +180,13 @@ def test_an_lm_lora_job_fine_tunes_on_a_record_set_through_the_scheduler_and_an_
     page = client.get(f"/w/{workspace.slug}/training/jobs/{job.pk}/")
     assert page.status_code == 200 and "colors-lora" in page.content.decode()
     row = client_for(make_member(workspace, Role.VIEWER)).get(f"{_jobs_url(workspace)}{job.pk}/")
-    assert row.status_code == 200 and row.json()["record_set"] == record_set.pk
+    assert row.status_code == 200 and row.json()["record_set"] == job.record_set_id
 
     # Lineage: the record set is the job's input.
     for verb in ("training.job.created", "training.job.succeeded"):
         event = Event.objects.for_workspace(workspace).get(verb=verb)
         inputs = set(event.refs.filter(role="input").values_list("kind", "object_id"))
-        assert inputs == {("record_set", str(record_set.pk))}, (verb, inputs)
+        assert inputs == {("record_set", str(job.record_set_id))}, (verb, inputs)
 
 
 def _spec(record_file: Path, base: Path, work: Path, **params) -> JobSpec:
