@@ -6,9 +6,11 @@ tiny causal language model quantised to int8 by ``torch.ao``.
 Ranking (per seed of ``BENCH_QUANT_SEEDS``, default ``0,1,2``): the demo generator's dataset
 (``training.synthetic``, ``BENCH_QUANT_SCALE`` = 1.0, 50,000 impressions) trains ``fine_ranking``
 (DCN-v2, its default parameters) in-process; the test rows are the job's held-out rows (the
-newest 20%, untouched by training). The model is exported with ``torch.onnx.export`` and
-quantised with ``onnxruntime.quantization.quantize_dynamic`` (int8 weights, activations
-quantised per call) and ``quantize_static`` (QDQ, activations calibrated on 2,000 training rows).
+newest 20%, untouched by training). The model is exported and quantised by the platform's own
+steps (``serving.quantization.export_ranker_onnx`` and ``quantize_onnx``: ``torch.onnx.export``,
+then ``onnxruntime.quantization.quantize_dynamic``, int8 weights, activations quantised per
+call, what a version's int8 variant is made with), and for comparison by ``quantize_static``
+(QDQ, activations calibrated on 2,000 training rows).
 Every runtime has one thread (the gateway's workers are single-threaded).
 
 - ``p99_ms_fp32`` / ``p99_ms_int8`` / ``p99_ms_int8_static``: the 99th percentile of one batch of
@@ -146,29 +148,20 @@ def one_ranker(ctx: Context, seed: int, scale: float, batch: int) -> dict[str, f
         CalibrationDataReader,
         QuantFormat,
         QuantType,
-        quantize_dynamic,
         quantize_static,
     )
     from sklearn.metrics import roc_auc_score
+
+    from serving.quantization import export_ranker_onnx, quantize_onnx
 
     torch.set_num_threads(1)
     bundle, metrics, path = _train_ranker(ctx, seed, scale)
     rows = _split(bundle, path)
     dense, cat, clicks = rows["test"]
     model = bundle.model.eval()
-    fp32 = ctx.workdir / f"ranker-{seed}.onnx"
-    example = (torch.from_numpy(dense[:batch]), torch.from_numpy(cat[:batch]))
-    torch.onnx.export(
-        model,
-        example,
-        str(fp32),
-        input_names=["dense", "cat"],
-        output_names=["logit"],
-        dynamic_axes={"dense": {0: "n"}, "cat": {0: "n"}, "logit": {0: "n"}},
-        dynamo=False,
-    )
-    int8 = fp32.with_name(f"ranker-{seed}-int8.onnx")
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
+    # The platform's own compile and quantise steps (what "make an int8 variant" runs).
+    fp32 = export_ranker_onnx(bundle, ctx.workdir / f"ranker-{seed}.onnx")
+    int8 = quantize_onnx(fp32, fp32.with_name(f"ranker-{seed}-int8.onnx"))
     train_dense, train_cat, _ = rows["train"]
 
     class Calibration(CalibrationDataReader):
@@ -261,8 +254,9 @@ def _perplexity(model: Any, sequences: Any) -> float:
 
 def one_lm(ctx: Context, seed: int) -> dict[str, float]:
     import torch
-    from torch.ao.quantization import quantize_dynamic
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from serving.lm_inference import quantize_int8
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -289,7 +283,7 @@ def one_lm(ctx: Context, seed: int) -> dict[str, float]:
         loss.backward()
         optimizer.step()
     model.eval()
-    quantised = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    quantised = quantize_int8(model)  # what an int8 variant of a language model loads as
     out: dict[str, float] = {}
     for name, m in (("fp32", model), ("int8", quantised)):
         out[f"lm_perplexity_{name}"] = _perplexity(m, held)
