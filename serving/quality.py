@@ -50,12 +50,17 @@ class QualityGateError(ConflictError):
 
 
 def quality_policy(workspace) -> dict[str, float]:
-    custom = (workspace.template or {}).get("quality_gate") or {}
-    policy = dict(DEFAULT_POLICY)
-    for key in policy:
-        value = custom.get(key) if isinstance(custom, dict) else None
+    return workspace_policy(workspace, "quality_gate", DEFAULT_POLICY)
+
+
+def workspace_policy(workspace, key: str, defaults: dict[str, float]) -> dict[str, float]:
+    """``defaults`` with the non-negative numbers ``workspace.template[key]`` sets for them."""
+    custom = (workspace.template or {}).get(key) or {}
+    policy = dict(defaults)
+    for name in policy:
+        value = custom.get(name) if isinstance(custom, dict) else None
         if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            policy[key] = float(value)
+            policy[name] = float(value)
     return policy
 
 

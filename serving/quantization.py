@@ -58,13 +58,9 @@ def is_quantized(version: ModelVersion) -> bool:
 
 
 def quantization_policy(workspace: Workspace) -> dict[str, float]:
-    custom = (workspace.template or {}).get("quantization_gate") or {}
-    policy = dict(DEFAULT_POLICY)
-    for key in policy:
-        value = custom.get(key) if isinstance(custom, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            policy[key] = float(value)
-    return policy
+    from serving.quality import workspace_policy
+
+    return workspace_policy(workspace, "quantization_gate", DEFAULT_POLICY)
 
 
 def method_for(version: ModelVersion) -> str:
@@ -95,6 +91,17 @@ def existing_variant(version: ModelVersion) -> ModelVersion | None:
         .order_by("version")
         .first()
     )
+
+
+def _refuse_a_second_variant(version: ModelVersion) -> None:
+    """409 naming the variant ``version`` already has."""
+    found = existing_variant(version)
+    if found is not None:
+        raise ConflictError(
+            f"{found} is already the int8 variant of {version}",
+            attr="version",
+            variant=found.version,
+        )
 
 
 def export_ranker_onnx(bundle: Any, path: Path, *, rows: int = 8) -> Path:
@@ -168,13 +175,7 @@ def model_version_quantize(
         raise ValidationError(
             {"method": f"{version} takes {expected} (allowed values: {', '.join(METHODS)})"}
         )
-    found = existing_variant(version)
-    if found is not None:
-        raise ConflictError(
-            f"{found} is already the int8 variant of {version}",
-            attr="version",
-            variant=found.version,
-        )
+    _refuse_a_second_variant(version)
     record = {
         "method": expected,
         "source_version": version.version,
@@ -199,13 +200,7 @@ def model_version_quantize(
             # One variant per source: the source's row lock orders two requests at once, and
             # the second finds the first's variant.
             ModelVersion.objects.for_workspace(workspace).select_for_update().get(pk=version.pk)
-            found = existing_variant(version)
-            if found is not None:
-                raise ConflictError(
-                    f"{found} is already the int8 variant of {version}",
-                    attr="version",
-                    variant=found.version,
-                )
+            _refuse_a_second_variant(version)
             variant = model_version_register(
                 actor=actor,
                 workspace=workspace,
