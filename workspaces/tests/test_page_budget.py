@@ -218,7 +218,9 @@ PAGES = [
         lambda ws, n: reverse(
             "serving-version", kwargs={"ws": ws.slug, "name": n["model"], "version": 1}
         ),
-        8,  # 7, plus the benchmark sets (one query; two more, fixed, when there are sets)
+        # 7, plus the benchmark sets (one query; two more, fixed, when there are sets), plus
+        # the int8 card's look-up of the version's variant (one query)
+        9,
     ),
     ("deployments", lambda ws, n: reverse("serving-deployments", kwargs={"ws": ws.slug}), 5),
     (
