@@ -152,6 +152,11 @@ def test_an_lm_lora_job_fine_tunes_on_a_record_set_through_the_scheduler_and_an_
     # Fine-tuning helped: the held-out perplexity is well below the base model's.
     assert holdout["perplexity"] < 0.8 * job.metrics["base_perplexity"], job.metrics
     assert job.metrics["perplexity_delta"] < 0
+    # Throughput in tokens: every step's rows, prompt and response, padding aside.
+    assert job.metrics["train_tokens"] > 30 * 16 * 10  # 30 steps of 16 rows, over 10 tokens each
+    assert job.metrics["train_tokens_per_s"] == pytest.approx(
+        job.metrics["train_samples_per_s"] * job.metrics["train_tokens"] / (30 * 16), rel=1e-6
+    )
     model_dir = agent.artifact_path(job.model_path)
     assert {"adapter_config.json", "adapter_model.safetensors", "spec.json"} <= {
         p.name for p in model_dir.iterdir()
