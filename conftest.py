@@ -96,7 +96,9 @@ def _fresh_feature_stores(settings):
     from features import online_store
 
     store = online_store.get_online_store()
-    if isinstance(store, online_store.RedisOnlineStore):
+    if isinstance(store, online_store.RedisClusterOnlineStore):
+        store.clear()
+    elif isinstance(store, online_store.RedisOnlineStore):
         keys = list(store.client.scan_iter(match=f"{store.prefix}:*", count=1000))
         if keys:
             store.client.delete(*keys)

@@ -264,6 +264,12 @@ TRAINING_BASE_MODEL_ROOTS = [
     if p
 ]
 ONLINE_STORE_SQLITE_PATH = (TEST_STATE_DIR if TESTING else VAR_DIR) / "online.sqlite3"
+# The online store's Redis: REDIS_URL's unless given; a Redis Cluster (any node's URL) when
+# ONLINE_STORE_REDIS_CLUSTER is on (features.online_store.RedisClusterOnlineStore).
+ONLINE_STORE_REDIS_URL = os.environ.get("ONLINE_STORE_REDIS_URL", "") or REDIS_URL
+ONLINE_STORE_REDIS_CLUSTER = env_bool("ONLINE_STORE_REDIS_CLUSTER", False)
+# Hash slots each group version's rows are spread over on a cluster (its shards).
+ONLINE_STORE_CLUSTER_SHARDS = env_int("ONLINE_STORE_CLUSTER_SHARDS", 64)
 # Notebooks (training.notebooks): a JupyterLab server per member and workspace, started from
 # the workspace page, as its own uid, its kernels holding a short-lived token for that workspace.
 NOTEBOOK_PYTHON = os.environ.get("NOTEBOOK_PYTHON", sys.executable)

@@ -88,6 +88,8 @@ def _redis_guard_key() -> str | None:
         return None
     if settings.CACHES["default"].get("LOCATION") != settings.REDIS_URL:
         return None
+    if settings.ONLINE_STORE_REDIS_URL != settings.REDIS_URL or settings.ONLINE_STORE_REDIS_CLUSTER:
+        return None
     return cache.make_key(access_cache.GENERATION_KEY)
 
 

@@ -4,7 +4,9 @@ Redis when REDIS_URL is set: one string per (group version, entity) holding the 
 its event time; a write replaces it only when its event time is not older (a Lua script, so
 concurrent producers cannot regress a value). A lookup of many entities across many groups is one
 round trip (one Lua script: an MGET per group) that also counts requests and hits for coverage.
-Without Redis an embedded SQLite file in VAR_DIR plays the same part for `make run`.
+Without Redis an embedded SQLite file in VAR_DIR plays the same part for `make run`. On a Redis
+Cluster (``ONLINE_STORE_REDIS_CLUSTER``) each row key carries a hash tag, its group version and a
+shard of the entity, so every script touches one slot (``RedisClusterOnlineStore``).
 
 Versions are separate namespaces; a group's current version in the database decides which one
 lookups read, so a new version goes live in one atomic update.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -390,6 +393,157 @@ class RedisOnlineStore:
             self.client.delete(key)
 
 
+class RedisClusterOnlineStore:
+    """Online store on a Redis Cluster: the same values, newer-wins script and coverage counters
+    as ``RedisOnlineStore``, with keys that name their slot.
+
+    A row's key is ``<prefix>:ol:{<group version>#<shard>}:<entity>``, the shard being
+    ``crc32(entity) % ONLINE_STORE_CLUSTER_SHARDS``: a multi-key command or script only ever sees
+    keys of one hash tag, and one group version's rows spread over that many slots, hence over
+    the masters. Writes send the newer-wins script per chunk of one tag, pipelined per master;
+    a lookup is one pipelined MGET per tag (redis-py's ``mget_nonatomic``), then the coverage
+    counters, which live on their own slots, in a second pipelined round trip. The cached-access
+    guard of ``RedisOnlineStore.read`` needs the cache's Redis and is not offered here.
+    """
+
+    def __init__(self, url: str, prefix: str, shards: int) -> None:
+        from redis.cluster import RedisCluster
+
+        self.client = RedisCluster.from_url(url)
+        self.prefix = prefix
+        self.shards = max(int(shards), 1)
+        self._write_script = self.client.register_script(_WRITE_IF_NEWER)
+
+    def _tag(self, namespace: str, entity: str) -> str:
+        shard = zlib.crc32(entity.encode()) % self.shards
+        return f"{self.prefix}:ol:{{{namespace}#{shard}}}:"
+
+    def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
+        entities, stamps, payloads = _split(rows)
+        return self.write_encoded(
+            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
+        )
+
+    def write_encoded(
+        self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
+    ) -> int:
+        return self.write_arrow(
+            namespace=namespace,
+            entities=pa.array(entities, pa.string()),
+            stamps=pa.array(stamps, pa.float64()),
+            payloads=pa.array(payloads, pa.string()),
+        )
+
+    def write_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> int:
+        prepared = self.prepare_arrow(
+            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
+        )
+        return self.write_prepared(prepared)
+
+    def prepare_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> dict[str, tuple[list[str], list[str]]]:
+        """Keys and values grouped by hash tag, the newest row of an entity written twice
+        (a script compares with what was stored before it ran, not within its own keys)."""
+        values = pc.binary_join_element_wise(pc.cast(stamps, pa.string()), payloads, "|")
+        if entities.null_count or values.null_count:
+            raise ValueError("online rows need an entity, an event time and a payload")
+        newest: dict[str, tuple[float, str]] = {}
+        for entity, stamp, value in zip(
+            entities.to_pylist(), stamps.to_pylist(), values.to_pylist(), strict=True
+        ):
+            kept = newest.get(entity)
+            if kept is None or stamp >= kept[0]:
+                newest[entity] = (stamp, value)
+        by_tag: dict[str, tuple[list[str], list[str]]] = {}
+        for entity, (_stamp, value) in newest.items():
+            tag = self._tag(namespace, entity)
+            keys, tagged = by_tag.setdefault(tag, ([], []))
+            keys.append(tag + entity)
+            tagged.append(value)
+        return by_tag
+
+    def write_prepared(self, prepared: dict[str, tuple[list[str], list[str]]]) -> int:
+        """Chunks of one tag each, pipelined per master (redis-py's cluster pipeline refuses
+        scripts, so each master's own client pipelines them); a chunk the master refuses (a
+        slot moved, the script cache flushed) goes again through the cluster client's script
+        call, which follows redirections and loads the script."""
+        by_node: dict[str, list[tuple[list[str], list[str]]]] = {}
+        nodes = {}
+        for keys, values in prepared.values():
+            node = self.client.get_node_from_key(keys[0])
+            nodes[node.name] = node
+            by_node.setdefault(node.name, []).extend(
+                (keys[a : a + WRITE_CHUNK], values[a : a + WRITE_CHUNK])
+                for a in range(0, len(keys), WRITE_CHUNK)
+            )
+        written = 0
+        sha = self._write_script.sha
+        for name, chunks in by_node.items():
+            pipe = nodes[name].redis_connection.pipeline(transaction=False)
+            for keys, values in chunks:
+                pipe.evalsha(sha, len(keys), *keys, *values)
+            for (keys, values), result in zip(
+                chunks, pipe.execute(raise_on_error=False), strict=True
+            ):
+                if _error(result):
+                    result = self._write_script(keys=keys, args=values)
+                written += int(result)
+        return written
+
+    def read(
+        self, lookups: list[Lookup], *, guard: tuple[str, str] | None = None
+    ) -> list[list[Any]] | None:
+        if guard is not None:
+            raise ValueError("the cluster store has no access guard (see the class docstring)")
+        keys = [
+            self._tag(lookup.namespace, entity) + entity
+            for lookup in lookups
+            for entity in lookup.entities
+        ]
+        values = self.client.mget_nonatomic(keys) if keys else []
+        decoded: list[list[Any]] = []
+        at = 0
+        loads = orjson.loads
+        pipe = self.client.pipeline()
+        bucket = hour_bucket()
+        for lookup in lookups:
+            stop = at + len(lookup.entities)
+            rows = [None if v is None else loads(v.partition(b"|")[2]) for v in values[at:stop]]
+            decoded.append(rows)
+            at = stop
+            counter = f"{self.prefix}:cov:{lookup.counter}:{bucket}"
+            pipe.hincrby(counter, "requested", len(rows))
+            pipe.hincrby(counter, "found", sum(row is not None for row in rows))
+            pipe.expire(counter, COVERAGE_TTL_SECONDS)
+        if lookups:
+            pipe.execute()
+        return decoded
+
+    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
+        pipe = self.client.pipeline()
+        for bucket in buckets:
+            pipe.hmget(f"{self.prefix}:cov:{counter}:{bucket}", ["requested", "found"])
+        requested = found = 0
+        for values in pipe.execute():
+            requested += int(values[0] or 0)
+            found += int(values[1] or 0)
+        return requested, found
+
+    def drop_namespace(self, namespace: str) -> None:
+        for shard in range(self.shards):
+            match = f"{self.prefix}:ol:{{{namespace}#{shard}}}:*"
+            for key in self.client.scan_iter(match=match, count=1000):
+                self.client.delete(key)
+
+    def clear(self) -> None:
+        """Delete every key of this store's prefix (tests)."""
+        for key in self.client.scan_iter(match=f"{self.prefix}:*", count=1000):
+            self.client.delete(key)
+
+
 class SQLiteOnlineStore:
     """Embedded online store for `make run`: one SQLite file, no server."""
 
@@ -518,7 +672,11 @@ class SQLiteOnlineStore:
 
 
 @cache
-def _store_for(redis_url: str, prefix: str, sqlite_path: str) -> OnlineStore:
+def _store_for(
+    redis_url: str, prefix: str, sqlite_path: str, cluster: bool = False, shards: int = 64
+) -> OnlineStore:
+    if redis_url and cluster:
+        return RedisClusterOnlineStore(redis_url, prefix, shards)
     if redis_url:
         return RedisOnlineStore(redis_url, prefix)
     return SQLiteOnlineStore(sqlite_path)
@@ -527,7 +685,9 @@ def _store_for(redis_url: str, prefix: str, sqlite_path: str) -> OnlineStore:
 def get_online_store() -> OnlineStore:
     """The configured online store (cached per configuration, so tests can switch settings)."""
     return _store_for(
-        settings.REDIS_URL,
+        settings.ONLINE_STORE_REDIS_URL,
         settings.CACHE_KEY_PREFIX,
         str(settings.ONLINE_STORE_SQLITE_PATH),
+        settings.ONLINE_STORE_REDIS_CLUSTER,
+        settings.ONLINE_STORE_CLUSTER_SHARDS,
     )

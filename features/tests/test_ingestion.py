@@ -335,21 +335,28 @@ def test_a_key_written_by_an_earlier_chunk_of_the_same_write_is_compared(monkeyp
     assert [row["v"] for row in store.read([lookup])[0]] == [expected, "b", "c"]
 
 
+def break_online_store(settings, tmp_path) -> tuple:
+    """Point the online store where it cannot work (whatever kind it is); the settings to
+    restore."""
+    working = (settings.ONLINE_STORE_REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH)
+    if settings.ONLINE_STORE_REDIS_URL:
+        settings.ONLINE_STORE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    else:
+        settings.ONLINE_STORE_SQLITE_PATH = tmp_path  # a folder: SQLite cannot open it
+    return working
+
+
 def test_a_stored_batch_answers_201_when_the_online_write_fails_and_materialises_later(
     client_for, group, producer, settings, tmp_path
 ):
     from features.materialization import materialize_pending
 
-    working = (settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH)
-    if settings.REDIS_URL:
-        settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
-    else:
-        settings.ONLINE_STORE_SQLITE_PATH = tmp_path  # a folder: SQLite cannot open it
+    working = break_online_store(settings, tmp_path)
     response = push(client_for(producer), group, [user_row(i) for i in range(3)])
     assert response.status_code == 201, response.content
     batch = Batch.objects.for_workspace(group.workspace).get(pk=response.json()["id"])
     assert batch.rows == 3 and not batch.online_written
-    settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH = working
+    settings.ONLINE_STORE_REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH = working
     materialize_pending()
     batch.refresh_from_db()
     assert batch.online_written
@@ -367,11 +374,7 @@ def test_the_online_consumer_of_the_log_writes_a_batch_the_push_could_not(
     from workspaces.outbox import consume
 
     consume(CONSUMER)  # past the fixtures' events
-    working = (settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH)
-    if settings.REDIS_URL:
-        settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
-    else:
-        settings.ONLINE_STORE_SQLITE_PATH = tmp_path  # a folder: SQLite cannot open it
+    working = break_online_store(settings, tmp_path)
     response = push(client_for(producer), group, [user_row(i) for i in range(3)])
     assert response.status_code == 201, response.content
     batch = Batch.objects.for_workspace(group.workspace).get(pk=response.json()["id"])
@@ -383,7 +386,7 @@ def test_the_online_consumer_of_the_log_writes_a_batch_the_push_could_not(
     batch.refresh_from_db()
     assert not batch.online_written
 
-    settings.REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH = working
+    settings.ONLINE_STORE_REDIS_URL, settings.ONLINE_STORE_SQLITE_PATH = working
     run = consume(CONSUMER)
     assert not run.failed and run.applied >= 1
     batch.refresh_from_db()
