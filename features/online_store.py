@@ -227,16 +227,20 @@ class _Group:
         self._frames = None
 
 
-class RedisOnlineStore:
-    """Online store on Redis (production and CI)."""
+class _RedisRows:
+    """What both Redis stores share: the write entry points, which frame rows as Arrow columns
+    for the store's ``prepare_arrow`` and ``write_prepared``, and the coverage counters."""
 
-    def __init__(self, url: str, prefix: str) -> None:
-        import redis
+    client: Any
+    prefix: str
 
-        self.client = redis.Redis.from_url(url)
-        self.prefix = prefix
-        self._write_script = self.client.register_script(_WRITE_IF_NEWER)
-        self._read_script = self.client.register_script(_READ_AND_COUNT)
+    def prepare_arrow(
+        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
+    ) -> Any:
+        raise NotImplementedError
+
+    def write_prepared(self, prepared: Any) -> int:
+        raise NotImplementedError
 
     def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
         entities, stamps, payloads = _split(rows)
@@ -264,6 +268,28 @@ class RedisOnlineStore:
             namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
         )
         return self.write_prepared(prepared)
+
+    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.hmget(f"{self.prefix}:cov:{counter}:{bucket}", ["requested", "found"])
+        requested = found = 0
+        for values in pipe.execute():
+            requested += int(values[0] or 0)
+            found += int(values[1] or 0)
+        return requested, found
+
+
+class RedisOnlineStore(_RedisRows):
+    """Online store on Redis (production and CI)."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self._write_script = self.client.register_script(_WRITE_IF_NEWER)
+        self._read_script = self.client.register_script(_READ_AND_COUNT)
 
     def prepare_arrow(
         self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
@@ -378,22 +404,12 @@ class RedisOnlineStore:
             at = stop
         return decoded
 
-    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
-        pipe = self.client.pipeline(transaction=False)
-        for bucket in buckets:
-            pipe.hmget(f"{self.prefix}:cov:{counter}:{bucket}", ["requested", "found"])
-        requested = found = 0
-        for values in pipe.execute():
-            requested += int(values[0] or 0)
-            found += int(values[1] or 0)
-        return requested, found
-
     def drop_namespace(self, namespace: str) -> None:
         for key in self.client.scan_iter(match=f"{self.prefix}:ol:{namespace}:*", count=1000):
             self.client.delete(key)
 
 
-class RedisClusterOnlineStore:
+class RedisClusterOnlineStore(_RedisRows):
     """Online store on a Redis Cluster: the same values, newer-wins script and coverage counters
     as ``RedisOnlineStore``, with keys that name their slot.
 
@@ -417,30 +433,6 @@ class RedisClusterOnlineStore:
     def _tag(self, namespace: str, entity: str) -> str:
         shard = zlib.crc32(entity.encode()) % self.shards
         return f"{self.prefix}:ol:{{{namespace}#{shard}}}:"
-
-    def write(self, *, namespace: str, rows: Iterable[tuple[str, float, dict[str, Any]]]) -> int:
-        entities, stamps, payloads = _split(rows)
-        return self.write_encoded(
-            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
-        )
-
-    def write_encoded(
-        self, *, namespace: str, entities: list[str], stamps: list[float], payloads: list[str]
-    ) -> int:
-        return self.write_arrow(
-            namespace=namespace,
-            entities=pa.array(entities, pa.string()),
-            stamps=pa.array(stamps, pa.float64()),
-            payloads=pa.array(payloads, pa.string()),
-        )
-
-    def write_arrow(
-        self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
-    ) -> int:
-        prepared = self.prepare_arrow(
-            namespace=namespace, entities=entities, stamps=stamps, payloads=payloads
-        )
-        return self.write_prepared(prepared)
 
     def prepare_arrow(
         self, *, namespace: str, entities: pa.Array, stamps: pa.Array, payloads: pa.Array
@@ -521,16 +513,6 @@ class RedisClusterOnlineStore:
         if lookups:
             pipe.execute()
         return decoded
-
-    def coverage(self, *, counter: str, buckets: list[str]) -> tuple[int, int]:
-        pipe = self.client.pipeline()
-        for bucket in buckets:
-            pipe.hmget(f"{self.prefix}:cov:{counter}:{bucket}", ["requested", "found"])
-        requested = found = 0
-        for values in pipe.execute():
-            requested += int(values[0] or 0)
-            found += int(values[1] or 0)
-        return requested, found
 
     def drop_namespace(self, namespace: str) -> None:
         for shard in range(self.shards):
