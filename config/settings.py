@@ -446,6 +446,8 @@ OUTBOX_GAP_WAIT_SECONDS = 0.0 if TESTING else env_float("OUTBOX_GAP_WAIT_SECONDS
 # the gates ("process" or "inprocess") and for how long; the serving gate limits on top of the
 # defaults (a JSON object: {"p50_ms": ..., "p99_ms": ..., "min_rps": ...}).
 SERVING_ROUTING_POLL_S = env_float("SERVING_ROUTING_POLL_S", 0.2)
+# How long the gateway waits for a deployment's model-server replica (serving.replicas).
+SERVING_REPLICA_TIMEOUT_S = env_float("SERVING_REPLICA_TIMEOUT_S", 2.0)
 SERVING_PREDLOG_FLUSH_S = env_float("SERVING_PREDLOG_FLUSH_S", 1.0)
 SERVING_TORCH_THREADS = env_int("SERVING_TORCH_THREADS", 1)
 SERVING_SANDBOX = os.environ.get("SERVING_SANDBOX", "process")

@@ -40,7 +40,7 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from serving import artifacts
+from serving import artifacts, routing
 from serving.models import (
     Backend,
     Deployment,
@@ -229,8 +229,13 @@ class LocalController:
         is taken up again by the follow-up task or the resync)."""
         want = wanted_replicas(dep)
         processes = self.supervisor.reconcile(dep, want)
-        ready = sum(1 for p in processes if replica_ready(p["port"]))
-        detail = {"processes": processes}
+        answering = [p for p in processes if replica_ready(p["port"])]
+        ready = len(answering)
+        detail = {
+            "processes": processes,
+            "model": dep.name,
+            "endpoints": [f"http://127.0.0.1:{p['port']}" for p in answering],
+        }
         if want == 0:
             return Observation(DeploymentPhase.STOPPED, 0, detail)
         if ready < want:
@@ -247,6 +252,9 @@ class LocalController:
 
 # ---------------------------------------------------------------------------------------------
 # Kubernetes
+
+
+MODEL_SERVER_PORT = 8080  # a pod's model server, and its Service
 
 
 def kubernetes_name(dep: Deployment) -> str:
@@ -270,7 +278,8 @@ def render_manifest(dep: Deployment) -> str:
         cpu="1",
         memory="1Gi",
         gpu_limit=gpu,
-        port=8080,
+        device="cuda" if gpu else "cpu",
+        port=MODEL_SERVER_PORT,
         image=settings.SERVING_IMAGE,
     )
 
@@ -332,6 +341,13 @@ class KubernetesController:
             "namespace": live.metadata.namespace,
             "cluster_generation": generation,
             "ready_replicas": ready,
+            "model": dep.name,
+            # The Service in front of the replicas (the template's; cluster DNS).
+            "endpoints": [
+                f"http://{live.metadata.name}.{live.metadata.namespace}.svc:{MODEL_SERVER_PORT}"
+            ]
+            if ready
+            else [],
         }
         if want == 0:
             return Observation(DeploymentPhase.STOPPED, ready, detail)
@@ -452,7 +468,7 @@ def deployment_reconcile(*, deployment_id: int) -> str:
             failed=True,
         )
         return DeploymentPhase.FAILED
-    _record(
+    written = _record(
         dep,
         generation,
         phase=seen.phase,
@@ -462,6 +478,11 @@ def deployment_reconcile(*, deployment_id: int) -> str:
         detail=seen.detail,
         manifest=seen.manifest,
     )
+    if written and (
+        seen.phase != status.phase
+        or (seen.detail or {}).get("endpoints") != (status.detail or {}).get("endpoints")
+    ):
+        routing.publish()  # the gateways' tables name the replicas they send traffic to
     return seen.phase
 
 

@@ -29,7 +29,7 @@ from django.http import Http404, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 
-from serving import oip
+from serving import oip, replicas
 from serving.inference import MODELS, context_refusal, serving_columns
 from serving.metrics import CANDIDATES, LATENCY, REQUESTS
 from serving.predlog import predlog_write
@@ -224,7 +224,12 @@ def predict(request, ws: str) -> HttpResponse:
             n=n,
             key_rows=key_rows,
         )
-        scores = loaded.predict(columns, n)
+        remote = table.get("remote")
+        scores = None
+        if remote is not None and remote["version_id"] == version_id:
+            scores = replicas.score(remote, loaded, columns, n, request_id)
+        if scores is None:
+            scores = loaded.predict(columns, n)
         latency_ms = (time.perf_counter() - started) * 1000
         predlog_write(
             {

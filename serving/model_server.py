@@ -4,7 +4,7 @@
         Load the bundle, warm it, score synthetic requests of the workspace's request shape for
         the given time and print {"p50_ms", "p99_ms", "rps", "requests"} as JSON (the release
         gate's sandbox performance check runs exactly this, one process, one thread).
-    python -m serving.model_server serve --path DIR --port 8801 [--name NAME]
+    python -m serving.model_server serve --path DIR --port 8801 [--name NAME] [--host ADDR]
         Serve the Open Inference Protocol (``/v2/health/live|ready``, ``/v2/models/NAME``,
         ``/v2/models/NAME/infer``) for the bundle; started and supervised by the local backend.
     python -m serving.model_server score --path DIR < {"columns": {...}, "n": N}
@@ -92,8 +92,14 @@ def score(bundle, columns: dict[str, list], n: int) -> dict[str, Any]:
 
 
 def oip_app(bundle, name: str, version: str = "1"):
-    """A minimal WSGI app speaking OIP v2 JSON for one bundle."""
+    """A minimal WSGI app speaking OIP v2 JSON for one bundle, with the statistics extension's
+    per-model counts (``/v2/models/NAME/stats``: successful inferences and rows scored)."""
+    import threading
+
     from serving import oip
+
+    counts = {"success": 0, "rows": 0}
+    counting = threading.Lock()
 
     inputs = oip.model_inputs(bundle.spec.features)
     metadata = {
@@ -115,6 +121,21 @@ def oip_app(bundle, name: str, version: str = "1"):
             status, body = "200 OK", oip.SERVER
         elif path in (f"/v2/models/{name}", f"/v2/models/{name}/versions/{version}"):
             status, body = "200 OK", metadata
+        elif path == f"/v2/models/{name}/stats" and method == "GET":
+            with counting:
+                stats = {"success": {"count": counts["success"]}, "rows": counts["rows"]}
+            status = "200 OK"
+            body = {
+                "model_stats": [
+                    {
+                        "name": name,
+                        "version": version,
+                        "inference_count": stats["rows"],
+                        "execution_count": stats["success"]["count"],
+                        "inference_stats": stats,
+                    }
+                ]
+            }
         elif path in (f"/v2/models/{name}/infer", f"/v2/models/{name}/versions/{version}/infer"):
             try:
                 size = int(environ.get("CONTENT_LENGTH") or 0)
@@ -127,6 +148,9 @@ def oip_app(bundle, name: str, version: str = "1"):
                 oip.check_outputs(payload)
                 columns = oip.check_against(columns, n, inputs)
                 scores = bundle.predict(columns, n)
+                with counting:
+                    counts["success"] += 1
+                    counts["rows"] += n
                 body, raw = oip.encode_outputs(
                     name, version, request_id, scores, binary=oip.wants_binary(payload)
                 )
@@ -154,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--port", type=int, default=8801)
+    # The loopback for a replica of the local backend; a pod binds every address (--host
+    # 0.0.0.0) so that its probes and its Service reach it.
+    parser.add_argument("--host", default="127.0.0.1")
+    # "cuda": a torch model's weights on the GPU when the machine has one (a GPU deployment's
+    # pod, which requests nvidia.com/gpu); the CPU otherwise, and always for other models.
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--name", default="model")
     parser.add_argument("--version", default="1")
     args = parser.parse_args(argv)
@@ -165,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     from training.bundle import load_bundle
 
     bundle = load_bundle(args.path)
+    if args.command == "serve":
+        bundle.to(args.device)
     if args.command == "sandbox":
         print(json.dumps(sandbox(bundle, candidates=args.candidates, seconds=args.seconds)))
         return 0
@@ -180,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     server = make_server(
-        "127.0.0.1", args.port, oip_app(bundle, args.name, args.version), handler_class=Quiet
+        args.host, args.port, oip_app(bundle, args.name, args.version), handler_class=Quiet
     )
-    print(json.dumps({"ready": True, "port": args.port}), flush=True)
+    print(json.dumps({"ready": True, "port": args.port, "device": bundle.device}), flush=True)
     server.serve_forever()
     return 0
 

@@ -52,6 +52,32 @@ OUTPUTS = [{"name": "score", "datatype": "FP64", "shape": [-1]}]
 SERVER = {"name": "rankops", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
 
 
+def encode_inputs(columns: dict[str, list], n: int, inputs: list[dict], request_id: str) -> dict:
+    """An OIP infer request for ``n`` rows of raw columns (keyed as ``Bundle.predict`` takes
+    them) against a model whose metadata ``inputs`` are given: each column under the input's
+    name, a list row null-padded or cut to the slots the input's shape names."""
+    by_name = {item["name"]: item for item in inputs}
+    encoded = []
+    for ref, column in columns.items():
+        name = ref if ref in by_name else ref.replace(":", "__", 1)
+        meta = by_name.get(name)
+        if meta is None:
+            continue  # a column the model does not read
+        shape = meta["shape"]
+        if len(shape) == 2 and meta["datatype"] == "BYTES":
+            width = shape[1]
+            column = [(list(row or [])[:width] + [None] * width)[:width] for row in column]
+        encoded.append(
+            {
+                "name": name,
+                "datatype": meta["datatype"],
+                "shape": [n, shape[1]] if len(shape) == 2 else [n],
+                "data": column,
+            }
+        )
+    return {"id": request_id, "inputs": encoded}
+
+
 def split_binary(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON header and the binary tail of a request (all JSON without the header)."""
     if header_length is None or header_length == "":

@@ -467,13 +467,7 @@ def review_judge(
         left = side == "1"
         verdict = ReviewVerdict.A if left == item.a_on_left else ReviewVerdict.B
     with transaction.atomic():
-        locked = (
-            PairwiseReview.objects.for_workspace(review.workspace_id)
-            .select_for_update()
-            .get(pk=review.pk)
-        )
-        if locked.status != ReviewStatus.OPEN:
-            raise ConflictError(f"review {locked.pk} is {locked.status}, not open", attr="status")
+        locked = _lock_open(review)
         conflict = ConflictError(
             f"you judged item {item.position + 1} of review {locked.pk} already", attr="position"
         )
@@ -505,9 +499,8 @@ def review_judge(
     return judgement
 
 
-@transaction.atomic
-def review_close(*, actor: Actor, review: PairwiseReview) -> PairwiseReview:
-    """End an open review early with the judgements it has (a reviewer is away)."""
+def _lock_open(review: PairwiseReview) -> PairwiseReview:
+    """``review`` locked for this transaction; 409 unless it is still open."""
     locked = (
         PairwiseReview.objects.for_workspace(review.workspace_id)
         .select_for_update()
@@ -515,6 +508,13 @@ def review_close(*, actor: Actor, review: PairwiseReview) -> PairwiseReview:
     )
     if locked.status != ReviewStatus.OPEN:
         raise ConflictError(f"review {locked.pk} is {locked.status}, not open", attr="status")
+    return locked
+
+
+@transaction.atomic
+def review_close(*, actor: Actor, review: PairwiseReview) -> PairwiseReview:
+    """End an open review early with the judgements it has (a reviewer is away)."""
+    locked = _lock_open(review)
     if not judgements_of(locked).exists():
         raise ConflictError(f"review {locked.pk} has no judgements yet", attr="status")
     _finish(locked)

@@ -56,7 +56,8 @@ def bucket(unit_id: str, salt: str, buckets: int = BUCKETS) -> int:
 
 def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
     """The deployment's published table as plain data (JSON-able)."""
-    from serving.models import Deployment, ExperimentRoute
+    from serving.models import Deployment, DeploymentStatus, ExperimentRoute
+    from serving.replicas import remote_of
 
     dep = workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
     layers: dict[str, dict[str, Any]] = {}
@@ -86,6 +87,10 @@ def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
         "previous": dep.previous_version_id,
         "buckets": BUCKETS,
         "layers": [layers[name] for name in sorted(layers)],
+        # The production version's replicas, when its backend runs them and reports them Ready.
+        "remote": remote_of(
+            dep, DeploymentStatus.objects.for_workspace(workspace).filter(deployment=dep).first()
+        ),
     }
 
 

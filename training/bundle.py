@@ -542,6 +542,18 @@ class Bundle:
     model: Any  # torch.nn.Module in eval mode, or a template's own (``LightGBMModel``)
     spec: BundleSpec
     encoder: FeatureEncoder
+    device: str = "cpu"  # where a torch model's weights live (``to``)
+
+    def to(self, device: str) -> str:
+        """Move a torch model's weights to ``device`` ("cuda" when the machine has a GPU, else
+        it stays on the CPU); the device it is on now."""
+        import torch
+
+        on_gpu = device == "cuda" and torch.cuda.is_available()
+        if on_gpu and isinstance(self.model, torch.nn.Module):
+            self.model.to("cuda")
+            self.device = "cuda"
+        return self.device
 
     def predict(self, columns: Mapping[str, Sequence[Any]], n: int) -> np.ndarray:
         """Click probabilities for ``n`` rows of raw feature values."""
@@ -549,8 +561,10 @@ class Bundle:
 
         dense, cat = self.encoder.encode(columns, n)
         with torch.inference_mode():
-            logits = self.model(torch.from_numpy(dense), torch.from_numpy(cat))
-        return apply_calibration(logits.float().numpy(), self.spec.extra.get("calibration"))
+            logits = self.model(
+                torch.from_numpy(dense).to(self.device), torch.from_numpy(cat).to(self.device)
+            )
+        return apply_calibration(logits.float().cpu().numpy(), self.spec.extra.get("calibration"))
 
 
 def save_bundle(directory: str | os.PathLike, model, spec: BundleSpec) -> Path:

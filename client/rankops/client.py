@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -47,6 +47,18 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+class RequestBody(TypedDict, total=False):
+    """What one request sends besides its method and path (``Client.request``'s keywords)."""
+
+    json: Any  # encoded as JSON (the content type defaults to application/json)
+    params: dict[str, Any] | None  # the query; None values are left out
+    content: bytes | None
+    content_type: str | None
+    files: Any  # multipart parts, as httpx takes them
+    headers: dict[str, str] | None
+    idempotency_key: str | None  # a write's Idempotency-Key (a fresh one when None)
 
 
 class Client:
@@ -145,9 +157,7 @@ class Client:
         if op is None:
             raise RankOpsError(f"unknown operation {operation!r}")
         path = self.path_for(operation, **path_params)
-        return self.request(
-            op["method"],
-            path,
+        body = RequestBody(
             json=json,
             params=params,
             content=content,
@@ -155,9 +165,10 @@ class Client:
             files=files,
             headers=headers,
             idempotency_key=idempotency_key,
-            retry_writes=op["idempotent_key"],
-            raw=raw,
-            operation=operation,
+        )
+        retry = op["idempotent_key"]
+        return self.request(
+            op["method"], path, retry_writes=retry, raw=raw, operation=operation, **body
         )
 
     def request(
@@ -165,18 +176,16 @@ class Client:
         method: str,
         path: str,
         *,
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        content: bytes | None = None,
-        content_type: str | None = None,
-        files: Any = None,
-        headers: dict[str, str] | None = None,
-        idempotency_key: str | None = None,
         retry_writes: bool = False,
         raw: bool = False,
         operation: str = "",
+        **body: Unpack[RequestBody],
     ) -> Any:
         """One HTTP exchange with retries (see the class docstring) and typed errors."""
+        json, content = body.get("json"), body.get("content")
+        content_type, files = body.get("content_type"), body.get("files")
+        headers, idempotency_key = body.get("headers"), body.get("idempotency_key")
+        params = body.get("params")
         sent_headers = dict(headers or {})
         is_write = method.upper() in WRITE_METHODS
         if is_write:

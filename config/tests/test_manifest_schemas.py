@@ -97,6 +97,7 @@ SAMPLE = {
     "memory": "2Gi",
     "gpu_limit": ', "nvidia.com/gpu": "1"',
     "gpus": "1",
+    "device": "cuda",
     "port": 8080,
     "image": "rankops:0.1.0",
     "user_id": 3,

@@ -15,17 +15,8 @@ from rest_framework.response import Response
 from curation.models import RecordSet
 from features.models import Dataset
 from training import candidates, notebooks, pipelines, services, tuning
+from training import models as m
 from training.api import serializers as s
-from training.models import (
-    CandidateEvaluation,
-    EntryPoint,
-    JobMetric,
-    NotebookServer,
-    Pipeline,
-    PipelineRun,
-    TrainingJob,
-    TuningJob,
-)
 from training.params import params_schema, template_names
 from training.templates import DESCRIPTIONS
 from workspaces.api.viewsets import WorkspaceScopedViewSet
@@ -66,7 +57,8 @@ def job_inputs(workspace, data: dict) -> dict:
     """A job request's ``dataset``, ``record_set`` and ``base_job`` ids resolved to the
     workspace's objects (404 naming the field for a missing one or another workspace's; None
     stays None)."""
-    for attr, model in (("dataset", Dataset), ("record_set", RecordSet), ("base_job", TrainingJob)):
+    references = (("dataset", Dataset), ("record_set", RecordSet), ("base_job", m.TrainingJob))
+    for attr, model in references:
         if attr == "record_set" and attr not in data:
             continue  # a request that takes no record set (a tuning job's)
         if data.get(attr) is not None:
@@ -86,7 +78,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
     action_roles = {"create": Role.DEVELOPER, "cancel": Role.DEVELOPER}
 
     def get_workspace_queryset(self) -> QuerySet:
-        jobs = TrainingJob.objects.for_workspace(self.workspace).select_related(
+        jobs = m.TrainingJob.objects.for_workspace(self.workspace).select_related(
             "dataset", "node", "created_by"
         )
         if self.action == "list":
@@ -141,7 +133,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
     @action(detail=True, methods=["get"], pagination_class=None)
     def metrics(self, request: Request, ws: str, pk: str) -> Response:
         job = self.get_object()
-        rows = JobMetric.objects.for_workspace(self.workspace).filter(job=job)
+        rows = m.JobMetric.objects.for_workspace(self.workspace).filter(job=job)
         name = request.query_params.get("name")
         if name:
             rows = rows.filter(name=name)
@@ -149,7 +141,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
         return Response(s.JobMetricSerializer(rows, many=True).data)
 
 
-def _log_chunk(job: TrainingJob, offset: int) -> dict:
+def _log_chunk(job: m.TrainingJob, offset: int) -> dict:
     from training.agent import LOG_FILE
 
     path = services.job_work_dir(job) / LOG_FILE
@@ -187,7 +179,7 @@ class TrainingTemplateViewSet(WorkspaceScopedViewSet):
     lookup_value_regex = r"[a-z0-9_]+"
 
     def get_workspace_queryset(self) -> QuerySet:
-        return EntryPoint.objects.for_workspace(self.workspace).none()
+        return m.EntryPoint.objects.for_workspace(self.workspace).none()
 
     def _row(self, name: str) -> dict:
         schema = params_schema(name, workspace=self.workspace)
@@ -219,7 +211,7 @@ class EntryPointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Worksp
     action_roles = {"create": Role.DEVELOPER}
 
     def get_workspace_queryset(self) -> QuerySet:
-        return EntryPoint.objects.for_workspace(self.workspace)
+        return m.EntryPoint.objects.for_workspace(self.workspace)
 
     @extend_schema(request=s.EntryPointCreateSerializer, responses={201: s.EntryPointSerializer})
     def create(self, request: Request, ws: str) -> Response:
@@ -246,7 +238,7 @@ class PipelineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspac
     action_roles = {"create": Role.DEVELOPER, "run": Role.DEVELOPER}
 
     def get_workspace_queryset(self) -> QuerySet:
-        return Pipeline.objects.for_workspace(self.workspace)
+        return m.Pipeline.objects.for_workspace(self.workspace)
 
     @extend_schema(request=s.PipelineSerializer, responses={201: s.PipelineSerializer})
     def create(self, request: Request, ws: str) -> Response:
@@ -291,7 +283,7 @@ class PipelineRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Works
 
     def get_workspace_queryset(self) -> QuerySet:
         return (
-            PipelineRun.objects.for_workspace(self.workspace)
+            m.PipelineRun.objects.for_workspace(self.workspace)
             .select_related("pipeline")
             .prefetch_related("stage_runs")
         )
@@ -317,7 +309,7 @@ class CandidateEvaluationViewSet(
     parser_classes = [MultiPartParser, FormParser]
 
     def get_workspace_queryset(self) -> QuerySet:
-        return CandidateEvaluation.objects.for_workspace(self.workspace)
+        return m.CandidateEvaluation.objects.for_workspace(self.workspace)
 
     @extend_schema(
         request={"multipart/form-data": s.CandidateEvaluationCreateSerializer},
@@ -360,7 +352,7 @@ class TuningJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Workspa
 
     def get_workspace_queryset(self) -> QuerySet:
         return (
-            TuningJob.objects.for_workspace(self.workspace)
+            m.TuningJob.objects.for_workspace(self.workspace)
             .select_related("created_by", "best_trial")
             .prefetch_related("trials__job")
         )
@@ -400,7 +392,7 @@ class NotebookServerViewSet(
     action_roles = {"create": Role.VIEWER, "stop": Role.VIEWER}
 
     def get_workspace_queryset(self) -> QuerySet:
-        return NotebookServer.objects.for_workspace(self.workspace).filter(
+        return m.NotebookServer.objects.for_workspace(self.workspace).filter(
             user_id=self.request.user.pk
         )
 
