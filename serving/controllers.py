@@ -18,7 +18,9 @@ Backends:
 - ``kubernetes``: a Deployment + Service rendered from
   ``platform/k8s/serving/model-server.yaml.tmpl`` and applied with the official ``kubernetes``
   client (server-side apply, field manager ``rankops``) to the cluster ``SERVING_KUBECONFIG``
-  names; Ready once the cluster reports every replica of the current spec ready.
+  names; Ready once the cluster reports every replica of the current spec ready. Stopping
+  deletes both objects. The gateway sends the production version's rows to the Service
+  (``serving.replicas``).
 """
 
 from __future__ import annotations
@@ -301,15 +303,32 @@ class KubernetesController:
         Deployment's rollout from what the API server answered."""
         manifest = render_manifest(dep)
         applied: dict[str, Any] = {}
+        if wanted_replicas(dep) == 0:
+            return self._delete(dep, manifest)
         with self._client() as api_client:
             for body in manifest_objects(manifest):
                 applied[body["kind"]] = kube.apply(api_client, body, timeout=self.timeout_s)
         observation = self._rollout(dep, applied["Deployment"])
         return dataclasses.replace(observation, manifest=manifest)
 
+    def _delete(self, dep: Deployment, manifest: str) -> Observation:
+        """A stopped deployment: its Deployment and Service are deleted from the cluster (its
+        pods go with them), not left at zero replicas."""
+        deleted = []
+        with self._client() as api_client:
+            for body in manifest_objects(manifest):
+                kind, meta = body["kind"], body["metadata"]
+                name, namespace = meta["name"], meta["namespace"]
+                if kube.delete(api_client, kind, name, namespace, timeout=self.timeout_s):
+                    deleted.append(kind)
+        meta = manifest_objects(manifest)[0]["metadata"]
+        detail = {"name": meta["name"], "namespace": meta["namespace"], "deleted": deleted}
+        return Observation(DeploymentPhase.STOPPED, 0, detail)
+
     def drifted(self, dep: Deployment, status: DeploymentStatus) -> bool:
         """The cluster's Deployment is gone, runs another version or replica count, or is not
-        all ready: apply again (server-side apply is idempotent)."""
+        all ready: apply again (server-side apply is idempotent). A stopped deployment drifted
+        when its Deployment is back."""
         meta = manifest_objects(render_manifest(dep))[0]["metadata"]
         with self._client() as api_client:
             live = kube.read(
@@ -319,6 +338,8 @@ class KubernetesController:
                 meta["namespace"],
                 timeout=self.timeout_s,
             )
+        if wanted_replicas(dep) == 0:
+            return live is not None
         if live is None:
             return True
         labels = (live.spec.template.metadata.labels or {}) if live.spec else {}

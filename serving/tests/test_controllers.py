@@ -356,9 +356,15 @@ def test_the_kubernetes_controller_applies_with_the_client_and_follows_the_rollo
     assert live["metadata"]["generation"] == 2
     assert live["spec"]["template"]["metadata"]["labels"]["rankops.io/version-id"] == str(v2.pk)
 
+    # Stop deletes the Deployment and the Service (not zero replicas left behind), once.
     deployment_stop(actor=actor, workspace=workspace, deployment=dep)
     assert deployment_reconcile(deployment_id=dep.pk) == DeploymentPhase.STOPPED
-    assert fake_cluster.objects[patches[0]["path"]]["spec"]["replicas"] == 0
+    assert {p["path"] for p in patches}.isdisjoint(fake_cluster.objects)
+    assert [r["method"] for r in fake_cluster.requests if r["method"] == "DELETE"] == ["DELETE"] * 2
+    assert _status(dep).detail["deleted"] == ["Deployment", "Service"]
+    fake_cluster.requests.clear()
+    assert deployment_reconcile(deployment_id=dep.pk) == "unchanged"
+    assert [r["method"] for r in fake_cluster.requests] == ["GET"]
 
 
 def test_the_kubernetes_controller_without_a_cluster_fails_with_the_reason(
