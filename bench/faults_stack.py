@@ -372,6 +372,8 @@ def pointed_at(stack: Stack) -> Iterator[None]:
     prefix = env.get("CACHE_KEY_PREFIX", "rankops")
     overrides = {
         "REDIS_URL": url,
+        "ONLINE_STORE_REDIS_URL": url,  # the stack's Redis holds the online store too
+        "ONLINE_STORE_REDIS_CLUSTER": False,
         "CACHE_KEY_PREFIX": prefix,
         "CACHES": {
             "default": {
@@ -433,7 +435,11 @@ def stack_env(workdir: Path, *, database: Mapping[str, str], cache_prefix: str) 
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DJANGO_ENV"}
+        if key
+        not in {
+            *("REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DJANGO_ENV"),
+            *("ONLINE_STORE_REDIS_URL", "ONLINE_STORE_REDIS_CLUSTER"),
+        }
         and not key.startswith("PYTEST")
     }
     mlflow = workdir / "mlflow"

@@ -97,6 +97,7 @@ def test_the_gateway_scores_a_deployments_rows_on_its_replicas(workspace, member
         SUPERVISOR.stop_all()
 
 
+@pytest.mark.one_backend  # a manifest and a process: the database changes nothing here
 def test_a_gpu_deployment_loads_its_model_on_cuda_where_there_is_one(workspace, members):
     import json
     import subprocess
