@@ -190,6 +190,17 @@ def _count_error(workspace_id: int, deployment: str) -> None:
         pass
 
 
+def _score(table: dict, loaded, columns: dict[str, list], n: int, request_id: str):
+    """The version's scores for ``n`` rows: from the deployment's replicas when the table names
+    them for this version (``serving.replicas``), else (or when none answers) in process."""
+    remote = table.get("remote")
+    if remote is not None and remote["version_id"] == loaded.version_id:
+        scores = replicas.score(remote, loaded, columns, n, request_id)
+        if scores is not None:
+            return scores
+    return loaded.predict(columns, n)
+
+
 @csrf_exempt
 def predict(request, ws: str) -> HttpResponse:
     started = time.perf_counter()
@@ -224,12 +235,7 @@ def predict(request, ws: str) -> HttpResponse:
             n=n,
             key_rows=key_rows,
         )
-        remote = table.get("remote")
-        scores = None
-        if remote is not None and remote["version_id"] == version_id:
-            scores = replicas.score(remote, loaded, columns, n, request_id)
-        if scores is None:
-            scores = loaded.predict(columns, n)
+        scores = _score(table, loaded, columns, n, request_id)
         latency_ms = (time.perf_counter() - started) * 1000
         predlog_write(
             {
@@ -354,7 +360,7 @@ def oip_infer(request, name: str, version: str | None = None) -> HttpResponse:
         columns, n, request_id = oip.decode_inputs(payload, binary)
         oip.check_outputs(payload)
         columns = oip.check_against(columns, n, loaded.oip_inputs)
-        scores = loaded.predict(columns, n)
+        scores = _score(table, loaded, columns, n, request_id)
     except _Refused as refused:
         return _with_error(refused.response)
     except ValueError as exc:

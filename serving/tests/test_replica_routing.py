@@ -66,6 +66,26 @@ def test_the_gateway_scores_a_deployments_rows_on_its_replicas(workspace, member
             assert np.allclose(scores, embedded, atol=1e-6)
         assert _stats(status)["execution_count"] == 3  # "main" never reached the replica
 
+        # The gateway's Open Inference Protocol route sends the same deployment's rows there too.
+        from serving.inference import MODELS
+        from serving.model_server import synthetic_columns
+
+        loaded = MODELS.get(v1.pk)
+        columns = synthetic_columns(loaded.bundle.spec, 7)
+        infer = {
+            "inputs": [
+                {**meta, "shape": [7, *meta["shape"][1:]], "data": columns[meta["name"]]}
+                for meta in loaded.oip_inputs
+            ]
+        }
+        oip_url = f"/v2/models/{workspace.slug}.local/infer"
+        response = client.post(oip_url, infer, format="json")
+        assert response.status_code == 200, response.content
+        assert np.allclose(
+            response.json()["outputs"][0]["data"], loaded.predict(columns, 7), atol=1e-6
+        )
+        assert _stats(status)["execution_count"] == 4 and _stats(status)["inference_count"] == 67
+
         # A replica that died costs no request: the gateway scores it and counts the fallback.
         before = FALLBACKS.labels("local")._value.get()
         SUPERVISOR.procs[dep.pk][0]["proc"].kill()
