@@ -56,7 +56,7 @@ def bucket(unit_id: str, salt: str, buckets: int = BUCKETS) -> int:
 
 def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
     """The deployment's published table as plain data (JSON-able)."""
-    from serving.models import Deployment, DeploymentStatus, ExperimentRoute
+    from serving.models import Deployment, ExperimentRoute
     from serving.replicas import remote_of
 
     dep = workspace_object(Deployment, workspace=workspace, ref=deployment, attr="deployment")
@@ -88,10 +88,19 @@ def routing_table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
         "buckets": BUCKETS,
         "layers": [layers[name] for name in sorted(layers)],
         # The production version's replicas, when its backend runs them and reports them Ready.
-        "remote": remote_of(
-            dep, DeploymentStatus.objects.for_workspace(workspace).filter(deployment=dep).first()
-        ),
+        "remote": remote_of(dep, _status_of(dep)),
     }
+
+
+def _status_of(dep: Any) -> Any:
+    """The deployment's controller status (its ``observed`` row, already loaded when the caller
+    selected it), or None before its first reconcile."""
+    from serving.models import DeploymentStatus
+
+    try:
+        return dep.observed
+    except DeploymentStatus.DoesNotExist:
+        return None
 
 
 def _compiled(table: dict[str, Any]) -> list[tuple[str, list[int], list[dict[str, Any]]]]:
