@@ -253,6 +253,10 @@ TRAINING_SANDBOX_ROOT = Path(
         VAR_DIR / "sandbox" / (f"test-run-{os.getpid()}" if TESTING else "jobs"),
     )
 )
+# The address other nodes reach this node's agent and training ranks at (a data-parallel job
+# spread over several nodes opens its rendezvous store on rank 0's node): the pod IP on
+# Kubernetes (the downward API), a LAN address on machines; the loopback for one machine.
+NODE_ADDRESS = os.environ.get("RANKOPS_NODE_ADDRESS", "127.0.0.1")
 # Language-model jobs (templates lm_lora, lm_full) name a local base model folder in their
 # params; only folders under these roots may be named (os.pathsep-separated in the
 # environment), since the node agent copies the folder into the job's sandbox.

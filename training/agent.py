@@ -38,6 +38,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from training import runner, sandbox
+from training.distributed import gang_of, local_workers, remote_ranks
 from training.models import JobState, Node, NodeState, TrainingJob
 from training.services import StaleAttempt
 from workspaces.events import Ref, event_record
@@ -59,6 +60,10 @@ SPEC_FILE = "spec.json"
 LOCK_FILE = "agent-node{node}.lock"
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_DIR = "model"
+RANKS_LOCK_FILE = "agent-ranks-node{node}.lock"
+RANKS_LOG_FILE = "log-ranks-node{node}.txt"
+RANK_PID_FILE = "rank{rank}.pid"
+RANK_COMMAND = (sys.executable, "-m", "training.runner", "--rank")
 
 
 # --- inventory and heartbeat ---------------------------------------------------------------------
@@ -336,8 +341,18 @@ def build_job_spec(job: TrainingJob):
         base_model_path=base_model,
         entry_point=entry,
         slice_column=str(job.params.get("slice_column") or ""),
-        workers=local_workers(job),
+        **_ranks_fields(job),
     )
+
+
+def _ranks_fields(job: TrainingJob) -> dict[str, Any]:
+    """The spec's ``workers`` (and, for a gang over several nodes, ``local_ranks`` and the
+    rendezvous address: rank 0's node's, which is this agent's on rank 0's node)."""
+    local = local_workers(job)
+    spread = len(gang_of(job))
+    if spread <= local:
+        return {"workers": local}
+    return {"workers": spread, "local_ranks": local, "rendezvous_host": settings.NODE_ADDRESS}
 
 
 def _record_set_job_spec(job: TrainingJob):
@@ -368,15 +383,6 @@ def _record_set_job_spec(job: TrainingJob):
         params=dict(job.params),
         workers=1,
     )
-
-
-def local_workers(job: TrainingJob) -> int:
-    """The data-parallel ranks this node runs: every worker of a gang placed here alone; of a
-    gang spread over several nodes only this node's (its ranks do not yet join across nodes)."""
-    gang = list(getattr(getattr(job, "scheduling", None), "gang_nodes", None) or [])
-    if not gang:
-        return max(job.workers or 1, 1)
-    return max(sum(1 for w in gang if int(w.get("node", 0)) == job.node_id), 1)
 
 
 class Tracker:
@@ -568,7 +574,7 @@ def execute_job(job_id: int) -> str:
         lock.close()
 
 
-def _supervision_lock(work: Path, node_id: int | None):
+def _supervision_lock(work: Path, node_id: int | None, name: str = LOCK_FILE):
     """An exclusive lock on the job's folder for one node, held for as long as this node's agent
     supervises the job.
 
@@ -578,7 +584,7 @@ def _supervision_lock(work: Path, node_id: int | None):
     per node so that an agent frozen on a node declared lost (SIGSTOP, a partition) does not keep
     the node the job moved to from running it; fencing (the attempt number) keeps the frozen one
     from writing once it wakes."""
-    handle = open(work / LOCK_FILE.format(node=node_id or 0), "a+b")  # noqa: SIM115 - held until the job ends
+    handle = open(work / name.format(node=node_id or 0), "a+b")  # noqa: SIM115 - held until the job ends
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -626,9 +632,10 @@ def _execute_locked(job: TrainingJob, work: Path) -> str:
     return _supervise(job, spec, spec_path, work, tracker)
 
 
-def _stage(job: TrainingJob, spec, scratch: sandbox.Scratch, work: Path):
+def _stage(job: TrainingJob, spec, scratch: sandbox.Scratch, work: Path, *, salvage: bool = True):
     """Copy the job's inputs into the child's private folder; the spec the child reads names
-    those copies only (the platform's own paths stay unknown and unreadable to it)."""
+    those copies only (the platform's own paths stay unknown and unreadable to it). ``salvage``
+    (rank 0's agent): first take the checkpoint a dead agent's child left behind."""
     staged: dict[str, Any] = {"work_dir": str(scratch.path)}
     dataset = Path(spec.dataset_path)
     if dataset.is_dir():
@@ -655,7 +662,8 @@ def _stage(job: TrainingJob, spec, scratch: sandbox.Scratch, work: Path):
             staged["params"] = {**spec.params, "base_model_path": ""}
     if spec.entry_point.endswith(".py"):
         staged["entry_point"] = str(scratch.stage_file(Path(spec.entry_point), "entry_point.py"))
-    _salvage_checkpoint(job, work, keep=scratch.path)
+    if salvage:
+        _salvage_checkpoint(job, work, keep=scratch.path)
     checkpoint = work / CHECKPOINT_FILE
     if checkpoint.exists():
         shutil.copyfile(checkpoint, scratch.path / CHECKPOINT_FILE)
@@ -795,6 +803,7 @@ def _run_child(
     state = _Progress(
         collect=lambda: _collect_checkpoint(scratch, work, job.pk, attempt),
         checkpoint_path=_relative(work / CHECKPOINT_FILE),
+        rendezvous=lambda event: dispatch_ranks(job, attempt, event, log),
     )
     max_wall_s = _max_wall_s(job)
     started = time.monotonic()
@@ -881,6 +890,133 @@ def _run_child(
         return _refresh(job).state
 
 
+# --- ranks on the gang's other nodes -------------------------------------------------------------
+
+
+def dispatch_ranks(job: TrainingJob, attempt: int, event: dict[str, Any], log) -> None:
+    """Rank 0 opened its rendezvous (``training.distributed.start``): hand the ranks from
+    ``first_remote_rank`` on to the agents of the gang's other nodes, ``tasks.run_ranks`` on
+    each node's queue. A node that is gone gets nothing: rank 0 then times out waiting for the
+    group, and the attempt fails and is requeued like any lost rank."""
+    from training.tasks import run_ranks
+
+    store, world = str(event.get("store", "")), int(event.get("world", 0))
+    plan = remote_ranks(job, int(event.get("first_remote_rank", 0)))
+    nodes = Node.objects.in_bulk([node for node, _, _ in plan])
+    for node_id, ranks, gpus in plan:
+        node = nodes.get(node_id)
+        if node is None:
+            log.write(f"--- ranks {ranks}: their node {node_id} is gone\n".encode())
+            continue
+        run_ranks.apply_async(
+            args=[job.pk, attempt, node.pk, store, world, ranks, gpus], queue=node.queue
+        )
+        log.write(f"--- ranks {ranks} of {world} handed to {node.name} (store {store})\n".encode())
+    log.flush()
+
+
+def execute_ranks(
+    job_id: int, attempt: int, node_id: int, store: str, world: int, ranks: list[int], gpus=()
+) -> str:
+    """Run ``ranks`` of attempt ``attempt`` of a data-parallel job whose rank 0 runs on another
+    node: the job's inputs and checkpoint staged into a sandbox as for rank 0, one
+    ``python -m training.runner --rank r`` per rank joined to the store at ``store``; returns
+    how they ended. The ranks are stopped at once when the attempt is over (fenced)."""
+    from training.services import job_work_dir
+
+    job = (
+        TrainingJob.objects.unscoped()
+        .select_related("workspace", "dataset", "dataset__label_group", "node", "base_job")
+        .filter(pk=job_id)
+        .first()
+    )
+    if job is None:
+        return "missing"
+    if job.attempts != attempt or job.state != JobState.RUNNING:
+        return "superseded"
+    work = job_work_dir(job)
+    lock = _supervision_lock(work, node_id, RANKS_LOCK_FILE)
+    if lock is None:
+        return "duplicate"  # this node's agent runs these ranks already
+    try:
+        return _execute_ranks_locked(job, attempt, node_id, store, world, ranks, gpus, work)
+    finally:
+        lock.close()
+
+
+def _job_log(work: Path, line: str) -> None:
+    with open(work / LOG_FILE, "ab") as log:
+        log.write(f"--- {line}\n".encode())
+
+
+def _execute_ranks_locked(job, attempt, node_id, store, world, ranks, gpus, work: Path) -> str:
+    from training import distributed
+
+    here = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or node_id
+    spec = build_job_spec(job)
+    if spec.workers != world:
+        _job_log(work, f"ranks {ranks} on {here}: the job has {spec.workers} ranks, not {world}")
+        return "failed"
+    scratch = sandbox.prepare(job.pk)
+    output = open(work / RANKS_LOG_FILE.format(node=node_id), "ab")  # noqa: SIM115 - closed below
+    children: list[subprocess.Popen] = []
+    try:
+        child_spec_path = _stage(job, spec, scratch, work, salvage=False)
+        env = sandbox.child_environment(
+            scratch, gpus=",".join(str(g) for g in gpus), threads=max(1, job.cpu_milli // 1000)
+        )
+        env.update({distributed.WORLD_ENV: str(world), distributed.STORE_ENV: store})
+        for rank in ranks:
+            children.append(
+                subprocess.Popen(  # noqa: S603 - our own module, a spec we wrote
+                    [*RANK_COMMAND, str(rank), str(child_spec_path)],
+                    env={**env, distributed.RANK_ENV: str(rank)},
+                    stdout=output,
+                    stderr=output,
+                    **sandbox.child_popen_args(scratch),
+                )
+            )
+            (work / RANK_PID_FILE.format(rank=rank)).write_text(str(children[-1].pid))
+        _job_log(work, f"ranks {ranks} of {world} started on {here} (attempt {attempt})")
+        superseded = False
+        while any(child.poll() is None for child in children):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                next(c for c in children if c.poll() is None).wait(timeout=STOP_POLL_S)
+            row = with_retry(
+                lambda: (
+                    TrainingJob.objects.unscoped()
+                    .filter(pk=job.pk)
+                    .values_list("attempts", "state")
+                    .first()
+                )
+            )
+            if row is None or row[0] != attempt or row[1] != JobState.RUNNING:
+                superseded = True
+                break
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+        codes = [child.returncode for child in children]
+        ended = "stopped: the attempt is over" if superseded else f"exited with {codes}"
+        _job_log(work, f"ranks {ranks} on {here} {ended}")
+        if superseded:
+            return "superseded"
+        return "succeeded" if not any(codes) else "failed"
+    except OSError as exc:
+        _job_log(work, f"ranks {ranks} on {here} could not start: {exc}")
+        return "failed"
+    finally:
+        for rank, child in zip(ranks, children, strict=False):
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            with contextlib.suppress(OSError):
+                (work / RANK_PID_FILE.format(rank=rank)).unlink()
+        output.close()
+        scratch.remove()
+
+
 def _superseded(job: TrainingJob, child, log, tracker: Tracker, why: str) -> str:
     """This attempt lost the job (fenced): stop its child at once, write nothing more."""
     logger.warning("job %s: %s; stopping this attempt's child", job.pk, why)
@@ -911,8 +1047,9 @@ def _collect_checkpoint(scratch, work: Path, job_id: int, attempt: int) -> str:
 class _Progress:
     """Events from the child, batched for the database and MLflow."""
 
-    def __init__(self, collect=None, checkpoint_path: str = "") -> None:
+    def __init__(self, collect=None, checkpoint_path: str = "", rendezvous=None) -> None:
         self.collect = collect
+        self.rendezvous = rendezvous
         self.checkpoint_path = checkpoint_path
         self.fields: dict[str, Any] = {}
         self.metrics: list[tuple[int, str, float]] = []
@@ -952,6 +1089,9 @@ class _Progress:
                 checkpoint_path=self.checkpoint_path, checkpoint_step=int(event["step"])
             )
             self.metrics.append((int(event["step"]), "checkpoint", float(event["step"])))
+        elif kind == "rendezvous":
+            if self.rendezvous is not None:
+                self.rendezvous(event)
         elif kind == "done":
             self.done = event
         elif kind == "error":

@@ -67,7 +67,11 @@ class JobSpec:
     base_model_path: str = ""
     entry_point: str = ""  # "module.path" or a path to a .py file (user code)
     slice_column: str = ""
-    workers: int = 1  # data-parallel ranks (training.distributed)
+    workers: int = 1  # data-parallel ranks (training.distributed), on every node together
+    # Of a job spread over several nodes: the ranks on rank 0's node (0: all ``workers``), and
+    # the address the other nodes' ranks reach its rendezvous store at.
+    local_ranks: int = 0
+    rendezvous_host: str = "127.0.0.1"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -1,4 +1,4 @@
-"""Data-parallel training on one node: ``workers`` ranks of the training child.
+"""Data-parallel training: ``workers`` ranks of the training child, on one node or several.
 
 A job with ``workers: N`` (N > 1) trains with N processes. The child the agent starts is rank 0:
 it opens a c10d ``TCPStore`` on the loopback (the rendezvous, as torchrun's), writes the job's
@@ -22,6 +22,20 @@ validates, decides early stopping, writes checkpoints and the model; its decisio
 requested, stopped early) reach the others in the same collective as the gradients. A rank
 that dies breaks the next collective: the others fail, rank 0 reports the error and exits
 non-zero, and the agent's retry (``max_attempts``) resumes every rank from the last checkpoint.
+
+**Over several nodes** (a gang the scheduler placed on more than one node): the spec's
+``local_ranks`` are the ranks on rank 0's node (0 .. local_ranks - 1, started by rank 0 as above)
+and ``rendezvous_host`` is that node's address (``settings.NODE_ADDRESS``). Rank 0 opens the
+store (it listens on every interface) and, before it waits for the group, emits a
+``rendezvous`` event (the store's address, the world, the first remote rank). Its node agent
+hands the remaining ranks to the agents of the gang's other nodes
+(``training.agent.dispatch_ranks`` -> ``training.tasks.run_ranks`` on each node's queue), which
+stage the same inputs and checkpoint and start their ranks against that store
+(``training.agent.execute_ranks``). Every rank checks that it resumes from rank 0's step
+(``check_same_step``). A remote rank that dies breaks the collectives exactly as a local one
+does: rank 0 fails, the job is requeued, and the next attempt's rendezvous starts every rank
+again from the checkpoint; a remote agent stops its ranks as soon as the attempt it started them
+for is over (the attempt number is the fencing token).
 """
 
 from __future__ import annotations
@@ -70,10 +84,65 @@ def joined() -> bool:
     return bool(_joined)
 
 
+def gang_of(job) -> list[dict[str, Any]]:
+    """The scheduler's gang of ``job`` (one entry per worker: its node, its GPUs); empty when
+    the job was placed whole on one node."""
+    return list(getattr(getattr(job, "scheduling", None), "gang_nodes", None) or [])
+
+
+def local_workers(job) -> int:
+    """The data-parallel ranks rank 0's node runs: every worker of a gang placed there alone;
+    of a gang spread over several nodes, that node's (the others' run on their own nodes:
+    ``dispatch_ranks``)."""
+    gang = gang_of(job)
+    if not gang:
+        return max(job.workers or 1, 1)
+    return max(sum(1 for w in gang if int(w.get("node", 0)) == job.node_id), 1)
+
+
+def remote_ranks(job, first: int) -> list[tuple[int, list[int], list[int]]]:
+    """The ranks from ``first`` on, by node: ``(node id, ranks, GPU indices)`` for each other
+    node of the gang, in the gang's order (one rank per worker placed there)."""
+    by_node: dict[int, tuple[list[int], list[int]]] = {}
+    rank = first
+    for worker in gang_of(job):
+        node = int(worker.get("node", 0))
+        if node == job.node_id:
+            continue
+        ranks, gpus = by_node.setdefault(node, ([], []))
+        ranks.append(rank)
+        gpus.extend(int(g) for g, _ in worker.get("gpus") or [])
+        rank += 1
+    return [(node, ranks, gpus) for node, (ranks, gpus) in by_node.items()]
+
+
+def rank_layout(job) -> list[dict[str, Any]]:
+    """Where each rank of ``job`` runs, rank by rank: ``{"rank", "node", "gpus"}`` (the node's
+    id; the GPU indices of a gang's worker), for the job page."""
+    gang = gang_of(job)
+    if not gang:
+        gpus = [int(g.get("index", 0)) for g in job.assigned_gpus or []]
+        return [{"rank": r, "node": job.node_id, "gpus": gpus} for r in range(job.workers or 1)]
+    here = [w for w in gang if int(w.get("node", 0)) == job.node_id]
+    rows = [
+        {"rank": r, "node": job.node_id, "gpus": [int(g) for g, _ in w.get("gpus") or []]}
+        for r, w in enumerate(here)
+    ]
+    rank = len(rows)
+    for worker in gang:
+        if int(worker.get("node", 0)) != job.node_id:
+            gpus = [int(g) for g, _ in worker.get("gpus") or []]
+            rows.append({"rank": rank, "node": int(worker["node"]), "gpus": gpus})
+            rank += 1
+    return rows
+
+
 def world_of(job, device=None) -> int:
     """How many ranks train ``job``: its ``workers``, and on CUDA at least one per visible GPU
     (a job given N GPUs on its node trains on all N)."""
     workers = max(int(getattr(job, "workers", 1) or 1), 1)
+    if 0 < int(getattr(job, "local_ranks", 0) or 0) < workers:
+        return workers  # spread over nodes: the gang's workers are the ranks
     if device is not None and device.type == "cuda":
         import torch
 
@@ -85,8 +154,10 @@ def ranks_for(workers: int, visible_gpus: int) -> int:
     return max(workers, visible_gpus, 1)
 
 
-def start(job, *, device) -> Group:
-    """Join (or, as rank 0, open and populate) the job's process group; ``Group()`` alone."""
+def start(job, *, device, emit=None) -> Group:
+    """Join (or, as rank 0, open and populate) the job's process group; ``Group()`` alone.
+    Rank 0 of a job spread over nodes announces the rendezvous through ``emit`` (an
+    ``Emitter``) before it waits for the other nodes' ranks."""
     world = world_of(job, device)
     if world == 1:
         return Group()
@@ -97,7 +168,12 @@ def start(job, *, device) -> Group:
     if rank == 0:
         from torch.distributed import TCPStore
 
-        store = TCPStore("127.0.0.1", 0, world, True, timeout=TIMEOUT, wait_for_workers=False)
+        local = int(getattr(job, "local_ranks", 0) or 0)
+        local = local if 0 < local < world else world
+        host = str(getattr(job, "rendezvous_host", "") or "127.0.0.1") if local < world else ""
+        store = TCPStore(
+            host or "127.0.0.1", 0, world, True, timeout=TIMEOUT, wait_for_workers=False
+        )
         spec = Path(job.work_dir) / SPEC_FILE
         spec.write_text(replace(job, workers=world).to_json())
         env = {
@@ -112,8 +188,12 @@ def start(job, *, device) -> Group:
                 env={**env, RANK_ENV: str(r)},
                 stdout=subprocess.DEVNULL,  # only rank 0 reports
             )
-            for r in range(1, world)
+            for r in range(1, local)
         ]
+        if local < world:
+            if emit is None:
+                raise RuntimeError("ranks on other nodes need an agent to start them")
+            emit("rendezvous", store=f"{host}:{store.port}", world=world, first_remote_rank=local)
     else:
         from torch.distributed import TCPStore
 
@@ -125,6 +205,25 @@ def start(job, *, device) -> Group:
     _joined.append(True)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT)
     return group
+
+
+def check_same_step(group: Group, step: int) -> None:
+    """Every rank resumes from the same step (rank 0's checkpoint), or the attempt fails: a rank
+    on another node that staged an older checkpoint would train a different model."""
+    if not group.active:
+        return
+    import torch
+    import torch.distributed as dist
+
+    low = torch.tensor([float(step)])
+    high = torch.tensor([float(step)])
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if low.item() != high.item():
+        raise RuntimeError(
+            f"the ranks resume from different steps ({int(low.item())} to {int(high.item())}): "
+            "a rank staged another checkpoint"
+        )
 
 
 def shard(group: Group, index):

@@ -295,7 +295,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         if distributed.world_of(job, device) > 1:
             emit("log", message="the lbfgs solver trains in one process; workers ignored")
         return train_convex(job, model=model, loaded=loaded, seed=seed, emit=emit)
-    group = distributed.start(job, device=device)
+    group = distributed.start(job, device=device, emit=emit)
     if group.active and device.type == "cuda":
         device = torch.device("cuda", group.rank % torch.cuda.device_count())
         model.to(device)
@@ -321,6 +321,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         torch.set_rng_state(checkpoint["rng"])
         stopping.restore(checkpoint.get("early_stopping"))
         emit("log", message=f"resumed from checkpoint at step {step}")
+    distributed.check_same_step(group, step)
 
     train_x = loaded.train
     dense_all, cat_all, y_all = (

@@ -27,6 +27,24 @@ def run_job(self, job_id: int) -> str:
             connection.close()
 
 
+@shared_task(name="training.tasks.run_ranks", bind=True)
+def run_ranks(
+    self, job_id: int, attempt: int, node_id: int, store: str, world: int, ranks, gpus=()
+) -> str:
+    """The ranks of a data-parallel job that the gang placed on this node while its rank 0 runs
+    on another (``agent.execute_ranks``). Not acknowledged late: a redelivery would find its
+    attempt over (a rank lost with its agent fails the attempt, and the next one hands out its
+    ranks afresh)."""
+    try:
+        return agent.execute_ranks(
+            int(job_id), int(attempt), int(node_id), str(store), int(world),
+            [int(r) for r in ranks], [int(g) for g in gpus],
+        )  # fmt: skip
+    finally:
+        if not (self.request.called_directly or self.request.is_eager):
+            connection.close()
+
+
 @shared_task(name="training.tasks.resume_pipelines")
 def resume_pipelines() -> int:
     """Beat: re-queue running pipeline runs that nobody advances (a wake-up lost with a worker)."""

@@ -27,6 +27,7 @@ from training.models import (
     CandidateEvaluation,
     JobMetric,
     JobState,
+    Node,
     Pipeline,
     PipelineRun,
     TrainingJob,
@@ -283,6 +284,7 @@ def job_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
             cv_hint=small_validation_hint(job),
             history=history,
             checkpoints=checkpoints,
+            ranks=_ranks(job),
             log_tail=_log_tail(job),
             mlflow=_mlflow_run(job),
             running=job.state
@@ -294,6 +296,17 @@ def job_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
             and role_at_least(request.workspace_role, Role.DEVELOPER),
         ),
     )
+
+
+def _ranks(job: TrainingJob) -> list[dict[str, Any]]:
+    """Where each data-parallel rank of a placed job runs (none for a one-process job)."""
+    from training.distributed import rank_layout
+
+    if (job.workers or 1) < 2 or not job.node_id:
+        return []
+    rows = rank_layout(job)
+    names = dict(Node.objects.filter(pk__in={r["node"] for r in rows}).values_list("pk", "name"))
+    return [{**r, "node_name": names.get(r["node"], f"node {r['node']} (gone)")} for r in rows]
 
 
 def _run_row(run: PipelineRun) -> dict[str, Any]:

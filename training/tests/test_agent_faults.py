@@ -3,15 +3,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from training import agent
@@ -20,7 +16,7 @@ from training.scheduler.failover import reconcile
 from training.services import entry_point_register, job_create, job_work_dir
 from training.tasks import run_job
 from training.tests.factories import FAST, make_demo_dataset, place
-from training.tests.workers import node_worker, wait_for
+from training.tests.workers import node_worker, start_worker_process, wait_for
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
@@ -84,39 +80,6 @@ def test_a_job_past_its_workspace_wall_time_is_stopped_and_fails(workspace):
     assert Node.objects.get(pk=node.pk).failure_count == 0
 
 
-def _worker_env() -> dict[str, str]:
-    """The settings a separate worker process needs to share this test's database, broker,
-    artifacts, MLflow store and sandbox."""
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_ENV": "development",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
-        f"/{db['NAME']}",
-        "ARTIFACT_ROOT": str(settings.ARTIFACT_ROOT),
-        "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
-        "MLFLOW_ARTIFACT_ROOT": settings.MLFLOW_ARTIFACT_ROOT,
-        "TRAINING_SANDBOX_ROOT": str(settings.TRAINING_SANDBOX_ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
-    if settings.REDIS_URL:
-        env["REDIS_URL"] = settings.REDIS_URL
-    return env
-
-
-def _start_worker(queue: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo"),
-            *("--queues", queue, "--without-mingle", "--without-gossip", "--loglevel", "INFO"),
-        ],
-        cwd=settings.BASE_DIR,
-        env=_worker_env(),
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
-
-
 @pytest.mark.skipif(
     connection.vendor != "postgresql",
     reason="a second worker process shares the test database only on a server (DATABASE_URL)",
@@ -135,7 +98,7 @@ def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoi
     name = f"k{uuid.uuid4().hex[:10]}"
     queue = f"node.{name}"
     log = tmp_path / "worker.log"
-    first = _start_worker(queue, log)
+    first = start_worker_process(queue, log)
     second = None
     try:
         node = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=60, what="node")
@@ -149,7 +112,7 @@ def test_a_killed_and_restarted_worker_resumes_its_running_job_from_the_checkpoi
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         checkpointed = _job(job.pk).checkpoint_step
-        second = _start_worker(queue, log)  # restarted at once, well within 5 s
+        second = start_worker_process(queue, log)  # restarted at once, well within 5 s
         work = job_work_dir(job)
         wait_for(
             lambda: "resumed from checkpoint at step" in (work / agent.LOG_FILE).read_text(),

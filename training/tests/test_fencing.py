@@ -29,8 +29,7 @@ from training.services import (
 )
 from training.tasks import run_job
 from training.tests.factories import FAST, make_demo_dataset, place
-from training.tests.test_agent_faults import _start_worker
-from training.tests.workers import node_worker, wait_for
+from training.tests.workers import node_worker, start_worker_process, wait_for
 from workspaces.models import Event
 
 
@@ -103,7 +102,7 @@ def test_an_agent_woken_after_its_job_moved_stops_and_writes_nothing(workspace, 
     )  # fmt: skip
     name = f"s{uuid.uuid4().hex[:10]}"
     log = tmp_path / "frozen-worker.log"
-    frozen = _start_worker(f"node.{name}", log)
+    frozen = start_worker_process(f"node.{name}", log)
     stopped = False
     try:
         node_a = wait_for(lambda: Node.objects.filter(name=name).first(), timeout=60, what="node")

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+from django.conf import settings
+from django.db import connection
 
 from training import agent
 from training.models import Node
@@ -64,3 +71,39 @@ def execute_in_thread(job_id: int) -> tuple[threading.Thread, dict[str, Any]]:
     thread = threading.Thread(target=target)
     thread.start()
     return thread, result
+
+
+def worker_env() -> dict[str, str]:
+    """The settings a separate worker process needs to share this test's database, broker,
+    artifacts, MLflow store and sandbox."""
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_ENV": "development",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+        f"/{db['NAME']}",
+        "ARTIFACT_ROOT": str(settings.ARTIFACT_ROOT),
+        "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
+        "MLFLOW_ARTIFACT_ROOT": settings.MLFLOW_ARTIFACT_ROOT,
+        "TRAINING_SANDBOX_ROOT": str(settings.TRAINING_SANDBOX_ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+    return env
+
+
+def start_worker_process(queue: str, log: Path) -> subprocess.Popen:
+    """A worker *process* (solo pool) consuming ``queue``, sharing this test's database,
+    broker and folders (PostgreSQL only: a second process cannot share the in-memory test
+    database); its output appended to ``log``."""
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo"),
+            *("--queues", queue, "--without-mingle", "--without-gossip", "--loglevel", "INFO"),
+        ],
+        cwd=settings.BASE_DIR,
+        env=worker_env(),
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
