@@ -293,6 +293,14 @@ NOTEBOOK_START_TIMEOUT_S = env_int("NOTEBOOK_START_TIMEOUT_S", 120)
 # pinned tag, the release of platform/k8s/kustomization.yaml (a test keeps the two equal).
 RANKOPS_IMAGE = os.environ.get("RANKOPS_IMAGE", "rankops:0.1.0")
 SERVING_IMAGE = os.environ.get("SERVING_IMAGE", RANKOPS_IMAGE)
+# Where training jobs run: "nodes" (the platform's scheduler places them on its node agents) or
+# "kueue" (each job becomes a Kubeflow Trainer TrainJob in TRAINING_K8S_NAMESPACE of the cluster
+# TRAINING_KUBECONFIG names, queued by Kueue; its pods run node agents that take that job only:
+# training.trainjobs).
+TRAINING_BACKEND = os.environ.get("TRAINING_BACKEND", "nodes")
+TRAINING_KUBECONFIG = os.environ.get("TRAINING_KUBECONFIG", "")
+TRAINING_K8S_NAMESPACE = os.environ.get("TRAINING_K8S_NAMESPACE", "rankops")
+TRAINING_IMAGE = os.environ.get("TRAINING_IMAGE", RANKOPS_IMAGE)
 NOTEBOOK_BACKEND = os.environ.get("NOTEBOOK_BACKEND", "process")
 NOTEBOOK_KUBECONFIG = os.environ.get("NOTEBOOK_KUBECONFIG", "")
 NOTEBOOK_K8S_NAMESPACE = os.environ.get("NOTEBOOK_K8S_NAMESPACE", "rankops-notebooks")

@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from training import runner, sandbox
 from training.distributed import gang_of, local_workers, remote_ranks
-from training.models import JobState, Node, NodeState, TrainingJob
+from training.models import TRAINJOB_LABEL, JobState, Node, NodeState, TrainingJob
 from training.services import StaleAttempt
 from workspaces.events import Ref, event_record
 
@@ -124,13 +124,31 @@ def find_gpus() -> list[dict[str, Any]]:
     return gpus
 
 
+TRAINJOB_ENV = "RANKOPS_TRAINJOB"  # set in a TrainJob's pods (platform/k8s/training)
+
+
 def node_inventory() -> dict[str, Any]:
-    return {
+    inventory: dict[str, Any] = {
         "hostname": socket.gethostname()[:255],
         "cpu_milli": _cpu_count() * 1000,
         "memory_mb": _memory_mb(),
         "gpus": find_gpus(),
     }
+    trainjob = os.environ.get(TRAINJOB_ENV, "")
+    if trainjob:  # a pod of a TrainJob: the node takes that TrainJob's job only
+        inventory["labels"] = {TRAINJOB_LABEL: trainjob}
+    return inventory
+
+
+def pod_stopping() -> int:
+    """A TrainJob's pod got SIGTERM (Kueue suspended or deleted its TrainJob): cordon the nodes
+    this process registered so that nothing is placed on them again (the pod is going);
+    returns how many. Nothing for an agent outside a TrainJob."""
+    if not os.environ.get(TRAINJOB_ENV) or not HEARTBEATS.names:
+        return 0
+    return Node.objects.filter(name__in=HEARTBEATS.names, state=NodeState.READY).update(
+        state=NodeState.CORDONED, state_reason="its TrainJob pod is stopping"
+    )
 
 
 def node_heartbeat(node_name: str, queue: str, *, inventory: dict | None = None) -> Node:
@@ -164,6 +182,7 @@ class _Heartbeats:
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.names: list[str] = []  # the nodes this process beats for
 
     def start(self, queues: list[str]) -> list[str]:
         started = []
@@ -177,6 +196,7 @@ class _Heartbeats:
             thread.start()
             self.threads.append(thread)
             started.append(name)
+        self.names.extend(started)
         return started
 
     def _loop(self, name: str, queue: str) -> None:
@@ -196,6 +216,7 @@ class _Heartbeats:
         for thread in self.threads:
             thread.join(timeout=HEARTBEAT_S + 1)
         self.threads = []
+        self.names = []
         self.stop = threading.Event()
 
 

@@ -37,6 +37,11 @@ class NodeState(models.TextChoices):
     LOST = "lost", "Lost (heartbeat stopped)"
 
 
+# The label of a node agent that runs in a pod of a TrainJob (TRAINING_BACKEND=kueue): the
+# TrainJob's name. Such a node takes that TrainJob's job only (training.trainjobs).
+TRAINJOB_LABEL = "rankops.io/trainjob"
+
+
 class Node(models.Model):
     """A compute node. Its agent (a Celery worker on queue ``queue``) reports the inventory.
 

@@ -117,5 +117,9 @@ def _stop_node_heartbeats(**_kwargs) -> None:
 
 @worker_shutting_down.connect
 def _checkpoint_running_jobs(**_kwargs) -> None:
-    """SIGTERM to the worker: running children checkpoint and stop; their jobs are preempted."""
-    agent.SHUTTING_DOWN.set()
+    """SIGTERM to the worker: running children checkpoint and stop; their jobs are preempted.
+    In a TrainJob's pod the node is cordoned first: the pod is going away."""
+    try:
+        agent.pod_stopping()
+    finally:
+        agent.SHUTTING_DOWN.set()

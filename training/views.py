@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from training import curves, mlflow_server, services
+from training import curves, mlflow_server, services, trainjobs
 from training import pipelines as pipeline_services
 from training.forms import (
     JobCreateForm,
@@ -285,6 +285,7 @@ def job_page(request: WorkspaceRequest, workspace, pk: int) -> HttpResponse:
             history=history,
             checkpoints=checkpoints,
             ranks=_ranks(job),
+            trainjob=trainjobs.describe(job) if trainjobs.enabled() else "",
             log_tail=_log_tail(job),
             mlflow=_mlflow_run(job),
             running=job.state

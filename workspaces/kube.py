@@ -1,10 +1,11 @@
 """Kubernetes as the platform's controllers speak it: a client from a kubeconfig file,
 server-side apply of a rendered manifest's objects, reads and deletes that take a 404 as "gone".
 
-Used by serving's Kubernetes deployment backend (``serving.controllers``) and by notebook servers
-run as pods (``training.notebooks``). Every call goes through the official ``kubernetes``
-client, typed per kind (``KINDS``); the objects come from the platform's templates under
-``platform/k8s/``.
+Used by serving's Kubernetes deployment backend (``serving.controllers``), by notebook servers
+run as pods (``training.notebooks``) and by training through Kueue (``training.trainjobs``).
+Every call goes through the official ``kubernetes`` client, typed per kind (``KINDS``, and
+``CUSTOM_KINDS`` through its ``CustomObjectsApi``); the objects come from the platform's
+templates under ``platform/k8s/``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ KINDS: dict[str, tuple[str, str]] = {
     "Secret": ("CoreV1Api", "secret"),
     "PersistentVolumeClaim": ("CoreV1Api", "persistent_volume_claim"),
     "Ingress": ("NetworkingV1Api", "ingress"),
+}
+
+
+# Custom resources: kind -> (group, version, plural), through the client's CustomObjectsApi.
+CUSTOM_KINDS: dict[str, tuple[str, str, str]] = {
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
 }
 
 
@@ -47,8 +54,18 @@ def manifest_objects(manifest: str) -> list[dict[str, Any]]:
 
 
 def _method(api_client: Any, kind: str, verb: str) -> Callable[..., Any]:
+    """The client's ``<verb>_namespaced_*`` call for ``kind``, taking ``(name, namespace, ...)``
+    for built-in and custom kinds alike."""
     from kubernetes import client as k8s
 
+    if kind in CUSTOM_KINDS:
+        group, version, plural = CUSTOM_KINDS[kind]
+        call = getattr(k8s.CustomObjectsApi(api_client), f"{verb}_namespaced_custom_object")
+
+        def custom(name: str, namespace: str, *args: Any, **kwargs: Any) -> Any:
+            return call(group, version, namespace, plural, name, *args, **kwargs)
+
+        return custom
     api_class, suffix = KINDS[kind]
     return getattr(getattr(k8s, api_class)(api_client), f"{verb}_namespaced_{suffix}")
 

@@ -12,7 +12,15 @@ from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 
-from training.models import JobState, Node, NodeKind, NodeState, PriorityClass, TrainingJob
+from training.models import (
+    TRAINJOB_LABEL,
+    JobState,
+    Node,
+    NodeKind,
+    NodeState,
+    PriorityClass,
+    TrainingJob,
+)
 from training.scheduler.placement import (
     Cluster,
     NodeInventory,
@@ -114,11 +122,14 @@ def build_cluster(
 
 
 def schedulable_nodes(*, include_lending: bool) -> list[Node]:
-    """Ready training nodes, plus inference nodes currently lending when asked."""
+    """Ready training nodes, plus inference nodes currently lending when asked (never the pods
+    of a TrainJob)."""
     from training.scheduler.lending import lending_open
 
     nodes = []
     for node in Node.objects.filter(state=NodeState.READY).order_by("pk"):
+        if TRAINJOB_LABEL in (node.labels or {}):
+            continue  # a TrainJob's pod: it runs that job only (training.trainjobs)
         if node.kind == NodeKind.INFERENCE:
             if include_lending and lending_open(node):
                 nodes.append(node)

@@ -53,6 +53,11 @@ class JobScheduling(WorkspaceOwnedCascade):
         default=list, blank=True, help_text="Jobs being preempted to make room for this one."
     )
     last_tick_at = models.DateTimeField(null=True, blank=True)
+    trainjob = models.CharField(
+        max_length=63,
+        blank=True,
+        help_text="TRAINING_BACKEND=kueue: the TrainJob the job runs as (training.trainjobs).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import Case, IntegerField, Value, When
 from django.utils import timezone
 
+from training import trainjobs
 from training.models import (
     PRIORITY_RANK,
     JobState,
@@ -73,14 +74,18 @@ def schedule_tick(*, limit: int = 100) -> dict[str, Any]:
     """One pass over waiting jobs, highest priority first, oldest first. Returns counts."""
     summary: Counter = Counter()
     summary["requeued"] = requeue_preempted()
+    handover: list[int] = []  # TRAINING_BACKEND=kueue: admitted jobs with no TrainJob yet
     if connection.vendor == "sqlite":
         with _sqlite_lock:
-            dispatch = _tick(limit, summary)
+            dispatch = _tick(limit, summary, handover)
     else:
-        dispatch = _tick(limit, summary)
+        dispatch = _tick(limit, summary, handover)
     for job_id, queue in dispatch:
         if _dispatch(job_id, queue):
             summary["dispatched"] += 1
+    if trainjobs.enabled():
+        # The cluster is called after the tick's transaction: no row lock waits on it.
+        summary.update(trainjobs.sync(handover))
     return dict(summary)
 
 
@@ -111,7 +116,7 @@ def _workload() -> tuple[list[TaskClass], dict[tuple[str, ...], float]]:
     return classes, pinned
 
 
-def _tick(limit: int, summary: Counter) -> list[tuple[int, str]]:
+def _tick(limit: int, summary: Counter, handover: list[int]) -> list[tuple[int, str]]:
     dispatch: list[tuple[int, str]] = []
     workload, pinned = _workload()
     with transaction.atomic():
@@ -141,6 +146,18 @@ def _tick(limit: int, summary: Counter) -> list[tuple[int, str]]:
                 except ConflictError:
                     continue
                 summary["admitted"] += 1
+            if trainjobs.enabled():
+                # Kueue places it: the job runs on its TrainJob's pods once they are all up.
+                placed = _place_on_trainjob(job, sched)
+                if placed is not None:
+                    summary["placed"] += 1
+                    dispatch.append(placed)
+                    continue
+                summary["waiting"] += 1
+                if not sched.trainjob:
+                    handover.append(job.pk)
+                sched.save()
+                continue
             placed = _try_place(job, sched, cluster, nodes, inference)
             if placed is not None:
                 summary["placed"] += 1
@@ -211,6 +228,51 @@ def _try_place(job, sched, cluster: Cluster, nodes: list[Node], inference) -> tu
                 cpu_milli=job.cpu_milli,
             )
     return (job.pk, first.queue)
+
+
+def _place_on_trainjob(job: TrainingJob, sched: JobScheduling) -> tuple[int, str] | None:
+    """Place ``job`` on the nodes its TrainJob's pods registered, one worker per pod, once there
+    are as many as it has workers; None while Kueue has not started them all."""
+    workers = max(int(job.workers or 1), 1)
+    nodes = trainjobs.nodes_for(job)[:workers]
+    if len(nodes) < workers:
+        if sched.trainjob:
+            sched.reason = (
+                f"waiting for Kueue to start {trainjobs.describe(job)}: "
+                f"{len(nodes)} of {workers} pods ready"
+            )[:300]
+        return None
+    wants_gpus = bool(job.gpu_count or job.gpu_milli)
+    # Each pod sees the GPUs Kubernetes gave it, and only those: the worker takes them all.
+    gpus: list[list[list[int]]] = [
+        [[int(g.get("index", i)), 1000] for i, g in enumerate(node.gpus or [])]
+        if wants_gpus
+        else []
+        for node in nodes
+    ]
+    gang = [{"node": node.pk, "gpus": held} for node, held in zip(nodes, gpus, strict=True)]
+    reason = f"started by Kueue: {trainjobs.describe(job)}, on {', '.join(n.name for n in nodes)}"
+    try:
+        job_transition(
+            job=job,
+            to=JobState.PLACED,
+            expect=JobState.ADMITTED,
+            reason=reason[:300],
+            node=nodes[0],
+            assigned_gpus=[{"index": g, "milli": m} for g, m in gpus[0]],
+            stop_requested="",
+            payload={"policy": "kueue", "workers": workers, "trainjob": trainjobs.name(job)},
+        )
+    except ConflictError:
+        return None
+    sched.reason = reason[:300]
+    sched.policy = "kueue"
+    sched.placements += 1
+    sched.gang_nodes = gang if workers > 1 else []
+    sched.borrowed = False
+    sched.victims = []
+    sched.save()
+    return (job.pk, nodes[0].queue)
 
 
 def _victim_ok(job: TrainingJob, victim: TrainingJob) -> bool:

@@ -7,6 +7,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from training import trainjobs
 from training.scheduler import selectors
 from training.scheduler.lending import utilisation
 from training.scheduler.recommend import recommend, savings_report
@@ -49,7 +50,12 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "scheduler/cluster.html",
-        {"overview": overview, "lending": utilisation(days=7), "section": "cluster"},
+        {
+            "overview": overview,
+            "lending": utilisation(days=7),
+            "section": "cluster",
+            "kueue": {"namespace": trainjobs.namespace()} if trainjobs.enabled() else None,
+        },
     )
 
 
