@@ -114,3 +114,75 @@ def test_the_reported_loss_is_every_ranks_rows(demo_parquet, tmp_path):
     assert [s for s, _ in losses[0]] == [s for s, _ in losses[1]] == [4, 8, 12]
     for (_, one), (_, two) in zip(*losses, strict=True):
         assert two == pytest.approx(one, rel=1e-4)
+
+
+def _remote_rank(event: dict, spec_path, rank: int):
+    """What another node's agent does with a ``rendezvous`` event: start ``rank`` against the
+    announced store (``agent.execute_ranks``, without the sandbox)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        distributed.STORE_ENV: event["store"],
+        distributed.WORLD_ENV: str(event["world"]),
+        distributed.RANK_ENV: str(rank),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "training.runner", "--rank", str(rank), str(spec_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def test_a_rank_on_another_node_joins_through_the_announced_rendezvous(demo_parquet, tmp_path):
+    from dataclasses import replace
+
+    alone = spec(demo_parquet, tmp_path / "one", 1)
+    assert run_spec(alone)[0] == 0
+    pair = replace(spec(demo_parquet, tmp_path / "spread", 2), local_ranks=1)
+    other = replace(pair, work_dir=str(tmp_path / "other-node"))  # its own staged folder
+    (tmp_path / "other-node").mkdir()
+    other_path = tmp_path / "other-node" / "spec.json"
+    other_path.write_text(other.to_json())
+    started = []
+
+    def sink(event: dict) -> None:
+        if event["type"] == "rendezvous":
+            assert event["world"] == 2 and event["first_remote_rank"] == 1
+            started.append(_remote_rank(event, other_path, 1))
+
+    assert runner.train(pair, emit=runner.Emitter(sink=sink)) == 0
+    assert len(started) == 1 and started[0].wait(timeout=60) == 0
+    assert not distributed._current
+    a, b = weights(alone), weights(pair)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_ranks_that_would_resume_from_different_checkpoints_fail_the_attempt(
+    demo_parquet, tmp_path
+):
+    import shutil
+    from dataclasses import replace
+
+    first = spec(demo_parquet, tmp_path / "first", 1, max_steps=4)
+    assert run_spec(first)[0] == 0  # leaves a checkpoint at step 4 (its last)
+    pair = replace(spec(demo_parquet, tmp_path / "spread", 2), local_ranks=1)
+    (tmp_path / "spread").mkdir()
+    shutil.copyfile(first.checkpoint_file, pair.checkpoint_file)  # rank 0 resumes at step 4
+    other = replace(pair, work_dir=str(tmp_path / "other-node"))  # rank 1 staged none
+    (tmp_path / "other-node").mkdir()
+    other_path = tmp_path / "other-node" / "spec.json"
+    other_path.write_text(other.to_json())
+    started = []
+
+    def sink(event: dict) -> None:
+        if event["type"] == "rendezvous":
+            started.append(_remote_rank(event, other_path, 1))
+
+    with pytest.raises(RuntimeError, match="resume from different steps"):
+        runner.train(pair, emit=runner.Emitter(sink=sink))
+    distributed.abandon_current()
+    assert started and started[0].wait(timeout=60) != 0
