@@ -117,6 +117,7 @@ def _latest(stored, keys, label):
     return max(candidates, key=lambda c: c[:3])[3] if candidates else None
 
 
+@pytest.mark.one_backend  # the join runs in DuckDB on offline files
 @hypothesis_settings(
     max_examples=40,
     deadline=None,
@@ -1005,6 +1006,8 @@ def builds_of(callbacks: list) -> list:
     return [cb for cb in callbacks if getattr(cb, "__name__", "") != "_enqueue_drain"]
 
 
+# The engines read and write offline files: the database under the metadata changes nothing here.
+@pytest.mark.one_backend
 def test_a_build_on_spark_writes_the_same_file_as_on_duckdb(workspace, members, scene, settings):
     """``OFFLINE_ENGINE=spark`` (local mode) builds the same sample as the default engine, and the
     build's event says which engine ran it."""

@@ -12,6 +12,9 @@ from training.tests.factories import demo_job_spec, run_spec
 
 # Full batches only (steps < one epoch): with equal shards the ranks' mean gradient is the
 # batch's, so two ranks must train the model one process trains.
+# Training children and their ranks alone: no database is involved.
+pytestmark = pytest.mark.one_backend
+
 PARAMS = {"epochs": 1, "batch_size": 128, "max_steps": 12, "early_stopping_patience": 0}
 
 
