@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import http.client
 import importlib
@@ -688,7 +689,9 @@ def peer_venv(
 
     The venv is made with this interpreter when it is missing; the requirements are installed
     when the stamp file in it does not match them (the first time, or after they change) and the
-    stamp is written only once pip succeeded. Returns the venv's python. ``runner`` has
+    stamp is written only once pip succeeded. The check and the build hold an exclusive lock
+    (``.<name>.lock`` beside the venv), so a second caller waits for a build under way instead of
+    starting its own. Returns the venv's python. ``runner`` has
     ``subprocess.run``'s signature; tests pass a fake one.
     """
     if not _PEER_NAME.match(name):
@@ -703,22 +706,26 @@ def peer_venv(
     venv_python = _venv_python(venv)
     stamp_path = venv / STAMP_NAME
     stamp = peer_stamp(requirements)
-    if not venv_python.exists():
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        runner([sys.executable, "-m", "venv", str(venv)], check=True)
-    if not stamp_path.exists() or stamp_path.read_text() != stamp:
-        stamp_path.unlink(missing_ok=True)
-        runner(
-            [
-                str(venv_python),
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                *requirements,
-            ],
-            check=True,
-        )
-        stamp_path.write_text(stamp)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time, and a reader waits for it: CI starts the build before the suites
+    # and the test that needs the venv blocks here until the build is done, then finds the stamp.
+    with open(venv.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not venv_python.exists():
+            runner([sys.executable, "-m", "venv", str(venv)], check=True)
+        if not stamp_path.exists() or stamp_path.read_text() != stamp:
+            stamp_path.unlink(missing_ok=True)
+            runner(
+                [
+                    str(venv_python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    *requirements,
+                ],
+                check=True,
+            )
+            stamp_path.write_text(stamp)
     return venv_python

@@ -562,16 +562,22 @@ def _refresh(job: TrainingJob) -> TrainingJob:
     return TrainingJob.objects.unscoped().select_related("workspace", "node").get(pk=job.pk)
 
 
-def execute_job(job_id: int) -> str:
-    """Run a placed job to its end here; returns the job's final state."""
-    from training.services import job_transition, job_work_dir
-
-    job = (
+def _load_job(job_id: int) -> TrainingJob | None:
+    """The job with what running it reads (workspace, dataset and its label group, node, base
+    job) in one query; None when it is gone."""
+    return (
         TrainingJob.objects.unscoped()
         .select_related("workspace", "dataset", "dataset__label_group", "node", "base_job")
         .filter(pk=job_id)
         .first()
     )
+
+
+def execute_job(job_id: int) -> str:
+    """Run a placed job to its end here; returns the job's final state."""
+    from training.services import job_transition, job_work_dir
+
+    job = _load_job(job_id)
     if job is None:
         return "missing"
     if job.state not in {JobState.PLACED, JobState.RUNNING}:
@@ -945,12 +951,7 @@ def execute_ranks(
     how they ended. The ranks are stopped at once when the attempt is over (fenced)."""
     from training.services import job_work_dir
 
-    job = (
-        TrainingJob.objects.unscoped()
-        .select_related("workspace", "dataset", "dataset__label_group", "node", "base_job")
-        .filter(pk=job_id)
-        .first()
-    )
+    job = _load_job(job_id)
     if job is None:
         return "missing"
     if job.attempts != attempt or job.state != JobState.RUNNING:

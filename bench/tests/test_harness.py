@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -334,6 +335,56 @@ def test_a_failed_install_leaves_no_stamp(tmp_path):
     runner = FakeRunner()
     harness.peer_venv("feast", REQS, root=tmp_path, runner=runner)
     assert [command[1:4] for command in runner.commands] == [["-m", "pip", "install"]]
+
+
+def test_a_second_caller_waits_for_the_build_under_way_and_installs_nothing(tmp_path, monkeypatch):
+    """CI starts the Feast venv's build beside the suites; the test that needs it calls
+    ``peer_venv`` while pip may still run and must wait for that build, not start a second one
+    into the same folder (without the lock it finds no stamp and runs pip itself)."""
+    in_pip = threading.Event()
+    release = threading.Event()
+
+    class SlowRunner(FakeRunner):
+        def __call__(self, command, check):
+            super().__call__(command, check)
+            if command[1:3] == ["-m", "pip"]:
+                in_pip.set()
+                assert release.wait(timeout=60)
+
+    builder = SlowRunner()
+    first = threading.Thread(
+        target=harness.peer_venv, args=("feast", REQS), kwargs={"root": tmp_path, "runner": builder}
+    )
+    first.start()
+    assert in_pip.wait(timeout=60)
+    second_runner = FakeRunner()
+    answers: list[Path] = []
+    second = threading.Thread(
+        name="second-caller",
+        target=lambda: answers.append(
+            harness.peer_venv("feast", REQS, root=tmp_path, runner=second_runner)
+        ),
+    )
+    at_lock = threading.Event()
+    real_flock = harness.fcntl.flock
+
+    def flock(fd, operation):
+        if threading.current_thread() is second:
+            at_lock.set()
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(harness.fcntl, "flock", flock)
+    second.start()
+    # The second caller has reached the lock while pip still runs for the first.
+    assert at_lock.wait(timeout=60)
+    release.set()
+    first.join(timeout=60)
+    second.join(timeout=60)
+
+    assert answers == [tmp_path / "feast" / "bin" / "python"]
+    assert second_runner.commands == []
+    assert [command[1:3] for command in builder.commands] == [["-m", "venv"], ["-m", "pip"]]
+    assert (tmp_path / "feast" / harness.STAMP_NAME).read_text() == harness.peer_stamp(REQS)
 
 
 def test_the_stamp_is_keyed_on_python_and_requirements():
