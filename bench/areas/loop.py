@@ -83,13 +83,21 @@ def _manage(ctx: Context, *args: str, timeout: float = 1800) -> str:
 
 
 def _stage_seconds(run_id: int) -> dict[str, float]:
+    """Each stage's seconds. Called beside Playwright, whose sync API runs this in a context of
+    its own: Django opens a connection for that context, closed here (left open, it kept
+    PostgreSQL from dropping the throwaway database at the end of the area)."""
+    from django.db import connection
+
     from training.models import StageRun
 
-    return {
-        s.name: round((s.finished_at - s.started_at).total_seconds(), 1)
-        for s in StageRun.objects.unscoped().filter(run_id=run_id).order_by("position")
-        if s.started_at and s.finished_at
-    }
+    try:
+        return {
+            s.name: round((s.finished_at - s.started_at).total_seconds(), 1)
+            for s in StageRun.objects.unscoped().filter(run_id=run_id).order_by("position")
+            if s.started_at and s.finished_at
+        }
+    finally:
+        connection.close()
 
 
 def _csv_for_new_group() -> bytes:
