@@ -33,6 +33,11 @@ Measures:
   with the rounds' ``_min`` and ``_max``, and ``ddp_scaling_efficiency_batch<B>`` per batch size;
   ``ddp_auc_1rank``, ``ddp_auc_2rank`` and their difference (goal: within 0.005). Per-round
   figures in ``parameters``.
+- ``ddp_independent_halves_samples_per_s``: two one-rank runs of half the global batch each,
+  started together with nothing shared (the ranks' own work, without their collective), summed;
+  ``ddp_efficiency_ceiling`` = that / (2 x 1-rank), with ``_min`` and ``_max`` over the rounds:
+  what this machine allows any data-parallel scheme at this batch, since the ranks do that work
+  and add their ``all_reduce`` to it (the goal sits above it where the ceiling is below 0.85).
 """
 
 from __future__ import annotations
@@ -275,6 +280,39 @@ def _runner_child(spec) -> dict[str, Any]:
     return finished[0]["metrics"]
 
 
+def _concurrent_runner_children(specs: list) -> list[dict[str, Any]]:
+    """Each spec trained by its own ``python -m training.runner``, all started together and
+    nothing shared between them; their metrics, in order."""
+    import json
+    import subprocess
+    import sys
+
+    procs = []
+    for spec in specs:
+        work = Path(spec.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        path = work / "spec.json"
+        path.write_text(spec.to_json())
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "training.runner", str(path)],
+                cwd=REPO_ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        finished = [e for e in events if e["type"] == "done"]
+        if proc.returncode != 0 or not finished:
+            raise RuntimeError(f"runner exited with {proc.returncode}: {stderr[-2000:]}")
+        out.append(finished[0]["metrics"])
+    return out
+
+
 def run_ddp(ctx: Context, spec) -> dict[str, float]:
     """The demo job with 1 and with 2 data-parallel ranks (``training.distributed``, gloo), one
     thread each, ``DDP_ROUNDS`` interleaved rounds, for each batch size of ``DDP_BATCHES``:
@@ -286,7 +324,27 @@ def run_ddp(ctx: Context, spec) -> dict[str, float]:
     for batch in DDP_BATCHES:
         rates: dict[int, list[float]] = {1: [], 2: []}
         aucs: dict[int, list[float]] = {1: [], 2: []}
+        ceiling: list[float] = []
         for round_ in range(DDP_ROUNDS):
+            if batch == DDP_BATCHES[0]:
+                # The same per-rank work with no collective at all: two independent one-rank
+                # runs of half the batch each, side by side. No data-parallel scheme can beat
+                # their summed rate on this machine (the ranks compute exactly that, and add
+                # their all_reduce), so its ratio to 2 x 1-rank bounds the scaling efficiency.
+                halves = [
+                    replace(
+                        spec,
+                        workers=1,
+                        work_dir=str(ctx.workdir / f"ddp-ceiling-{round_}-{i}"),
+                        params={**spec.params, **DDP_PARAMS, "batch_size": batch // 2},
+                    )
+                    for i in range(2)
+                ]
+                both = _concurrent_runner_children(halves)
+                ceiling.append(sum(m["train_samples_per_s"] for m in both))
+                ctx.log(f"ddp batch {batch} round {round_}: independent halves {ceiling[-1]:.0f}/s")
+                for half in halves:
+                    shutil.rmtree(half.work_dir, ignore_errors=True)
             for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
                 work = ctx.workdir / f"ddp-{batch}-{workers}-{round_}"
                 job = replace(
@@ -309,7 +367,14 @@ def run_ddp(ctx: Context, spec) -> dict[str, float]:
         ctx.parameters[f"ddp_scaling_per_round_batch{batch}"] = per_round
         out[f"ddp_scaling_efficiency_batch{batch}"] = two / (2 * one)
         if batch == DDP_BATCHES[0]:
+            bound = [c / (2 * a) for a, c in zip(rates[1], ceiling, strict=True)]
+            ctx.parameters["ddp_ceiling_rates"] = ceiling
+            ctx.parameters["ddp_efficiency_ceiling_per_round"] = bound
             out.update(
+                ddp_independent_halves_samples_per_s=float(np.median(ceiling)),
+                ddp_efficiency_ceiling=float(np.median(ceiling)) / (2 * one),
+                ddp_efficiency_ceiling_min=min(bound),
+                ddp_efficiency_ceiling_max=max(bound),
                 ddp_1rank_samples_per_s=one,
                 ddp_2rank_samples_per_s=two,
                 ddp_scaling_efficiency=two / (2 * one),
