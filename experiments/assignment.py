@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.routing import BUCKETS, bucket
+from serving.selectors import BUCKETS, bucket
 
 BUCKETS_PER_PERCENT = BUCKETS // 100
 

@@ -112,8 +112,8 @@ def _backdate(exp, hours: int):
 def _wave(workspace, dep, wave: int, rng, at, users: int) -> int:
     """One wave of simulated users: routed, logged as the gateway logs, then their feedback."""
     from experiments import services
-    from serving.predlog import predlog_flush, predlog_write
-    from serving.routing import route, routing_table
+    from serving.selectors import route, routing_table
+    from serving.services import predlog_flush, predlog_write
 
     table = routing_table(workspace, dep)
     served = []

@@ -1,7 +1,7 @@
 """The thin layer between the experiment services and serving: what they ask of serving (its
 routing services, release gates, quality check, deployments and prediction log) goes through
 here, so a change of serving's API is fixed in one place. Serving never imports experiments.
-(``assignment`` uses ``serving.routing.bucket`` directly, so a unit's bucket is the gateway's
+(``assignment`` uses ``serving.selectors.bucket`` directly, so a unit's bucket is the gateway's
 by construction; the loop, its pages and the demo read serving's models directly.)"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from serving import routing
+from serving import selectors as routing_reads
 from serving.models import Deployment, GateStatus, ModelVersion, PredictionLog
 from workspaces.events import Actor
 from workspaces.exceptions import ConflictError
@@ -38,7 +38,7 @@ def version_of(workspace: Workspace, version_id: Any) -> ModelVersion:
 
 def version_gated(version: ModelVersion) -> bool:
     """Whether the version passed its release gates (only those may take traffic)."""
-    from serving.gates import require_deployable
+    from serving.services import require_deployable
 
     if version.gate_status != GateStatus.PASSED:
         return False
@@ -52,7 +52,7 @@ def version_gated(version: ModelVersion) -> bool:
 def require_quality(exp) -> None:
     """409 naming the metric when a treatment is worse than the deployment's production on the
     same held-out rows (serving's quality gate) and no maintainer overrode it."""
-    from serving.quality import require_quality as serving_require_quality
+    from serving.services import require_quality as serving_require_quality
 
     dep = (
         Deployment.objects.for_workspace(exp.workspace_id)
@@ -66,7 +66,9 @@ def require_quality(exp) -> None:
 def set_allocations(
     *, actor: Actor, workspace, deployment, experiment_key, layer, salt, allocations
 ) -> None:
-    routing.routing_experiment_set(
+    from serving.services import routing_experiment_set
+
+    routing_experiment_set(
         actor=actor,
         workspace=workspace,
         deployment=deployment,
@@ -78,7 +80,9 @@ def set_allocations(
 
 
 def clear(*, actor: Actor, workspace, deployment, experiment_key, reason: str) -> bool:
-    return routing.routing_experiment_clear(
+    from serving.services import routing_experiment_clear
+
+    return routing_experiment_clear(
         actor=actor,
         workspace=workspace,
         deployment=deployment,
@@ -88,22 +92,22 @@ def clear(*, actor: Actor, workspace, deployment, experiment_key, reason: str) -
 
 
 def table(workspace: Workspace, deployment: Any) -> dict[str, Any]:
-    return routing.routing_table(workspace, deployment)
+    return routing_reads.routing_table(workspace, deployment)
 
 
 def route(table_: dict[str, Any], unit_id: str):
-    return routing.route(table_, unit_id)
+    return routing_reads.route(table_, unit_id)
 
 
 def promote(*, actor: Actor, workspace, deployment, version_id: int, reason: str) -> None:
     """Make ``version_id`` the deployment's production version (serving's release service:
     the gateway loads it before traffic moves, so no request is dropped; serving's controller
     applies the backend after the commit)."""
-    from serving import deployments as serving_deployments
+    from serving import services as serving_services
 
     dep = deployment_of(workspace, deployment.pk if hasattr(deployment, "pk") else deployment)
     version = version_of(workspace, version_id)
-    serving_deployments.deployment_release(
+    serving_services.deployment_release(
         actor=actor, workspace=workspace, deployment=dep, version=version, reason=reason
     )
 

@@ -6,6 +6,7 @@ from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 
 from features.lookup import FeatureRef as FeatureRef
+from features.lookup import online_lookup as online_lookup
 from features.models import (
     Batch,
     Consumer,

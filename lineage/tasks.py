@@ -36,9 +36,9 @@ def project_events() -> int:
         enqueue_projection_once(countdown=FOLLOW_UP_DELAY if run.busy else None)
     if run.applied and setting("OPENLINEAGE_URL"):
         # The OpenLineage export (a consumer of the log) waits for the projection: wake it.
-        from workspaces.tasks import enqueue_drain_once
+        from workspaces.services import outbox_drain_soon
 
-        enqueue_drain_once()
+        outbox_drain_soon()
     return run.applied
 
 

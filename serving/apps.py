@@ -29,12 +29,9 @@ class ServingConfig(AppConfig):
             pipelines.register_stage("quality_gate", pipeline.quality_gate_stage)
             pipelines.register_stage("release_gates", pipeline.release_gates_stage)
             pipelines.register_stage("challenger", pipeline.challenger_stage)
-        try:
-            from training import tuning
-        except ImportError:
-            tuning = None
-        if tuning is not None and callable(getattr(tuning, "register_model_registrar", None)):
-            tuning.register_model_registrar(pipeline.register_tuning_best)
+        from training.services import register_model_registrar
+
+        register_model_registrar(pipeline.register_tuning_best)
         try:
             from training import evaluation
         except ImportError:

@@ -152,7 +152,7 @@ def rouge_l(prediction: str, reference: str) -> float:
 
 def _source_path(benchmark: BenchmarkSet) -> Path:
     if benchmark.dataset is not None:
-        from features.samples import dataset_file
+        from features.selectors import dataset_file
 
         return dataset_file(benchmark.dataset)
     from curation.services import record_set_file

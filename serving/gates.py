@@ -81,7 +81,7 @@ def require_deployable(version: ModelVersion) -> None:
 def _sample_rows(version: ModelVersion, sample: int) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
-    from features.samples import dataset_file
+    from features.selectors import dataset_file
 
     table = pq.read_table(dataset_file(version.dataset))
     rows = table.to_pylist()

@@ -31,7 +31,7 @@ from rest_framework import exceptions as drf_exceptions
 
 from serving import oip, replicas
 from serving.inference import MODELS, context_refusal, serving_columns
-from serving.metrics import CANDIDATES, LATENCY, REQUESTS
+from serving.metrics import CANDIDATES, DEPLOYMENT_NAMES, FALLBACKS, LATENCY, REQUESTS
 from serving.predlog import predlog_write
 from serving.routing import TABLES, route, table_version_ids
 from workspaces.api.authentication import ApiTokenAuthentication
@@ -190,14 +190,18 @@ def _count_error(workspace_id: int, deployment: str) -> None:
         pass
 
 
-def _score(table: dict, loaded, columns: dict[str, list], n: int, request_id: str):
+def _score(ws: str, table: dict, loaded, columns: dict[str, list], n: int, request_id: str):
     """The version's scores for ``n`` rows: from the deployment's replicas when the table names
-    them for this version (``serving.replicas``), else (or when none answers) in process."""
+    them for this version (``serving.replicas``), else (or when none answers, a fallback counted
+    for workspace ``ws`` and the table's deployment) in process."""
     remote = table.get("remote")
     if remote is not None and remote["version_id"] == loaded.version_id:
         scores = replicas.score(remote, loaded, columns, n, request_id)
         if scores is not None:
             return scores
+        # The table names a real deployment: count it by name even before its first answer.
+        DEPLOYMENT_NAMES.remember(ws, table["deployment"])
+        FALLBACKS.labels(ws, table["deployment"]).inc()
     return loaded.predict(columns, n)
 
 
@@ -235,7 +239,7 @@ def predict(request, ws: str) -> HttpResponse:
             n=n,
             key_rows=key_rows,
         )
-        scores = _score(table, loaded, columns, n, request_id)
+        scores = _score(ws, table, loaded, columns, n, request_id)
         latency_ms = (time.perf_counter() - started) * 1000
         predlog_write(
             {
@@ -360,7 +364,7 @@ def oip_infer(request, name: str, version: str | None = None) -> HttpResponse:
         columns, n, request_id = oip.decode_inputs(payload, binary)
         oip.check_outputs(payload)
         columns = oip.check_against(columns, n, loaded.oip_inputs)
-        scores = _score(table, loaded, columns, n, request_id)
+        scores = _score(workspace.slug, table, loaded, columns, n, request_id)
     except _Refused as refused:
         return _with_error(refused.response)
     except ValueError as exc:

@@ -102,7 +102,7 @@ def serving_columns(
     row) lets a context group kept online be looked up by its keys; a value the context gives
     for a feature wins over the stored one.
     """
-    from features.lookup import online_lookup
+    from features.selectors import online_lookup
 
     columns: dict[str, list] = {}
     for entity, refs in plan.lookups.items():

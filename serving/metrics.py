@@ -131,6 +131,13 @@ CANDIDATES = DeploymentMetric(
     ["workspace", "deployment"],
 )
 
+FALLBACKS = DeploymentMetric(
+    Counter,
+    "rankops_replica_fallbacks_total",
+    "Requests a deployment's replicas could not score, scored by the gateway itself.",
+    ["workspace", "deployment"],
+)
+
 
 def exposition() -> tuple[bytes, str]:
     """The text exposition and its content type: the sum over every process of the server in

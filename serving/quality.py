@@ -91,9 +91,9 @@ def _scores(job, dep: Deployment, candidate: str = "") -> tuple[dict[str, Any], 
     recorded = (job.metrics or {}).get("production") or {}
     if not candidate and recorded.get("bundle") == bundle and not recorded.get("error"):
         return (job.metrics or {}).get("holdout") or {}, recorded
-    from training.agent import build_job_spec
+    from training.services import job_spec
 
-    spec = build_job_spec(job)
+    spec = job_spec(job)
     candidate = candidate or str(artifacts.platform_path(job.model_path))
     return evaluation.evaluate_bundle(candidate, spec), evaluation.evaluate_bundle(bundle, spec)
 
@@ -102,9 +102,9 @@ def holdout_scores(job, bundles: list[str]) -> list[dict[str, Any]]:
     """Each bundle (a path relative to the artifact store) scored on ``job``'s held-out rows:
     the same rows and the same code for all of them."""
     from training import evaluation
-    from training.agent import build_job_spec
+    from training.services import job_spec
 
-    spec = build_job_spec(job)
+    spec = job_spec(job)
     return [evaluation.evaluate_bundle(str(artifacts_path(b)), spec) for b in bundles]
 
 
@@ -112,10 +112,10 @@ def held_out_records(job) -> list[dict[str, Any]]:
     """The records a language-model ``job`` held out (``training.lm.split_rows``)."""
     import pyarrow.parquet as pq
 
-    from training.agent import build_job_spec
     from training.lm import split_rows
+    from training.services import job_spec
 
-    spec = build_job_spec(job)
+    spec = job_spec(job)
     rows = pq.read_table(spec.dataset_path).to_pylist()
     _, held = split_rows(len(rows), float(spec.params.get("holdout_fraction", 0.2) or 0.2))
     return [rows[i] for i in held]

@@ -123,7 +123,7 @@ def _model_get_or_create(*, actor: Actor, workspace: Workspace, name: str) -> Re
 
 def _register_consumers(*, actor: Actor, version: ModelVersion) -> None:
     from features.models import ConsumerKind, FeatureGroup
-    from features.registry import consumer_register
+    from features.services import consumer_register
 
     groups: dict[str, Any] = {}
     for ref in version.features:

@@ -10,7 +10,8 @@ any deployment on the ``embedded`` backend, are scored in the gateway's own proc
 
 A replica that cannot be reached or answers an error leaves the request to the next replica,
 then to the gateway's own copy of the same version, so a replica restart never fails a request;
-each such fallback is counted (``rankops_replica_fallbacks_total``).
+each such fallback is counted per workspace and deployment (``serving.metrics.FALLBACKS``,
+``rankops_replica_fallbacks_total``).
 
 One pooled ``httpx.Client`` per gateway process keeps the connections to the replicas alive.
 """
@@ -25,17 +26,10 @@ from typing import Any
 import httpx
 import numpy as np
 from django.conf import settings
-from prometheus_client import Counter
 
 from serving import oip
 
 log = logging.getLogger(__name__)
-
-FALLBACKS = Counter(
-    "rankops_replica_fallbacks_total",
-    "Requests a deployment's replicas could not score, scored by the gateway itself",
-    ["deployment"],
-)
 
 _client: httpx.Client | None = None
 _client_lock = threading.Lock()
@@ -90,5 +84,4 @@ def score(
             log.warning("replica %s answered %s", url, answer.status_code)
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
             log.warning("replica %s failed: %s", url, exc)
-    FALLBACKS.labels(str(remote.get("model", ""))).inc()
     return None

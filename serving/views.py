@@ -31,7 +31,7 @@ from serving.metrics import exposition
 from serving.models import Deployment, DeploymentChange, ModelVersion, RegisteredModel
 from serving.observability import deployment_stats
 from serving.routing import routing_table
-from training import mlflow_server
+from training import services as training_services
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Role
 from workspaces.selectors import role_at_least, workspace_object
@@ -378,7 +378,7 @@ def version_detail(
                 ]
             ),
             other_versions=others,
-            mlflow_run_url=mlflow_server.run_ui_url(workspace.slug, found.mlflow_run_id),
+            mlflow_run_url=training_services.mlflow_run_url(workspace.slug, found.mlflow_run_id),
             metrics_rows=metrics_rows,
             importance=importance,
             gates=sorted((k, v) for k, v in (found.gates or {}).items() if k != "run"),

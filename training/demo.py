@@ -41,7 +41,7 @@ WAIT_S = 600.0
 
 
 def _dataset(workspace, stdout):
-    from features import samples
+    from features import services as features_services
     from features.models import Dataset, DatasetStatus, FeatureGroup
 
     ready = (
@@ -55,7 +55,7 @@ def _dataset(workspace, stdout):
     if labels is None:
         stdout.write("training demo: no impressions group (run the features demo first)\n")
         return None
-    dataset = samples.dataset_create(
+    dataset = features_services.dataset_create(
         actor=None,
         workspace=workspace,
         name=DATASET,

@@ -646,3 +646,29 @@ def entry_point_target(entry: EntryPoint) -> str:
     if entry.kind == EntryPointKind.SCRIPT:
         return str(Path(settings.ARTIFACT_ROOT) / entry.script_path)
     return entry.module
+
+
+# --- for the other apps: what they ask of training's private modules -------------------------
+
+
+def job_spec(job: TrainingJob) -> Any:
+    """The ``JobSpec`` the agent runs ``job`` with (``training.agent.build_job_spec``): serving's
+    quality gate evaluates a bundle on the job's own held-out rows with it."""
+    from training.agent import build_job_spec
+
+    return build_job_spec(job)
+
+
+def mlflow_run_url(workspace_slug: str, run_id: str) -> str:
+    """The MLflow UI page of a run, through the platform's MLflow proxy."""
+    from training.mlflow_server import run_ui_url
+
+    return run_ui_url(workspace_slug, run_id)
+
+
+def register_model_registrar(registrar: Any) -> None:
+    """Serving's registry registers a tuning job's best trial (``training.tuning``): called once,
+    from serving's ``AppConfig.ready``."""
+    from training.tuning import register_model_registrar as register
+
+    register(registrar)

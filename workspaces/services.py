@@ -443,3 +443,11 @@ def quota_request_create(
         },
     )
     return request
+
+
+def outbox_drain_soon() -> None:
+    """Queue a drain of the event log's consumers unless one is queued already
+    (``workspaces.tasks.enqueue_drain_once``)."""
+    from workspaces.tasks import enqueue_drain_once
+
+    enqueue_drain_once()

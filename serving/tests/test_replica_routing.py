@@ -9,11 +9,11 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from serving.controllers import SUPERVISOR, deployment_reconcile
 from serving.deployments import deployment_create, deployment_release, deployment_rollback
 from serving.models import Backend, DeploymentStatus
-from serving.replicas import FALLBACKS
 from serving.routing import TABLES
 from serving.tests.helpers import deployed, predict_body
 from workspaces.models import Role
@@ -87,14 +87,15 @@ def test_the_gateway_scores_a_deployments_rows_on_its_replicas(workspace, member
         assert _stats(status)["execution_count"] == 4 and _stats(status)["inference_count"] == 67
 
         # A replica that died costs no request: the gateway scores it and counts the fallback.
-        before = FALLBACKS.labels("local")._value.get()
+        labels = {"workspace": workspace.slug, "deployment": "local"}
+        before = REGISTRY.get_sample_value("rankops_replica_fallbacks_total", labels) or 0.0
         SUPERVISOR.procs[dep.pk][0]["proc"].kill()
         SUPERVISOR.procs[dep.pk][0]["proc"].wait()
         body = predict_body(scene, request_id="r-dead", user="u0", deployment="local")
         response = client.post(url, body, format="json")
         assert response.status_code == 200, response.content
         assert np.allclose(response.json()["scores"], answers[0], atol=1e-6)
-        assert FALLBACKS.labels("local")._value.get() == before + 1
+        assert REGISTRY.get_sample_value("rankops_replica_fallbacks_total", labels) == before + 1
 
         # A release moves traffic to v2 at once (in process), then onto v2's replicas.
         dep = deployment_release(actor=actor, workspace=workspace, deployment=dep, version=v2)

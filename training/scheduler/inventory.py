@@ -121,13 +121,16 @@ def build_cluster(
     return cluster, on_node
 
 
-def schedulable_nodes(*, include_lending: bool) -> list[Node]:
+def schedulable_nodes(*, include_lending: bool, lock: bool = False) -> list[Node]:
     """Ready training nodes, plus inference nodes currently lending when asked (never the pods
-    of a TrainJob)."""
+    of a TrainJob). ``lock``: every ready node's row is locked (``SELECT ... FOR UPDATE``, in
+    the caller's transaction) by the same query, which serialises capacity accounting between
+    concurrent ticks."""
     from training.scheduler.lending import lending_open
 
+    ready = Node.objects.filter(state=NodeState.READY).order_by("pk")
     nodes = []
-    for node in Node.objects.filter(state=NodeState.READY).order_by("pk"):
+    for node in ready.select_for_update() if lock else ready:
         if TRAINJOB_LABEL in (node.labels or {}):
             continue  # a TrainJob's pod: it runs that job only (training.trainjobs)
         if node.kind == NodeKind.INFERENCE:

@@ -27,7 +27,6 @@ from training.models import (
     JobState,
     Node,
     NodeKind,
-    NodeState,
     PriorityClass,
     TrainingJob,
 )
@@ -129,9 +128,8 @@ def _tick(limit: int, summary: Counter, handover: list[int]) -> list[tuple[int, 
         )
         if not jobs:
             return dispatch
-        # Serialise capacity accounting between concurrent ticks.
-        list(Node.objects.select_for_update().filter(state=NodeState.READY).order_by("pk"))
-        nodes = schedulable_nodes(include_lending=True)
+        # Locks every ready node: capacity accounting is serialised between concurrent ticks.
+        nodes = schedulable_nodes(include_lending=True, lock=True)
         holding = holding_jobs()
         cluster, on_node = build_cluster(nodes, holding, workload=workload, pinned=pinned)
         inference = np.array([n.kind == NodeKind.INFERENCE for n in nodes], dtype=bool)

@@ -139,16 +139,25 @@ def _remote_rank(event: dict, spec_path, rank: int):
     )
 
 
+def _other_node_spec(pair, tmp_path):
+    """The spec file another node's agent stages for ``pair``: the same job in its own work
+    folder (``other-node``), as ``agent.execute_ranks`` writes it."""
+    from dataclasses import replace
+
+    folder = tmp_path / "other-node"
+    folder.mkdir()
+    path = folder / "spec.json"
+    path.write_text(replace(pair, work_dir=str(folder)).to_json())
+    return path
+
+
 def test_a_rank_on_another_node_joins_through_the_announced_rendezvous(demo_parquet, tmp_path):
     from dataclasses import replace
 
     alone = spec(demo_parquet, tmp_path / "one", 1)
     assert run_spec(alone)[0] == 0
     pair = replace(spec(demo_parquet, tmp_path / "spread", 2), local_ranks=1)
-    other = replace(pair, work_dir=str(tmp_path / "other-node"))  # its own staged folder
-    (tmp_path / "other-node").mkdir()
-    other_path = tmp_path / "other-node" / "spec.json"
-    other_path.write_text(other.to_json())
+    other_path = _other_node_spec(pair, tmp_path)  # its own staged folder
     started = []
 
     def sink(event: dict) -> None:
@@ -175,10 +184,7 @@ def test_ranks_that_would_resume_from_different_checkpoints_fail_the_attempt(
     pair = replace(spec(demo_parquet, tmp_path / "spread", 2), local_ranks=1)
     (tmp_path / "spread").mkdir()
     shutil.copyfile(first.checkpoint_file, pair.checkpoint_file)  # rank 0 resumes at step 4
-    other = replace(pair, work_dir=str(tmp_path / "other-node"))  # rank 1 staged none
-    (tmp_path / "other-node").mkdir()
-    other_path = tmp_path / "other-node" / "spec.json"
-    other_path.write_text(other.to_json())
+    other_path = _other_node_spec(pair, tmp_path)  # rank 1 staged no checkpoint
     started = []
 
     def sink(event: dict) -> None:
