@@ -7,7 +7,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -31,6 +31,10 @@ from training.params import job_params_check
 from workspaces.events import Actor, Ref, actor_user, event_record
 from workspaces.exceptions import ConflictError, ReferenceNotFound
 from workspaces.models import Workspace
+
+if TYPE_CHECKING:
+    from training.data import JobSpec
+    from training.tuning import Registrar
 
 
 class StaleAttempt(ConflictError):
@@ -651,7 +655,7 @@ def entry_point_target(entry: EntryPoint) -> str:
 # --- for the other apps: what they ask of training's private modules -------------------------
 
 
-def job_spec(job: TrainingJob) -> Any:
+def job_spec(job: TrainingJob) -> JobSpec:
     """The ``JobSpec`` the agent runs ``job`` with (``training.agent.build_job_spec``): serving's
     quality gate evaluates a bundle on the job's own held-out rows with it."""
     from training.agent import build_job_spec
@@ -666,7 +670,7 @@ def mlflow_run_url(workspace_slug: str, run_id: str) -> str:
     return run_ui_url(workspace_slug, run_id)
 
 
-def register_model_registrar(registrar: Any) -> None:
+def register_model_registrar(registrar: Registrar) -> None:
     """Serving's registry registers a tuning job's best trial (``training.tuning``): called once,
     from serving's ``AppConfig.ready``."""
     from training.tuning import register_model_registrar as register

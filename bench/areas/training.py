@@ -258,26 +258,7 @@ def bare_in_child(spec) -> float:
 def _runner_child(spec) -> dict[str, Any]:
     """``spec`` trained by ``python -m training.runner`` in a process of its own, as the agent
     starts it (rank 0 in the bench's own process, beside Django, ran its ranks at half speed)."""
-    import json
-    import subprocess
-    import sys
-
-    work = Path(spec.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "spec.json"
-    path.write_text(spec.to_json())
-    done = subprocess.run(
-        [sys.executable, "-m", "training.runner", str(path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    finished = [e for e in events if e["type"] == "done"]
-    if done.returncode != 0 or not finished:
-        raise RuntimeError(f"runner exited with {done.returncode}: {done.stderr[-2000:]}")
-    return finished[0]["metrics"]
+    return _concurrent_runner_children([spec])[0]
 
 
 def _concurrent_runner_children(specs: list) -> list[dict[str, Any]]:
