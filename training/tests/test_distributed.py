@@ -43,6 +43,9 @@ def test_two_ranks_train_the_model_one_process_trains(demo_parquet, tmp_path):
     assert code == 0, [e for e in events if e["type"] in ("error", "log")]
     start = next(e for e in events if e["type"] == "start")
     assert start["workers"] == 2
+    # The throughput is reported per wall-clock second and per CPU second of the loop.
+    metrics = next(e for e in events if e["type"] == "done")["metrics"]
+    assert metrics["train_samples_per_s"] > 0 and metrics["train_samples_per_cpu_s"] > 0
     a, b = weights(alone), weights(pair)
     assert a.keys() == b.keys()
     for name in a:
@@ -195,3 +198,29 @@ def test_ranks_that_would_resume_from_different_checkpoints_fail_the_attempt(
         runner.train(pair, emit=runner.Emitter(sink=sink))
     distributed.abandon_current()
     assert started and started[0].wait(timeout=60) != 0
+
+
+def test_the_gradient_buffer_holds_every_gradient_and_backward_fills_it_in_place():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    model[0].bias.requires_grad_(False)
+    buffer = distributed.gradient_buffer(distributed.Group(rank=0, world=2), model)
+    assert buffer is not None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert buffer.size == sum(p.numel() for p in trainable) == 12 + 4 + 1
+    assert buffer.flat.numel() == buffer.size + distributed.EXTRA
+    model(torch.ones(2, 3)).sum().backward()
+    # Backward accumulated into the views: the flat buffer is every gradient, in order.
+    assert torch.equal(
+        buffer.flat[: buffer.size], torch.cat([p.grad.reshape(-1) for p in trainable])
+    )
+    assert buffer.flat[: buffer.size].abs().sum() > 0
+    assert model[0].bias.grad is None
+    buffer.zero()
+    assert all(float(p.grad.abs().sum()) == 0 for p in trainable)
+
+
+def test_no_gradient_buffer_alone_or_over_mixed_dtypes():
+    model = torch.nn.Linear(2, 1)
+    assert distributed.gradient_buffer(distributed.Group(), model) is None
+    model.bias.data = model.bias.data.double()
+    assert distributed.gradient_buffer(distributed.Group(rank=0, world=2), model) is None
