@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -315,11 +315,42 @@ def cv_fold_of(n: int, folds: int) -> np.ndarray:
     return np.arange(n) % folds
 
 
+def stops_early(job: JobSpec) -> bool:
+    """Whether training reads its validation rows to stop and keep its best epoch or round:
+    boosted trees with ``early_stopping_rounds``, the minibatch loop with
+    ``early_stopping_patience``; not the convex fit (``solver: lbfgs``, logreg's default),
+    which solves to convergence on the training rows alone."""
+    import training.templates  # noqa: F401  (registers the built-in templates and schemas)
+    from training.bundle import TEMPLATE_PARAMS, template_kind
+
+    schema = TEMPLATE_PARAMS.get(job.template, {})
+
+    def param(name: str, fallback: Any) -> Any:
+        default = schema[name].default if name in schema else fallback
+        return job.param(name, default)
+
+    if template_kind(job.template) == "gbdt":
+        return int(param("early_stopping_rounds", 0) or 0) > 0
+    if str(param("solver", "adam")) == "lbfgs":
+        return False
+    return int(job.param("early_stopping_patience", 2) or 0) > 0
+
+
 def cv_split(job: JobSpec, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``rows`` as one fold of a ``cv_folds`` run sees them: a member (``cv_fold`` i, set by
-    ``training.runner.train_members``) trains on the other folds and validates on fold i; the
-    run itself (no ``cv_fold``) has the whole pool as its train rows and no validation rows
-    (its validation metrics are the members' out-of-fold ones). The test rows never move."""
+    ``training.runner.train_members``) never trains on fold i, whose rows it alone predicts
+    for the run's out-of-fold metrics; the run itself (no ``cv_fold``) has the whole pool as its
+    train rows and no validation rows (its validation metrics are the members' out-of-fold
+    ones). The test rows never move.
+
+    A member that stops early (``stops_early``) stops on the next fold, i + 1, and trains on
+    the remaining k - 2: stopped on fold i itself, it would keep the epoch or round that scored
+    fold i best, and the out-of-fold metrics (what the tuner and the choice between templates
+    read) would be chosen on the rows they score. Measured on the quality bench's Criteo
+    sample (5 outer splits): boosted trees stopped on their own fold showed out-of-fold log
+    losses 0.01-0.11 below their test log losses, and were chosen over better templates in 3 of
+    the 5 splits. A member that does not stop early (the convex fit) trains on the k - 1 other
+    folds."""
     folds = cv_folds(job)
     if not folds:
         return rows
@@ -327,6 +358,13 @@ def cv_split(job: JobSpec, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     fold = int(job.param("cv_fold", -1))
     if fold < 0:
         return {"train": pool, "validation": pool[:0], "test": rows["test"]}
+    if folds > 2 and stops_early(job):
+        stop_on = (fold + 1) % folds
+        return {
+            "train": pool[(which != fold) & (which != stop_on)],
+            "validation": pool[which == stop_on],
+            "test": rows["test"],
+        }
     return {"train": pool[which != fold], "validation": pool[which == fold], "test": rows["test"]}
 
 
@@ -347,8 +385,12 @@ def load(job: JobSpec, *, spec: BundleSpec | None = None) -> TrainData:
     if spec is None:
         # A cross-fitted run's members all encode as the run does (one encoding for the model
         # that averages them): fitted on the pooled train and validation rows.
-        fit_rows = np.sort(np.concatenate([rows["train"], rows["validation"]]))
-        spec = fit_bundle_spec(job, table.take(fit_rows) if cv_folds(job) else parts["train"])
+        if cv_folds(job):
+            # The pool, whichever fold this member leaves out or stops on.
+            whole = split_rows(replace(job, params={**job.params, "cv_fold": -1}), table)
+            spec = fit_bundle_spec(job, table.take(whole["train"]))
+        else:
+            spec = fit_bundle_spec(job, parts["train"])
     return TrainData(
         spec=spec,
         train=encode_split(spec, parts["train"], job.label),

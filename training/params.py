@@ -465,6 +465,6 @@ def small_validation_hint(job) -> str:
         f"The validation split held only {rows} rows: early stopping, calibration and any "
         f"choice between runs follow noise at this size (a log loss over {rows} rows is "
         f"uncertain by about {0.5 / max(rows, 1) ** 0.5:.2f}). Run it again with cv_folds = "
-        f"{CV_HINT_FOLDS}: each fold's model trains on the others and the validation metrics "
+        f"{CV_HINT_FOLDS}: each fold's model trains without it and the validation metrics "
         "are out of fold over all the training rows."
     )

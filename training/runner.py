@@ -520,9 +520,9 @@ def train_members(job, *, emit: Emitter, stop: StopFlag) -> int:
     work folder, no calibration and no test rows), then their average (``Averaged``) is
     calibrated, evaluated and saved as the job's bundle by ``finish_run``, like any model.
 
-    With ``cv_folds`` k, member i is fold i's model (``cv_fold`` i: trained on the other folds,
-    early-stopped on its own; ``training.data.cv_split``), and the run's validation rows are
-    the whole pool scored out of fold: each row by the member that did not train on it. The
+    With ``cv_folds`` k, member i is fold i's model (``cv_fold`` i: never trained or stopped
+    on fold i; ``training.data.cv_split``), and the run's validation rows are the whole pool
+    scored out of fold: each row by the member that neither trained nor stopped on it. The
     calibration is fitted on those logits and the validation metrics (what the tuner reads)
     are theirs. (The average's logit on a pooled row also holds the k - 1 members that trained
     on it, so the out-of-fold figures describe one member's error more than the average's,

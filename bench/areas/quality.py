@@ -13,7 +13,15 @@ Variants of the rows: ``BENCH_SPLIT_SEED`` another seed for the random splits,
   split is **seeded random and stratified by the label**, 70/10/20 within each class: with so few
   rows an unstratified draw can leave the 20 validation rows (early stopping, calibration, the
   choice of C) with almost no clicks. The seed is fixed (``SPLIT_SEED``), so every run and every
-  model gets the same rows. On 40 test rows the metrics are noisy; read the ``_sd`` beside them.
+  model gets the same rows. **Outer splits:** 40 test rows (10 clicks) give a log-loss standard
+  error of about 0.08, wider than the differences between the models, so small data (fewer than
+  ``CV_BELOW_VALIDATION_ROWS`` validation rows, split at random) is measured on
+  ``OUTER_SPLITS`` (5; ``BENCH_OUTER_SPLITS``) stratified splits, the shared one and the next
+  seeds: every model is trained, tuned and scored on each (the platform's tuning budget for the
+  dataset shared between them), the platform's choice made per split on its own validation rows,
+  and each measure is the mean over the splits of the per-split means over the seeds, its
+  ``_sd`` the spread of the per-split means and ``_seed_sd`` the mean spread over the seeds
+  within a split (``combine_splits``; per-split summaries in ``parameters``).
 
 The split is made once per run (``shared_split``) and written with the rows as one Parquet file
 per dataset (its digest goes to ``parameters``); every model reads exactly those train /
@@ -32,10 +40,11 @@ scored on the test rows:
   trained over the seeds.
   **The final models are cross-fitted** (``final_params``): the tuned params with
   ``cv_folds`` = ``CV_FOLDS`` (5), a setting any job can give. The train and validation rows
-  are pooled and cut into five folds; each fold's model trains on the other four and stops
-  early on its own fold; the calibration is fitted on the out-of-fold predictions; the model
-  is the five folds' average. So the final model has learnt from the validation period too
-  (the most recent rows before the test period, on MovieLens' time split), while the test
+  are pooled and cut into five folds; fold i's model never sees fold i (it trains on the other
+  four, or on three where it stops early, stopping on fold i + 1); the calibration is fitted
+  on the out-of-fold predictions; the model is the five folds' average. So the final model
+  has learnt from the validation period too (the most recent rows before the test period, on
+  MovieLens' time split), while the test
   rows still choose nothing. The peers keep their own protocols (trained on the train rows,
   stopped or tuned on the validation rows): the same rows for everyone, used as each method
   uses them. ``RANKOPS_BENCH_QUALITY_FINAL=members`` gives the earlier protocol for
@@ -97,7 +106,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +151,9 @@ FINAL_MEMBERS = 3
 # choice reads the out-of-fold rows. 20 validation rows decide nothing; 160 pooled rows less so.
 CV_BELOW_VALIDATION_ROWS = 200
 CV_FOLDS = 5
+# Outer splits of small data (``outer_split_seeds``): every model is measured on each, the
+# tuning budget shared between them.
+OUTER_SPLITS = int(os.environ.get("BENCH_OUTER_SPLITS", 5))
 TEMPLATES = ("logreg", "fine_ranking", "deepfm", "lightgbm")
 PEERS = ("fuxictr_dcnv2", "fuxictr_deepfm", "lightgbm", "lr")
 ENSEMBLE = "platform_ensemble"
@@ -440,7 +452,7 @@ def load_movielens(directory: Path = MOVIELENS_DIR) -> Dataset:
     )
 
 
-def load_criteo(path: Path = CRITEO_FILE) -> Dataset:
+def load_criteo(path: Path = CRITEO_FILE, seed: int | None = None) -> Dataset:
     import pandas as pd
 
     raw = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -459,7 +471,9 @@ def load_criteo(path: Path = CRITEO_FILE) -> Dataset:
             + pd.to_timedelta(np.arange(len(raw)), unit="s"),
         }
     )
-    frame["split"] = stratified_split(frame[LABEL].to_numpy(), seed=CRITEO_SPLIT_SEED)
+    frame["split"] = stratified_split(
+        frame[LABEL].to_numpy(), seed=CRITEO_SPLIT_SEED if seed is None else seed
+    )
     groups = {c: ("criteo", c.lower()) for c in [*numeric, *categorical]}
     return Dataset(
         name="criteo",
@@ -473,11 +487,55 @@ def load_criteo(path: Path = CRITEO_FILE) -> Dataset:
 
 
 LOADERS: dict[str, Callable[[], Dataset]] = {"movielens": load_movielens, "criteo": load_criteo}
+# Datasets whose split is drawn at random, by the seed they take (``outer_split_seeds``).
+SEEDED_LOADERS: dict[str, Callable[[int], Dataset]] = {
+    "criteo": lambda seed: load_criteo(seed=seed)
+}
 
 
-def shared_split(name: str) -> Dataset:
-    """The dataset with its split (the same rows every call: time order, or a fixed seed)."""
-    return LOADERS[name]()
+def shared_split(name: str, seed: int | None = None) -> Dataset:
+    """The dataset with its split (the same rows every call: time order, or a fixed seed);
+    ``seed`` draws another random split of a dataset in ``SEEDED_LOADERS``."""
+    return LOADERS[name]() if seed is None else SEEDED_LOADERS[name](seed)
+
+
+def outer_split_seeds(dataset: Dataset) -> list[int | None]:
+    """The splits a dataset is measured on: its one split, or for small data drawn at random
+    (fewer than ``CV_BELOW_VALIDATION_ROWS`` validation rows: the Criteo sample's 40 test rows
+    give a log-loss standard error of about 0.08, wider than the differences between the
+    models) ``OUTER_SPLITS`` splits, the shared one first and then the next seeds, every model
+    measured on each. None stands for the dataset's own split."""
+    small = len(dataset.labels("validation")) < CV_BELOW_VALIDATION_ROWS
+    if not small or dataset.name not in SEEDED_LOADERS or OUTER_SPLITS < 2:
+        return [None]
+    return [None, *(CRITEO_SPLIT_SEED + k for k in range(1, OUTER_SPLITS))]
+
+
+def combine_splits(name: str, founds: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One dataset's measures over its outer splits: each model's metric the mean over the
+    splits of its per-split means (each over the seeds); ``_sd`` the standard deviation of those
+    per-split means (the spread that matters on small data) and ``_seed_sd`` the mean of the
+    per-split seed deviations; ``tuning_s`` summed; the summaries recomputed from the means
+    (the best peer is the best peer over the splits, as on one split)."""
+    keys = [
+        k for k in founds[0]
+        if not k.endswith("_sd") and "_minus_best_peer_" not in k and not k.startswith("tuning_s")
+    ]  # fmt: skip
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [found[key] for found in founds]
+        out[key], out[f"{key}_sd"] = mean_sd(values)
+        out[f"{key}_seed_sd"] = float(np.mean([found[f"{key}_sd"] for found in founds]))
+    suffix = f"_{name}"
+    means: dict[str, dict[str, float]] = {}
+    for key, value in out.items():
+        metric, _, rest = key.partition("_")
+        if rest.endswith(suffix) and metric in ("auc", "logloss"):
+            means.setdefault(rest.removesuffix(suffix), {})[metric] = value
+    out.update(summarise(name, means))
+    top = summarise(name, {**means, "platform_best": means["platform_top"]})
+    out.update({k.replace("best_platform", "top_platform"): v for k, v in top.items()})
+    return out
 
 
 def write_shared(dataset: Dataset, directory: Path) -> Path:
@@ -701,7 +759,7 @@ def tune_templates(ctx, dataset, path, templates, settings) -> tuple[dict[str, d
 def final_params(template: str, tuned: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
     """The params of ``template``'s final models: the tuned ones, and then by
     ``settings.final``: ``"cv"`` cross-fits them (``cv_folds`` = ``CV_FOLDS`` over the train
-    and validation rows pooled, each fold's model stopped on its own held-out fold, the
+    and validation rows pooled, fold i's model neither trained nor stopped on fold i, the
     calibration fitted out of fold, the model the folds' average); ``"members"`` averages
     ``settings.members`` networks trained on the train rows (templates with ``members``)."""
     from training.bundle import TEMPLATE_PARAMS
@@ -1100,6 +1158,43 @@ def platform_ensemble(models: Mapping[str, Mapping], y_val: np.ndarray) -> dict 
     return {"runs": runs, "params": {"blends": blends}}
 
 
+def run_split(ctx: Context, dataset: Dataset, settings: Settings) -> tuple[dict, dict]:
+    """Every model trained and scored on one split of one dataset: (measures, notes)."""
+    name = dataset.name
+    path = write_shared(dataset, ctx.workdir / "shared")
+    split = dataset.frame["split"].to_numpy()
+    info: dict[str, Any] = {
+        "rows": {s: int((split == s).sum()) for s in SPLITS},
+        "clicks": {s: int(dataset.labels(s).sum()) for s in SPLITS},
+        "split_digest": split_digest(split),
+    }
+    ctx.log(f"{name}: {info['rows']} rows, clicks {info['clicks']}")
+    models: dict[str, dict] = {}
+    started = time.perf_counter()
+    found: dict[str, float] = {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # FuxiCTR's process runs beside the platform's training (one core each).
+        fuxictr = pool.submit(run_fuxictr, ctx, dataset, path, settings)
+        try:
+            platform, tuning_s, notes = run_platform(ctx, dataset, settings)
+            models.update(platform)
+            info["tuning"] = notes
+            found[f"tuning_s_{name}"] = tuning_s
+            models["lightgbm"] = run_lightgbm(dataset, settings)
+            models["lr"] = run_lr(dataset, settings)
+        finally:
+            peer = fuxictr.result()
+    models.update(peer)
+    blended = platform_ensemble(models, dataset.labels("validation"))
+    if blended is not None:
+        models[ENSEMBLE] = blended
+    scored, details = dataset_measures(dataset, models)
+    found.update(scored)
+    info["models"] = details
+    info["seconds"] = round(time.perf_counter() - started, 1)
+    return found, info
+
+
 def run(ctx: Context) -> dict[str, float]:
     settings = Settings.from_env()
     measures: dict[str, float] = {}
@@ -1114,46 +1209,52 @@ def run(ctx: Context) -> dict[str, float]:
             "fractions": list(SPLIT_FRACTIONS),
             "seed": CRITEO_SPLIT_SEED,
             "movielens": MOVIELENS_SPLIT,
+            "outer_splits_of_small_data": OUTER_SPLITS,
         },
         "metrics": "sklearn roc_auc_score / log_loss (p clipped to 1e-7), ECE 10 equal-width bins",
         "datasets": {},
         "goals": {},
     }
     ctx.parameters.update(params)
-    shared = ctx.workdir / "shared"
     for name in settings.datasets:
-        dataset = shared_split(name)
-        path = write_shared(dataset, shared)
-        split = dataset.frame["split"].to_numpy()
-        info: dict[str, Any] = {
-            "rows": {s: int((split == s).sum()) for s in SPLITS},
-            "clicks": {s: int(dataset.labels(s).sum()) for s in SPLITS},
-            "split_digest": split_digest(split),
-        }
-        ctx.log(f"{name}: {info['rows']} rows, clicks {info['clicks']}")
-        models: dict[str, dict] = {}
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            # FuxiCTR's process runs beside the platform's training (one core each).
-            fuxictr = pool.submit(run_fuxictr, ctx, dataset, path, settings)
-            try:
-                platform, tuning_s, notes = run_platform(ctx, dataset, settings)
-                models.update(platform)
-                info["tuning"] = notes
-                measures[f"tuning_s_{name}"] = tuning_s
-                models["lightgbm"] = run_lightgbm(dataset, settings)
-                models["lr"] = run_lr(dataset, settings)
-            finally:
-                peer = fuxictr.result()
-        models.update(peer)
-        blended = platform_ensemble(models, dataset.labels("validation"))
-        if blended is not None:
-            models[ENSEMBLE] = blended
-        found, details = dataset_measures(dataset, models)
+        first = shared_split(name)
+        seeds = outer_split_seeds(first)
+        founds, infos = [], []
+        for k, seed in enumerate(seeds):
+            dataset = first if seed is None else shared_split(name, seed)
+            if len(seeds) == 1:
+                found, info = run_split(ctx, dataset, settings)
+            else:
+                # Each split in its own folder, with its share of the dataset's tuning budget.
+                (ctx.workdir / f"split-{k}").mkdir(parents=True, exist_ok=True)
+                found, info = run_split(
+                    replace(ctx, workdir=ctx.workdir / f"split-{k}"),
+                    dataset,
+                    replace(settings, tuning_budget_s=settings.tuning_budget_s / len(seeds)),
+                )
+                info["split_seed"] = CRITEO_SPLIT_SEED if seed is None else seed
+                ctx.log(
+                    f"{name} split {k + 1}/{len(seeds)}: platform best = "
+                    f"{info['models']['platform_best']}, AUC - best peer "
+                    f"{found[f'auc_best_platform_minus_best_peer_{name}']:+.4f}, log loss - best "
+                    f"peer {found[f'logloss_best_platform_minus_best_peer_{name}']:+.4f}"
+                )
+            founds.append(found)
+            infos.append(info)
+        if len(seeds) == 1:
+            found = founds[0]
+            ctx.parameters["datasets"][name] = infos[0]
+        else:
+            found = combine_splits(name, founds)
+            found[f"tuning_s_{name}"] = sum(f[f"tuning_s_{name}"] for f in founds)
+            ctx.parameters["datasets"][name] = {
+                "outer_splits": len(seeds),
+                "splits": infos,
+                "per_split": [
+                    {k: v for k, v in f.items() if "_minus_best_peer_" in k} for f in founds
+                ],
+            }
         measures.update(found)
-        info["models"] = details
-        info["seconds"] = round(time.perf_counter() - started, 1)
-        ctx.parameters["datasets"][name] = info
         goal = (
             found[f"auc_best_platform_minus_best_peer_{name}"] > 0
             and found[f"logloss_best_platform_minus_best_peer_{name}"] < 0
@@ -1169,11 +1270,12 @@ def run(ctx: Context) -> dict[str, float]:
             f"{name}: platform top (templates or ensemble) beats every peer on AUC and log loss"
         ] = top_goal
         ctx.log(
-            f"{name}: platform top = {details['platform_top']} "
-            f"(AUC {found[f'auc_top_platform_minus_best_peer_{name}']:+.4f}, log loss "
-            f"{found[f'logloss_top_platform_minus_best_peer_{name}']:+.4f}); "
-            f"platform best = {details['platform_best']}; "
-            f"AUC - best peer {found[f'auc_best_platform_minus_best_peer_{name}']:+.4f}, "
+            f"{name}: platform best = "
+            f"{', '.join(str(i['models']['platform_best']) for i in infos)}"
+            f" (top {', '.join(str(i['models']['platform_top']) for i in infos)}); "
+            f"top: AUC {found[f'auc_top_platform_minus_best_peer_{name}']:+.4f}, log loss "
+            f"{found[f'logloss_top_platform_minus_best_peer_{name}']:+.4f}; "
+            f"best: AUC - best peer {found[f'auc_best_platform_minus_best_peer_{name}']:+.4f}, "
             f"log loss - best peer {found[f'logloss_best_platform_minus_best_peer_{name}']:+.4f}"
             f" -> goal {'met' if goal else 'NOT met'}"
         )

@@ -182,6 +182,58 @@ def test_summary_takes_the_best_peer_per_metric():
         quality.summarise("ds", {"platform_best": {"auc": 0.8, "logloss": 0.4}})
 
 
+def test_small_data_is_measured_on_several_random_splits(criteo, movielens, criteo_file):
+    seeds = quality.outer_split_seeds(criteo)
+    # The shared split first, then the next seeds; MovieLens (time order) keeps its one split.
+    assert seeds[0] is None and len(seeds) == quality.OUTER_SPLITS
+    assert seeds[1:] == [quality.CRITEO_SPLIT_SEED + k for k in range(1, quality.OUTER_SPLITS)]
+    assert quality.outer_split_seeds(movielens) == [None]
+    other = quality.load_criteo(criteo_file, seed=seeds[1])
+    y = other.frame[quality.LABEL].to_numpy()
+    split = other.frame["split"].to_numpy()
+    assert not np.array_equal(split, criteo.frame["split"].to_numpy())
+    assert np.array_equal(y, criteo.frame[quality.LABEL].to_numpy())  # the same rows, re-cut
+    for cls in (0, 1):
+        n = int((y == cls).sum())
+        assert int(((split == "validation") & (y == cls)).sum()) == round(0.1 * n)
+
+
+def test_splits_combine_into_means_spreads_and_a_summary_of_the_means():
+    def found(best_auc, best_ll, lr_auc, lr_ll):
+        out = {"tuning_s_ds": 10.0}
+        for model, auc, ll in (
+            ("platform_best", best_auc, best_ll),
+            ("platform_top", best_auc, best_ll),
+            ("lr", lr_auc, lr_ll),
+        ):
+            out.update({f"auc_{model}_ds": auc, f"logloss_{model}_ds": ll, f"ece_{model}_ds": 0.1})
+            out.update({f"auc_{model}_ds_sd": 0.02, f"logloss_{model}_ds_sd": 0.04})
+            out[f"ece_{model}_ds_sd"] = 0.0
+        out.update(
+            quality.summarise(
+                "ds",
+                {
+                    "platform_best": {"auc": best_auc, "logloss": best_ll},
+                    "lr": {"auc": lr_auc, "logloss": lr_ll},
+                },
+            )
+        )
+        return out
+
+    # Split 1 the platform loses on both, split 2 it wins on both by more.
+    out = quality.combine_splits(
+        "ds", [found(0.60, 0.55, 0.62, 0.54), found(0.80, 0.40, 0.70, 0.48)]
+    )
+    assert out["auc_platform_best_ds"] == pytest.approx(0.70)
+    assert out["auc_platform_best_ds_sd"] == pytest.approx(np.std([0.60, 0.80], ddof=1))
+    assert out["auc_platform_best_ds_seed_sd"] == pytest.approx(0.02)
+    assert out["logloss_lr_ds"] == pytest.approx(0.51)
+    assert out["auc_best_platform_minus_best_peer_ds"] == pytest.approx(0.70 - 0.66)
+    assert out["logloss_best_platform_minus_best_peer_ds"] == pytest.approx(0.475 - 0.51)
+    assert out["logloss_top_platform_minus_best_peer_ds"] == pytest.approx(0.475 - 0.51)
+    assert "tuning_s_ds" not in out  # the caller sums it
+
+
 def test_mean_sd_is_the_sample_spread():
     assert quality.mean_sd([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))
     assert quality.mean_sd([0.5]) == (0.5, 0.0)

@@ -45,10 +45,11 @@ CV_FOLDS = Param(
     0,
     "k-fold cross-fitting for small datasets (0 or 1: off). The train and validation rows "
     "are pooled and dealt into k folds (interleaved in time order); k models are trained, "
-    "each on k - 1 folds and early-stopped on the one left out, and the model's logit is "
-    "their mean. The validation metrics (and the calibration, and what the tuner compares) "
-    "are out of fold: every pooled row scored by the model that did not train on it, so "
-    "they rest on all those rows instead of the validation split alone. The encoding is "
+    "model i never on fold i: on the k - 1 other folds, or, where it stops early, on k - 2 "
+    "of them, early-stopped on fold i + 1; the model's logit is their mean. The validation "
+    "metrics (and the calibration, and what the tuner compares) are out of fold: every "
+    "pooled row scored by the model that neither trained nor stopped on it, so they rest on "
+    "all those rows instead of the validation split alone. The encoding is "
     "fitted on the pooled rows (labels unread). The test rows stay out. Not with members "
     "> 1 (the folds' models are the members). k times the training and serving cost.",
     min=0,

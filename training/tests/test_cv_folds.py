@@ -1,7 +1,7 @@
 """``cv_folds``: k-fold cross-fitting. The train and validation rows are pooled and dealt into k
-folds; fold i's model trains on the others and stops on its own; the bundle averages the k
-models; the run's validation metrics and calibration are out of fold (every pooled row scored by
-the model that did not train on it); the test rows never move."""
+folds; fold i's model never trains on fold i (it stops early on fold i + 1 where it stops early
+at all); the bundle averages the k models; the run's validation metrics and calibration are out
+of fold (every pooled row scored by the model that did not see it); the test rows never move."""
 
 from __future__ import annotations
 
@@ -32,18 +32,38 @@ def _job(path, work, template="fine_ranking", **params):
 def test_each_fold_trains_on_the_others_and_the_test_rows_never_move(demo_parquet, tmp_path):
     plain = data.split_rows(_job(demo_parquet, tmp_path), _table(demo_parquet))
     pool = np.sort(np.concatenate([plain["train"], plain["validation"]]))
-    seen = []
-    for fold in range(3):
-        rows = data.split_rows(
-            _job(demo_parquet, tmp_path, cv_folds=3, cv_fold=fold), _table(demo_parquet)
-        )
-        assert np.array_equal(rows["test"], plain["test"])
-        assert not set(rows["train"]) & set(rows["validation"])
-        assert np.array_equal(np.sort(np.concatenate([rows["train"], rows["validation"]])), pool)
-        seen.append(rows["validation"])
-    # The folds cover the pool once, each about a third of it.
-    assert np.array_equal(np.sort(np.concatenate(seen)), pool)
-    assert max(len(s) for s in seen) - min(len(s) for s in seen) <= 1
+    which = data.cv_fold_of(len(pool), 4)
+    fold_rows = [pool[which == i] for i in range(4)]
+    # The folds cover the pool once, each about a quarter of it.
+    assert max(len(f) for f in fold_rows) - min(len(f) for f in fold_rows) <= 1
+    for template, params in (("fine_ranking", {}), ("lightgbm", {}), ("logreg", {})):
+        job = _job(demo_parquet, tmp_path, template, cv_folds=4, **params)
+        stops = data.stops_early(job)
+        assert stops == (template != "logreg")  # logreg's convex fit stops on nothing
+        for fold in range(4):
+            job.params["cv_fold"] = fold
+            rows = data.split_rows(job, _table(demo_parquet))
+            assert np.array_equal(rows["test"], plain["test"])
+            assert not set(rows["train"]) & set(rows["validation"])
+            # Fold i is never trained on: its out-of-fold predictions are clean.
+            assert not set(rows["train"]) & set(fold_rows[fold])
+            if stops:
+                # ... nor stopped on: the member stops on the next fold, trains on the rest.
+                stop_on = fold_rows[(fold + 1) % 4]
+                assert np.array_equal(rows["validation"], stop_on)
+                rest = np.setdiff1d(pool, np.concatenate([fold_rows[fold], stop_on]))
+                assert np.array_equal(rows["train"], rest)
+            else:
+                assert np.array_equal(rows["validation"], fold_rows[fold])
+                assert np.array_equal(rows["train"], np.setdiff1d(pool, fold_rows[fold]))
+    # Without early stopping the minibatch loop trains on the k - 1 other folds too.
+    unstopped = _job(demo_parquet, tmp_path, cv_folds=4, cv_fold=0, early_stopping_patience=0)
+    assert not data.stops_early(unstopped)
+    assert not data.stops_early(_job(demo_parquet, tmp_path, "lightgbm", early_stopping_rounds=0))
+    assert data.stops_early(_job(demo_parquet, tmp_path, "logreg", solver="adam"))
+    assert np.array_equal(
+        data.split_rows(unstopped, _table(demo_parquet))["train"], np.setdiff1d(pool, fold_rows[0])
+    )
     # The run itself trains on nothing: its train rows are the pool, its validation none.
     run = data.split_rows(_job(demo_parquet, tmp_path, cv_folds=3), _table(demo_parquet))
     assert np.array_equal(run["train"], pool) and not len(run["validation"])
@@ -68,14 +88,16 @@ def test_the_validation_metrics_are_out_of_fold_over_the_whole_pool(
     pooled = plain.train.n + plain.validation.n
     assert done["cv_folds"] == 3 and done["validation"]["rows"] == pooled
     assert done["holdout"]["rows"] == plain.holdout.n
-    # Recomputed by hand: each member scores its own fold (the rows it did not train on).
+    # Recomputed by hand: each member scores its own fold (the rows it neither trained nor
+    # stopped on), the pool being the run's own train rows.
+    whole = data.load(_job(demo_parquet, tmp_path / "whole", template, cv_folds=3)).train
     logits, labels = np.empty(pooled), np.empty(pooled)
     for i, member in enumerate(bundle.model.members):
         fold = data.load(_job(demo_parquet, tmp_path / f"f{i}", template, cv_folds=3, cv_fold=i))
         assert fold.spec.features == bundle.spec.features  # one encoding for all the members
         rows = np.flatnonzero(np.arange(pooled) % 3 == i)
-        logits[rows] = evaluation.predict_logits(member, fold.validation.dense, fold.validation.cat)
-        labels[rows] = fold.validation.label.numpy()
+        logits[rows] = evaluation.predict_logits(member, whole.dense[rows], whole.cat[rows])
+        labels[rows] = whole.label.numpy()[rows]
     fitted = bundle.spec.extra["calibration"]
     assert fitted == evaluation.fit_calibration("temperature", labels, logits)
     expected = evaluation.summary(labels, apply_calibration(logits, fitted))
