@@ -350,7 +350,8 @@ def cv_split(job: JobSpec, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     sample (5 outer splits): boosted trees stopped on their own fold showed out-of-fold log
     losses 0.01-0.11 below their test log losses, and were chosen over better templates in 3 of
     the 5 splits. A member that does not stop early (the convex fit) trains on the k - 1 other
-    folds."""
+    folds, and so does every member of a 2-fold run (no third fold to stop on: it stops on its
+    own, and its out-of-fold figures flatter it as before)."""
     folds = cv_folds(job)
     if not folds:
         return rows

@@ -19,9 +19,8 @@ unsynchronised. Its overlap does not pay here either: the wrapper (gradients as 
 training bench's 2-rank job at 554k-686k samples/s against 678k-760k for this one collective,
 same machine, same session. On two busy CPU ranks a gloo ``all_reduce`` costs the same ~2.5 ms
 for 16 floats as for 12,000 (latency, not bandwidth), so every extra collective costs a step
-that much. With equal shards the averaged
-gradient is the full batch's, so N ranks train the same model as one process
-(``tests/test_distributed.py``).
+that much. With equal shards the averaged gradient is the full batch's, so N ranks train the
+same model as one process (``tests/test_distributed.py``).
 
 Rank 0 alone reports (progress, with the loss summed over every rank's rows; metrics),
 validates, decides early stopping, writes checkpoints and the model; its decisions (stop
