@@ -337,6 +337,18 @@ def summarise(
     }
 
 
+def best_and_top_summaries(
+    dataset: str, results: Mapping[str, Mapping[str, float]]
+) -> dict[str, float]:
+    """``summarise`` for ``platform_best`` (``*_best_platform_minus_best_peer_*``) and for
+    ``platform_top`` (``*_top_platform_minus_best_peer_*``)."""
+    top = summarise(dataset, {**results, "platform_best": results["platform_top"]})
+    return {
+        **summarise(dataset, results),
+        **{k.replace("best_platform", "top_platform"): v for k, v in top.items()},
+    }
+
+
 # --- datasets and the shared split --------------------------------------------------------------
 
 
@@ -532,9 +544,7 @@ def combine_splits(name: str, founds: Sequence[Mapping[str, float]]) -> dict[str
         metric, _, rest = key.partition("_")
         if rest.endswith(suffix) and metric in ("auc", "logloss"):
             means.setdefault(rest.removesuffix(suffix), {})[metric] = value
-    out.update(summarise(name, means))
-    top = summarise(name, {**means, "platform_best": means["platform_top"]})
-    out.update({k.replace("best_platform", "top_platform"): v for k, v in top.items()})
+    out.update(best_and_top_summaries(name, means))
     return out
 
 
@@ -1074,9 +1084,7 @@ def dataset_measures(dataset: Dataset, models: Mapping[str, Mapping]) -> tuple[d
             measures[f"{metric}_{label}_{name}"] = measures[f"{metric}_{best}_{name}"]
             measures[f"{metric}_{label}_{name}_sd"] = measures[f"{metric}_{best}_{name}_sd"]
         details[label] = best.removeprefix("platform_")
-    measures.update(summarise(name, means))
-    top = summarise(name, {**means, "platform_best": means["platform_top"]})
-    measures.update({k.replace("best_platform", "top_platform"): v for k, v in top.items()})
+    measures.update(best_and_top_summaries(name, means))
     return measures, details
 
 
