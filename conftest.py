@@ -12,23 +12,39 @@ from workspaces.models import Role
 from workspaces.testing.factories import UserFactory, make_member, make_workspace, token_for
 
 ONE_PASS_MARKERS = ("browser", "one_backend")
+# Set by .ci/run in its embedded-defaults pass, which runs beside the server pass.
+SERVER_PASS_BESIDE = "RANKOPS_SERVER_PASS_BESIDE"
 
 
 def pytest_collection_modifyitems(config, items):
-    """CI runs the suite twice, on PostgreSQL and Redis and on the embedded defaults. A test
-    marked ``browser`` or ``one_backend`` checks what the database under it does not change
-    (pages in Chromium over the API both passes test; an HTTP client of the API; processes that
-    run on the embedded defaults whatever the suite's settings, such as gunicorn's recycling or
-    ``make run``), so it runs once, in the embedded-defaults pass, and the server pass reports it
-    skipped, saying so. ``RANKOPS_TEST_EVERY_PASS=1`` runs them in both."""
-    if not os.environ.get("DATABASE_URL") or os.environ.get("RANKOPS_TEST_EVERY_PASS") == "1":
+    """CI runs the suite twice, on PostgreSQL and Redis and on the embedded defaults, side by
+    side on 2 cores. A test that checks what the database under it does not change runs in one
+    pass only, so that the two passes share the slow ones instead of both running them:
+
+    - ``browser`` or ``one_backend``: pages in Chromium over the API both passes test; an HTTP
+      client of the API; processes that run on the embedded defaults whatever the suite's
+      settings (gunicorn's recycling, ``make run``, the demo); files Spark and DuckDB write. It
+      runs in the embedded-defaults pass; a run with ``DATABASE_URL`` set reports it skipped.
+    - ``server_pass``: training children, node agents and Celery workers killed, preempted or
+      tuned, whose database rows only record what the processes did. It runs in the server pass
+      (the production stack); CI's embedded-defaults pass (``RANKOPS_SERVER_PASS_BESIDE=1``, set
+      by .ci/run alone) reports it skipped. A plain ``make test`` runs it on either.
+
+    ``RANKOPS_TEST_EVERY_PASS=1`` runs every test in every pass."""
+    if os.environ.get("RANKOPS_TEST_EVERY_PASS") == "1":
         return
-    once = pytest.mark.skip(
-        reason="runs once, in the embedded-defaults pass (the database does not change what it "
-        "checks); RANKOPS_TEST_EVERY_PASS=1 runs it here too"
-    )
+    if os.environ.get("DATABASE_URL"):
+        markers = ONE_PASS_MARKERS
+        reason = "runs once, in the embedded-defaults pass (the database does not change what it "
+    elif os.environ.get(SERVER_PASS_BESIDE) == "1":
+        markers = ("server_pass",)
+        reason = "runs once, in the server pass beside this one (the database does not change "
+    else:
+        return
+    reason += "what it checks); RANKOPS_TEST_EVERY_PASS=1 runs it here"
+    once = pytest.mark.skip(reason=reason)
     for item in items:
-        if any(item.get_closest_marker(name) for name in ONE_PASS_MARKERS):
+        if any(item.get_closest_marker(name) for name in markers):
             item.add_marker(once)
 
 

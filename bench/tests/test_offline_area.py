@@ -285,6 +285,7 @@ def spark():
     spark_stop()
 
 
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_spark_gives_the_same_typed_sample_as_duckdb(spark, tmp_path):
     plan = _typed_log(tmp_path / "log")
     ours = _sample(DuckDBEngine(threads=2), plan, tmp_path / "d")
@@ -298,6 +299,7 @@ def test_spark_gives_the_same_typed_sample_as_duckdb(spark, tmp_path):
     assert all(r["items__price"] is None for r in rows)
 
 
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_spark_and_duckdb_give_identical_samples_of_the_ads_log_in_a_window(
     spark, ads_log, tmp_path
 ):

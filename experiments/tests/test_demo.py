@@ -35,6 +35,7 @@ def test_demo_without_a_deployment_is_skipped():
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_demo_runs_its_experiment_through_the_one_action_loop():
     """The real loop on a real worker: samples, training on a node, gates, challenger, the
     experiment; then simulated traffic gives it results."""

@@ -308,6 +308,7 @@ def test_scaling_policies_and_kubernetes_manifest(workspace, members):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_local_backend_supervises_model_server_processes(workspace, members):
     from serving.controllers import SUPERVISOR, deployment_reconcile
     from serving.deployments import deployment_create

@@ -44,6 +44,7 @@ def _reference_auc(job, tmp_path) -> float:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_sigkilled_child_is_requeued_and_resumes_to_the_same_model(workspace, tmp_path):
     dataset = make_demo_dataset(workspace, scale=0.1)
     node = make_node()
@@ -107,6 +108,7 @@ def test_sigkilled_child_is_requeued_and_resumes_to_the_same_model(workspace, tm
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_preempt_checkpoints_and_a_requeued_job_continues(workspace):
     dataset = make_demo_dataset(workspace, scale=0.05)
     node = make_node()
@@ -133,6 +135,7 @@ def test_preempt_checkpoints_and_a_requeued_job_continues(workspace):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_cancel_stops_a_running_job(workspace):
     dataset = make_demo_dataset(workspace, scale=0.05)
     job = _job(workspace, dataset, epochs=20, batch_size=32, step_sleep_s=0.03)
@@ -145,6 +148,7 @@ def test_cancel_stops_a_running_job(workspace):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_agent_shutdown_checkpoints_and_releases_the_job(workspace):
     dataset = make_demo_dataset(workspace, scale=0.05)
     job = _job(workspace, dataset, epochs=20, batch_size=32, step_sleep_s=0.03)

@@ -27,6 +27,7 @@ def _job(pk) -> TrainingJob:
     return TrainingJob.objects.unscoped().get(pk=pk)
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_a_job_failing_five_times_leaves_the_node_ready_for_other_workspaces(
     workspace, other_workspace
 ):
@@ -56,6 +57,7 @@ def test_a_job_failing_five_times_leaves_the_node_ready_for_other_workspaces(
     assert theirs.node_id == node.pk
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_a_job_past_its_workspace_wall_time_is_stopped_and_fails(workspace):
     from workspaces.services import workspace_policy_set
 

@@ -17,6 +17,7 @@ from workspaces.testing.workers import embedded_worker
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
 
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_demo_step_trains_a_model_on_the_demo_data(live_server, monkeypatch):
     call_command("demo_setup")
     call_command("demo_features", base_url=live_server.url, scale=0.05, wait=5)

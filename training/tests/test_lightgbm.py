@@ -340,6 +340,7 @@ def test_a_lightgbm_job_is_checked_against_its_own_params(workspace, client_for)
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_a_worker_runs_a_lightgbm_job_and_the_registry_serves_its_version(
     workspace, client_for, client
 ):

@@ -85,6 +85,7 @@ def test_lm_full_is_a_language_model_template_with_its_own_defaults():
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_an_lm_full_job_fine_tunes_through_the_scheduler_and_registers_a_loadable_model(
     workspace, client_for, lm_root
 ):

@@ -141,6 +141,7 @@ def run_lm_job(workspace, client_for, lm_root, *, template: str, params: dict, p
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_an_lm_lora_job_fine_tunes_on_a_record_set_through_the_scheduler_and_an_agent(
     workspace, client_for, client, lm_root
 ):
@@ -363,6 +364,7 @@ def test_an_adapter_registers_with_its_tokenizer_and_a_broken_one_is_refused(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_a_sigkilled_lm_lora_child_is_requeued_and_resumes_to_the_same_adapter(
     workspace, lm_root, tmp_path
 ):

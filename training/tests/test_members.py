@@ -115,6 +115,7 @@ def test_members_cannot_start_from_a_base_model(demo_parquet, tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_a_members_job_runs_on_a_node_agent_and_its_model_is_the_average(workspace):
     from training import agent
     from training.models import JobState

@@ -82,6 +82,7 @@ def _database_files() -> dict[str, str]:
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.server_pass  # the credentials it hunts for are the servers' (DATABASE_URL, REDIS_URL)
 def test_a_malicious_entry_point_finds_nothing_and_can_do_nothing(
     workspace, other_workspace, live_server, monkeypatch
 ):

@@ -56,6 +56,7 @@ def test_bad_refit_input_names_the_field(workspace, dataset):
     assert _create(workspace, dataset, name="off", refit_cv_folds=1).refit_cv_folds == 0
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_the_best_trial_is_refit_with_cv_folds_and_that_model_registered(workspace, dataset):
     node = make_node()
     tj = _create(workspace, dataset, n_trials=2, refit_cv_folds=3)
@@ -91,6 +92,7 @@ def test_the_best_trial_is_refit_with_cv_folds_and_that_model_registered(workspa
     assert verbs.count("training.tuning_job.succeeded") == 1
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_a_refit_that_fails_fails_the_tuning_job_and_cancel_stops_a_running_one(workspace, dataset):
     node = make_node()
     tj = _create(workspace, dataset, n_trials=2, refit_cv_folds=2)

@@ -40,6 +40,7 @@ def _most_at_once(intervals: list[tuple]) -> int:
     return most
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_eight_trials_two_at_a_time_on_real_workers_register_the_best(workspace):
     dataset = make_demo_dataset(workspace, scale=0.02)
     with node_worker("ta") as first, node_worker("tb") as second:

@@ -35,6 +35,7 @@ def test_a_worker_on_a_node_queue_runs_a_job_to_success(workspace, client_for):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_a_job_with_two_workers_trains_with_two_ranks_in_the_sandbox(workspace, client_for):
     client, job = _submit(workspace, client_for, name="ddp-job", workers=2, cpu_milli=500)
     name = f"t{uuid.uuid4().hex[:10]}"
