@@ -898,6 +898,11 @@ def _run_child(
             state.done["model_path"] = str(
                 sandbox.collect_tree(scratch, MODEL_DIR, work / MODEL_DIR)
             )
+            if (scratch.path / runner.SELECTION_ROWS_FILE).is_file():
+                # The validation rows' scores a tuning job compares its trials on.
+                sandbox.collect_file(
+                    scratch, runner.SELECTION_ROWS_FILE, work / runner.SELECTION_ROWS_FILE
+                )
         except (OSError, sandbox.UnsafeOutput) as exc:
             state.done, state.error, code = None, f"the model was refused: {exc}", 1
     if signalled == "wall_time":

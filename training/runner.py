@@ -736,6 +736,38 @@ def train_convex(job, *, model, loaded, seed: int, emit: Emitter) -> int:
     return finish_run(job, model, loaded, metrics, stopping, step=1, seed=seed, emit=emit)
 
 
+SELECTION_ROWS_FILE = "selection_rows.npz"
+
+
+def save_selection_rows(work: Path, label: Any, prob: Any) -> None:
+    """Beside the model (``SELECTION_ROWS_FILE``): each validation row's label and the
+    calibrated probability the run's validation log loss averages (cross-fitted where it
+    could be), for whoever compares runs on the same rows row by row
+    (``training.tuner.chosen_trial``)."""
+    import numpy as np
+
+    work.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        work / SELECTION_ROWS_FILE,
+        label=np.asarray(label, dtype=np.int8),
+        prob=np.asarray(prob, dtype=np.float32),
+    )
+
+
+def selection_row_losses(work: Path) -> Any:
+    """A run's per-row validation log losses from its ``SELECTION_ROWS_FILE`` (None without
+    one, or when it cannot be read)."""
+    import numpy as np
+
+    from training import evaluation
+
+    try:
+        with np.load(Path(work) / SELECTION_ROWS_FILE) as saved:
+            return evaluation.row_logloss(saved["label"], saved["prob"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def finish_run(
     job,
     model,
@@ -772,11 +804,17 @@ def finish_run(
             spec.extra = {**spec.extra, "calibration": fitted}
         raw = evaluation.summary(val_y, apply_calibration(logits, None))
         calibrated = evaluation.summary(val_y, apply_calibration(logits, fitted))
+        crossfit = evaluation.crossfit_probabilities(method, val_y, logits)
+        save_selection_rows(
+            Path(job.work_dir),
+            val_y,
+            crossfit if crossfit is not None else apply_calibration(logits, fitted),
+        )
         metrics["validation"] = {
             **calibrated,
             # What model selection reads (``tuner.validation_value``): the log loss of rows
             # the calibration was not fitted on.
-            "crossfit_logloss": evaluation.crossfit_logloss(method, val_y, logits),
+            "crossfit_logloss": (None if crossfit is None else evaluation.logloss(val_y, crossfit)),
             "uncalibrated_logloss": raw["logloss"],
             "uncalibrated_ece": raw["ece"],
             "rows": len(val_y),

@@ -420,6 +420,21 @@ def trial_record(trial: TuningTrial) -> tuner.TrialRecord:
     )
 
 
+def trial_row_losses(trials: list[TuningTrial]) -> dict[int, Any]:
+    """Each complete trial's per-row validation losses, from the file its run left beside its
+    model (``runner.SELECTION_ROWS_FILE``); trials without one are left out."""
+    from training import runner
+    from training.services import job_work_dir
+
+    losses = {}
+    for trial in trials:
+        if trial.state == TrialState.COMPLETE and trial.job_id is not None:
+            rows = runner.selection_row_losses(job_work_dir(trial.job))
+            if rows is not None:
+                losses[trial.number] = rows
+    return losses
+
+
 def tuning_space(tuning: TuningJob) -> tuner.SearchSpace:
     return tuner.space_from_json(tuning.template, tuning.space)
 
@@ -631,14 +646,20 @@ def _start_trial(tuning: TuningJob, trials: list[TuningTrial]) -> TuningTrial:
 
 
 def _finish(tuning: TuningJob, trials: list[TuningTrial]) -> None:
-    best = tuner.best_trial([trial_record(t) for t in trials], tuning.metric)
-    if best is None:
+    kept = tuner.chosen_trial(
+        [trial_record(t) for t in trials],
+        tuning.metric,
+        tuning_space(tuning),
+        trial_row_losses(trials),
+    )
+    if kept is None:
         _set_state(tuning, TuningState.FAILED, reason="no trial completed")
         return
+    best = kept.trial
     winner = next(t for t in trials if t.number == best.number)
     tuning.best_trial = winner
     tuning.best_value = best.value
-    chosen = f"trial {winner.number}, validation {tuning.metric} {best.value:.5g}"
+    chosen = f"trial {winner.number}, validation {tuning.metric} {best.value:.5g} ({kept.reason})"
     source = winner.job
     if tuning.refit_cv_folds >= 2:
         refit = _refit(tuning, winner)

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from training import data, synthetic, tuner
+from training import data, runner, synthetic, tuner
 from training.tests.factories import demo_job_spec
 from training.tuner import SpaceError, TrialRecord
 
@@ -166,6 +166,64 @@ def test_the_best_trial_follows_the_metrics_direction():
     assert tuner.best_trial([_record(0, None, "pruned")], "logloss") is None
 
 
+def test_simplicity_runs_from_the_complex_end_to_the_simple_end_of_each_directed_param():
+    space = tuner.default_space("fine_ranking")
+    simplest = {"embedding_dim": 4, "cross_layers": 0, "hidden": [64, 32], "dropout": 0.5,
+                "weight_decay": 1e-3, "lr": 0.1}  # fmt: skip
+    most_complex = {"embedding_dim": 32, "cross_layers": 3, "hidden": [256, 128],
+                    "dropout": 0.0, "weight_decay": 1e-8, "lr": 1e-4}  # fmt: skip
+    assert tuner.simplicity(simplest, space) == pytest.approx(1.0)
+    assert tuner.simplicity(most_complex, space) == pytest.approx(0.0)
+    # the learning rate has no direction: it does not move the score
+    assert tuner.simplicity({**simplest, "lr": 1e-4}, space) == pytest.approx(1.0)
+    # a log range is measured on the log scale: l2 1e-3 is half way along 1e-7..10
+    logreg = tuner.default_space("logreg")
+    halfway = tuner.simplicity({"l2": 1e-3, "vocab_min_count": 2}, logreg)
+    assert halfway == pytest.approx(0.5)
+    assert tuner.simplicity({"lr": 0.1}, {"lr": space["lr"]}) == 0.0
+
+
+def _shift(gap, noise, n, seed):
+    """Per-row differences of mean ``gap`` exactly and spread ``noise``."""
+    import numpy as np
+
+    rows = np.random.default_rng(seed).normal(0.0, noise, size=n)
+    return rows - rows.mean() + gap
+
+
+def test_the_kept_trial_is_the_simplest_within_one_standard_error_of_the_lowest_loss():
+    import numpy as np
+
+    space = tuner.default_space("logreg")
+    base = np.abs(np.random.default_rng(0).normal(0.5, 0.4, size=200))
+    trials = [
+        TrialRecord(0, {"l2": 1e-4, "vocab_min_count": 1}, "complete"),  # weak penalty
+        TrialRecord(1, {"l2": 1.0, "vocab_min_count": 2}, "complete"),  # strong penalty
+        TrialRecord(2, {"l2": 5.0, "vocab_min_count": 3}, "complete"),  # strongest
+        TrialRecord(3, {"l2": 9.0, "vocab_min_count": 3}, "failed"),
+    ]
+    # trial 1 is a little worse than trial 0, well within the noise of their difference;
+    # trial 2 is clearly worse (its gap is many times its error)
+    rows = {0: base, 1: base + _shift(0.01, 0.3, 200, 1), 2: base + 0.2}
+    trials = [
+        dataclasses.replace(t, value=float(np.mean(rows[t.number])) if t.number in rows else None)
+        for t in trials
+    ]
+    kept = tuner.chosen_trial(trials, "logloss", space, rows)
+    assert kept.lowest.number == 0 and kept.trial.number == 1
+    assert "one standard error" in kept.reason
+    # the same trials without their rows, or tuned on AUC: the lowest (best) value
+    assert tuner.chosen_trial(trials, "logloss", space, {}).trial.number == 0
+    assert tuner.chosen_trial(trials, "auc", space, rows).trial.number == 2
+    # a simpler trial outside one standard error is not kept
+    far = {**rows, 1: base + 0.05}
+    assert tuner.chosen_trial(trials, "logloss", space, far).trial.number == 0
+    # rows of another length (not the same rows) are not compared
+    other = {**rows, 1: rows[1][:100]}
+    assert tuner.chosen_trial(trials, "logloss", space, other).trial.number == 0
+    assert tuner.chosen_trial([trials[3]], "logloss", space, rows) is None
+
+
 def test_importances_need_two_distinct_finished_trials():
     assert tuner.param_importances(SPACE, [_record(0, 0.5)], metric="logloss") == {}
     trials = [_record(i, 0.3 + 0.05 * i) for i in range(5)]
@@ -225,8 +283,15 @@ def test_optimise_runs_the_trials_and_keeps_the_best_model(demo_parquet, tmp_pat
     assert len(result.trials) == 4
     assert [t.number for t in result.trials] == [0, 1, 2, 3]
     assert all(t.state == "complete" and t.value is not None for t in result.trials)
+    # lr has no simpler end: the kept trial is the lowest-loss one
     assert result.best_value == min(t.value for t in result.trials)
+    assert "lowest validation logloss" in result.chosen_because
     assert result.best_params == result.trials[result.best_number].params
+    # each trial left its validation rows' scores, whose mean is its value
+    for trial in result.trials:
+        rows = runner.selection_row_losses(tmp_path / "trials" / f"trial-{trial.number}")
+        assert rows is not None and len(rows) > 0
+        assert float(rows.mean()) == pytest.approx(trial.value, rel=1e-4)
     assert (tmp_path / "trials" / f"trial-{result.best_number}" / "model" / "spec.json").exists()
     assert result.best_model_dir.endswith(f"trial-{result.best_number}/model")
     assert len({t.params["lr"] for t in result.trials}) == 4

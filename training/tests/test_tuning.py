@@ -146,6 +146,7 @@ def test_the_default_space_and_a_base_jobs_config(workspace, dataset):
     assert tj.metric == "logloss" and tj.direction == "minimize"
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_trials_run_within_parallelism_and_the_best_by_validation_is_registered(workspace, dataset):
     node = make_node()
     tj = _create(workspace, dataset)
@@ -189,6 +190,8 @@ def test_trials_run_within_parallelism_and_the_best_by_validation_is_registered(
     }
     best = min(by_validation, key=by_validation.get)
     assert tj.best_trial.number == best and tj.best_value == by_validation[best]
+    # every trial's validation rows came back from its sandbox, to compare trials row by row
+    assert set(tuning.trial_row_losses(trials)) == {0, 1, 2, 3}
     assert all(t.value == by_validation[t.number] for t in trials)
     assert all(len(t.intermediate) == 2 for t in trials)  # one validation point per epoch
     version = ModelVersion.objects.for_workspace(workspace).get(pk=tj.model_version_id)
@@ -208,6 +211,7 @@ def _epoch_points(job, values: list[float]) -> None:
         job_record_progress(job_id=job.pk, metrics=[(epoch * 10, "val_logloss", value)], step=10)
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_the_median_pruner_cancels_a_trial_behind_the_finished_ones(workspace, dataset):
     node = make_node()
     tj = _create(workspace, dataset, n_trials=3, parallelism=2, pruner="median")
@@ -293,6 +297,7 @@ def test_a_trial_job_ending_or_reaching_an_epoch_wakes_its_tuning_job(
     assert states[0] == TrialState.CANCELLED and len(states) == 3  # a new trial took the slot
 
 
+@pytest.mark.server_pass  # processes and workers: the database under them changes nothing
 def test_a_best_trial_that_cannot_be_registered_fails_the_tuning_job_saying_why(workspace, dataset):
     import shutil
 
