@@ -40,6 +40,7 @@ def raw_rows() -> list[dict[str, str]]:
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_raw_records_are_cleaned_on_a_worker_and_fine_tune_a_model_with_lineage(
     workspace, client_for, settings, tmp_path
 ):

@@ -106,6 +106,7 @@ def _upload(workspace, table: pa.Table, name: str):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_a_ranking_sample_from_a_pipeline_trains_a_ranking_template_on_a_node_agent(
     workspace, client_for, settings, tmp_path
 ):

@@ -43,6 +43,7 @@ def test_text_metrics_by_hand():
 
 @pytest.mark.celery_worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_a_new_version_is_scored_without_asking_and_shown_beside_production(
     workspace, members, client_for
 ):

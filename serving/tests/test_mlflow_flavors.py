@@ -60,6 +60,7 @@ def sigmoid(z):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_backend  # processes and files: the database under them changes nothing
 def test_stock_client_sklearn_and_pytorch_models_import_gate_deploy_predict_and_stay_private(
     live_server, client_for, monkeypatch
 ):
