@@ -287,11 +287,18 @@ def simplest_within_one_se(losses: Mapping[str, np.ndarray], simplest_first: Seq
     means = {n: float(np.mean(losses[n])) for n in names}
     best = min(names, key=lambda n: means[n])
     for name in names:
-        diff = np.asarray(losses[name], dtype=np.float64) - np.asarray(losses[best])
-        se = float(np.std(diff, ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
-        if means[name] - means[best] <= se:
+        gap, se = paired_gap(losses[name], losses[best])
+        if gap <= se:
             return name
     return best
+
+
+def paired_gap(losses: Any, best: Any) -> tuple[float, float]:
+    """(mean, standard error) of the per-row difference ``losses - best``: two candidates'
+    losses on the same rows, compared row by row (the one-standard-error rule's test)."""
+    diff = np.asarray(losses, dtype=np.float64) - np.asarray(best, dtype=np.float64)
+    se = float(np.std(diff, ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+    return float(np.mean(diff)), se
 
 
 def _feature_columns(spec) -> list[tuple[str, str, list[int]]]:

@@ -570,7 +570,7 @@ def chosen_trial(
     weakest penalties (l2 = 0.0019) and lost 0.14 of test log loss to a plain logistic
     regression. This is the one-standard-error rule of ``training.evaluation
     .simplest_within_one_se`` (which chooses between templates), applied within a template."""
-    import numpy as np
+    from training.evaluation import paired_gap
 
     lowest = best_trial(trials, metric)
     if lowest is None:
@@ -579,16 +579,14 @@ def chosen_trial(
     base = losses.get(lowest.number)
     if metric != "logloss" or base is None or len(base) < 2:
         return Chosen(lowest, lowest, f"lowest validation {metric}")
-    base = np.asarray(base, dtype=np.float64)
     candidates = [(lowest, 0.0, 0.0)]
     for trial in trials:
         rows = losses.get(trial.number)
         if trial is lowest or trial.state != "complete" or rows is None or len(rows) != len(base):
             continue
-        diff = np.asarray(rows, dtype=np.float64) - base
-        se = float(np.std(diff, ddof=1) / np.sqrt(len(diff)))
-        if float(np.mean(diff)) <= se:
-            candidates.append((trial, float(np.mean(diff)), se))
+        gap, se = paired_gap(rows, base)
+        if gap <= se:
+            candidates.append((trial, gap, se))
     trial, gap, se = max(
         candidates, key=lambda c: (simplicity(c[0].params, space), -c[1], -c[0].number)
     )
