@@ -68,13 +68,23 @@ def _fits(shape: tuple, group: tuple) -> bool:
 
 
 def placement_floor(
-    requests: Iterable[Request], nodes: Sequence[NodeInventory], *, max_patterns: int = 50_000
+    requests: Iterable[Request],
+    nodes: Sequence[NodeInventory],
+    *,
+    max_patterns: int = 50_000,
+    placed: Iterable[Request] = (),
 ) -> dict:
     """The LP floor for ``requests`` on ``nodes`` (their full capacity): a dict with
     ``floor`` (least unallocated share of GPU capacity), ``placeable_milli`` (the LP's most
     placeable milli-GPU), ``capacity_milli``, ``demand_milli`` (what arrived) and
     ``patterns`` (slice patterns used; 0 when there were too many and only the per-group sums
-    bound the fractional work, a weaker but still valid floor)."""
+    bound the fractional work, a weaker but still valid floor).
+
+    ``placed``: requests (among ``requests``) every placement considered must place; the floor
+    is then the least any placement that places them can leave. With the requests a policy
+    placed, it is the least that policy could have left with the same requests admitted, placed
+    better (``accepted_floor`` in ``simulate.simulate``). ValueError when the LP cannot place
+    them all."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -88,6 +98,13 @@ def placement_floor(
             milli = 0 if r.gpu_count else r.gpu_milli
             shapes[(r.cpu_milli, r.memory_mb, r.gpu_count, milli, r.gpu_types)] += max(r.workers, 1)
     demand = sum((s[2] * WHOLE + s[3]) * k for s, k in shapes.items())
+    must: Counter[tuple] = Counter()
+    for r in placed:
+        if r.gpu_demand_milli:
+            milli = 0 if r.gpu_count else r.gpu_milli
+            must[(r.cpu_milli, r.memory_mb, r.gpu_count, milli, r.gpu_types)] += max(r.workers, 1)
+    if any(k > shapes[shape] for shape, k in must.items()):
+        raise ValueError("placed: every request placed must be one of the requests")
     out = {"capacity_milli": capacity, "demand_milli": demand, "patterns": 0}
     if not capacity:
         return {**out, "floor": 0.0, "placeable_milli": 0}
@@ -130,6 +147,8 @@ def placement_floor(
         by_group.setdefault(t, []).append(j)
     for c, js in by_shape.items():
         add_row(((j, 1.0) for j in js), shapes[shape_list[c]])
+        if must[shape_list[c]]:
+            add_row(((j, -1.0) for j in js), -float(must[shape_list[c]]))
     for t, js in by_group.items():
         gpus, _, g_cpu, g_mem = group_list[t]
         k = groups[group_list[t]]
@@ -143,7 +162,7 @@ def placement_floor(
             float(capacity // WHOLE),
         )
         for s_pos, size in enumerate(sizes):
-            placed = [
+            of_size = [
                 (j, 1.0)
                 for j, (c, _) in enumerate(pairs)
                 if not shape_list[c][2] and shape_list[c][3] == size
@@ -153,15 +172,19 @@ def placement_floor(
                 for p, pattern in enumerate(patterns)
                 if pattern[s_pos]
             ]
-            add_row(placed + covered, 0.0)
+            add_row(of_size + covered, 0.0)
     objective = np.zeros(n_y + n_z)
     for j, (c, _) in enumerate(pairs):
         objective[j] = -demand_of(c)
+    if set(must) - {shape_list[c] for c in by_shape}:
+        raise ValueError("placed: a request no node can hold cannot be placed")
     if not pairs:
         return {**out, "floor": 1.0, "placeable_milli": 0}
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(bound), n_y + n_z)).tocsr()
     done = linprog(objective, A_ub=matrix, b_ub=np.array(bound), bounds=(0, None), method="highs")
-    if not done.success:  # the zero placement is always feasible: cannot happen
+    if done.status == 2:  # infeasible: only a ``placed`` that does not fit can make it so
+        raise ValueError("placed: the requests that must be placed do not fit on the nodes")
+    if not done.success:
         raise RuntimeError(f"placement floor LP failed: {done.message}")
     placeable = min(-done.fun, float(demand), float(capacity))
     return {

@@ -101,8 +101,8 @@ def average(runs: list[dict]) -> dict:
             out[key] = max(values)  # throughput: the best run, the least disturbed by others
         else:
             out[key] = round(sum(values) / len(values), 4)
-        if key == "default_vs_floor":
-            out["default_vs_floor_min"], out["default_vs_floor_max"] = min(values), max(values)
+        if key in ("default_vs_floor", "default_vs_accepted_floor"):
+            out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
     others = [out[f"unallocated_gpu_share_{p}"] for p in POLICIES if p != "default" and p in ran]
     if "default" in ran and others and min(others):
         out["unallocated_vs_best_baseline"] = round(
