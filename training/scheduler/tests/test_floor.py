@@ -28,18 +28,21 @@ from training.scheduler.simulate import (
 )
 
 
-def optimum_unallocated(requests: list[Request], nodes: list[NodeInventory]) -> float:
+def optimum_unallocated(
+    requests: list[Request], nodes: list[NodeInventory], *, must: frozenset[int] = frozenset()
+) -> float:
     """The least unallocated GPU share of any placement, by trying every one: each request goes
-    nowhere, or (whole GPUs) onto a node with enough of them free, or (a slice) onto one GPU."""
+    nowhere, or (whole GPUs) onto a node with enough of them free, or (a slice) onto one GPU.
+    The requests at the positions in ``must`` may not go nowhere."""
     reqs = tuple(requests)
     capacity = sum(len(n.gpus) for n in nodes) * WHOLE
 
     @cache
-    def best(k: int, state: tuple) -> int:
+    def best(k: int, state: tuple) -> float:
         if k == len(reqs):
             return 0
         r = reqs[k]
-        top = best(k + 1, state)  # not placed
+        top = best(k + 1, state) if k not in must else float("-inf")  # not placed
         for i, node in enumerate(nodes):
             cpu, mem, free = state[i]
             if cpu < r.cpu_milli or mem < r.memory_mb:
@@ -137,6 +140,41 @@ def test_the_slice_only_bound_is_not_a_floor_when_arrivals_exceed_capacity():
     assert slices_only > optimum
 
 
+def test_the_accepted_floor_places_what_a_policy_placed_and_never_exceeds_the_optimum():
+    """``placed``: the floor of placements that must place the requests a policy placed sits
+    between the free floor and the brute-force optimum of placements that place them."""
+    rng = random.Random(11)
+    raised = tight = 0
+    for _ in range(60):
+        requests, nodes = random_instance(rng)
+        cluster = Cluster(nodes)
+        taken = frozenset(i for i, r in enumerate(requests) if cluster.place(r, "best_fit"))
+        free = placement_floor(requests, nodes)["floor"]
+        accepted = placement_floor(requests, nodes, placed=[requests[i] for i in taken])["floor"]
+        optimum = optimum_unallocated(requests, nodes, must=taken)
+        assert free - 1e-9 <= accepted <= optimum + 1e-9, (requests, nodes, free, accepted)
+        assert optimum <= cluster.gpu_free_milli / cluster.gpu_capacity_milli + 1e-9
+        raised += accepted > free + 1e-9
+        tight += accepted >= optimum - 1e-9
+    assert raised >= 3 and tight >= 30
+
+
+def test_a_policy_that_took_the_wasteful_slices_is_held_to_more():
+    nodes = [NodeInventory("a", 8000, 8000, "X", (WHOLE, WHOLE))]
+    requests = [Request(0, 0, 0, 650), Request(0, 0, 0, 650), Request(0, 0, 1, 0)]
+    assert placement_floor(requests, nodes)["floor"] == pytest.approx(0.175)
+    # Both 0.65 slices placed: they need a GPU each, and the whole-GPU pod has none left.
+    accepted = placement_floor(requests, nodes, placed=requests[:2])["floor"]
+    assert accepted == pytest.approx(0.35)
+    assert optimum_unallocated(requests, nodes, must=frozenset({0, 1})) == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="do not fit"):
+        placement_floor([Request(0, 0, 0, 600)] * 3, nodes, placed=[Request(0, 0, 0, 600)] * 3)
+    with pytest.raises(ValueError, match="must be one of the requests"):
+        placement_floor(requests, nodes, placed=[Request(0, 0, 0, 300)])
+    with pytest.raises(ValueError, match="no node can hold"):
+        placement_floor([Request(0, 0, 3, 0)], nodes, placed=[Request(0, 0, 3, 0)])
+
+
 def test_slice_patterns_are_every_fitting_multiset():
     patterns = slice_patterns({600: 2, 400: 3})
     assert sorted(map(tuple, patterns)) == [(0, 1), (0, 2), (1, 0), (1, 1)]
@@ -218,6 +256,10 @@ def test_the_simulator_learns_the_mix_online_or_takes_the_trace():
     oracle = simulate(pods, nodes, seed=1, policies=("default",), workload="trace")
     assert "workload_updates" not in oracle or oracle["workload_updates"] == 0
     assert 0 <= online["placement_floor"] <= online["unallocated_gpu_share_default"] + 1e-9
+    # The accepted floor: above the floor, and the default policy never gets under it.
+    assert online["placement_floor"] <= online["accepted_floor"]
+    assert online["accepted_floor"] <= online["unallocated_gpu_share_default"] + 1e-4
+    assert online["default_vs_accepted_floor"] >= 1 - 1e-3
     with pytest.raises(ValueError, match="online or trace"):
         simulate(pods, nodes, seed=1, workload="psychic")
 
@@ -256,3 +298,50 @@ def test_the_reservation_reads_the_pinned_shares_beyond_the_classes():
     assert unaware.place(anywhere)[0].node_name == "a"
     aware = Cluster(nodes, workload=classes, pinned=pinned)
     assert aware.place(anywhere)[0].node_name == "b"
+
+
+def test_work_that_fits_anywhere_leaves_the_large_machines_to_work_that_needs_them():
+    """An unpinned class too large for most groups (48 CPUs: only node "big") is owed room on
+    the groups that can hold it (``Cluster._size_reservations``)."""
+    nodes = [
+        NodeInventory("big", 64000, 1 << 20, "A", (WHOLE,) * 2),
+        NodeInventory("a", 16000, 1 << 20, "A", (WHOLE,) * 8),
+        NodeInventory("b", 16000, 1 << 20, "A", (WHOLE,) * 8),
+    ]
+    small, large, whole = (
+        Request(1000, 100, 2, 0),
+        Request(48000, 100, 2, 0),
+        Request(1000, 100, 8, 0),
+    )
+    classes = WorkloadEstimator().observe_all([small, large, whole] * 10).classes()
+    arrivals = [small, small, large, large, small, small]
+    unaware = Cluster(nodes, workload=classes, reserve=False)
+    placed = [p[0].node_name if (p := unaware.place(r)) else None for r in arrivals]
+    # Small work took "big" first: neither large pod finds a node.
+    assert placed == ["big", "a", None, None, "a", "a"]
+    aware = Cluster(nodes, workload=classes)
+    # The large class is a sixth of the demand (3 of 18 GPUs), "big" has 2 to give.
+    assert aware.g_owed.sum() == pytest.approx(2 / 18, abs=0.01)
+    placed = [p[0].node_name if (p := aware.place(r)) else None for r in arrivals]
+    assert placed == ["a", "a", "big", None, "a", "a"]
+    assert aware.gpu_free_milli < unaware.gpu_free_milli
+
+
+def test_the_narrowest_restricted_work_claims_its_machines_first():
+    nodes = [
+        NodeInventory("wide", 96000, 1 << 20, "A", (WHOLE,) * 8),
+        NodeInventory("big", 128000, 1 << 20, "A", (WHOLE,) * 8),
+    ] + [NodeInventory(f"small{i}", 16000, 1 << 20, "A", (WHOLE,) * 8) for i in range(4)]
+    # A quarter of the demand fits only "big" (120 CPUs), an eighth "wide" and "big".
+    classes = [
+        TaskClass(120000, 100, 8, 0, 1.0, share=0.25 / 8),
+        TaskClass(64000, 100, 8, 0, 1.0, share=0.125 / 8),
+        TaskClass(1000, 100, 1, 0, 1.0, share=0.625),
+    ]
+    cluster = Cluster(nodes, workload=classes)
+    owed = dict(zip((int(k[2]) for k in cluster.g_key), cluster.g_owed, strict=True))
+    # 48 GPUs: the 120-CPU work wants 12 and claims all 8 of "big"; the 64-CPU work's 6 then
+    # come from "wide", "big" having nothing left.
+    assert owed[128000] == pytest.approx(8 / 48)
+    assert owed[96000] == pytest.approx(6 / 48)
+    assert owed[16000] == 0
