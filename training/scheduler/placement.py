@@ -522,17 +522,18 @@ class Cluster:
                 & (self.g_key[:, 3] >= c.memory_mb)
                 & (self.g_key[:, 1] >= max(c.gpu_count, 1) * WHOLE)
             )
-            if self.g_capacity[fits].sum() <= 0.5 * self.g_capacity.sum():
-                room = float(self.g_capacity[fits].sum())
-                sets.append((room, fits, w / total * (1.0 - pinned_share)))
+            holds = float(self.g_capacity[fits].sum())
+            if holds <= 0.5 * self.g_capacity.sum():
+                sets.append((holds, fits, w / total * (1.0 - pinned_share)))
         left = self.g_capacity.astype(np.float64).copy()
         owed = np.zeros(len(self.g_key))
         capacity = float(self.g_capacity.sum()) or 1.0
         for _, fits, share in sorted(sets, key=lambda s: s[0]):
-            room = np.where(fits, left, 0.0)
-            want = min(share * capacity, float(room.sum()))
+            room: np.ndarray = np.where(fits, left, 0.0)
+            free = float(room.sum())
+            want = min(share * capacity, free)
             if want > 0:
-                claim = room / room.sum() * want
+                claim = room / free * want
                 left -= claim
                 owed += claim
         self.g_owed = owed / capacity
