@@ -485,7 +485,7 @@ class Cluster:
             [[name in k for k in sets] for name in self.types], dtype=bool
         ).reshape(len(self.types), len(sets))
         self.pin_any = bool(sets)
-        self._size_reservations(classes, float(self.pin_share.sum()))
+        self._size_reservations(classes)
         # The "below demand" sums depend only on the per-GPU demand: compute them per distinct one.
         self.d_values, self.c_dpos = np.unique(self.c_d, return_inverse=True)
         self._slice_shares = slice_shares(classes)
@@ -493,11 +493,11 @@ class Cluster:
         self._frag = self.fragmentation_of(self.free, self.cpu, self.mem, self.typ)
         self._dirty = set()
 
-    def _size_reservations(self, classes: Sequence[TaskClass], pinned_share: float) -> None:
+    def _size_reservations(self, classes: Sequence[TaskClass]) -> None:
         """What share of the free GPU capacity each node group is expected to owe unpinned
         work too large for most of the GPU capacity (CPU, memory or GPU count: an 8-GPU pod
         asking for 120 CPUs fits only the 128-CPU machines, 5% of the openb cluster's GPUs):
-        ``g_owed`` (groups,). Work that fits groups holding at least half the GPU capacity is
+        ``g_owed`` (groups,). Work that fits groups holding more than half the GPU capacity is
         not short of room, and reserving for it only steers everything else about: counting
         the 8-GPU work that fits every 8-GPU machine (79% of the capacity) made no difference
         on multigpu50 and cost 15-25% of the speed on gpushare80 (seeds 42-43).
@@ -505,7 +505,7 @@ class Cluster:
         The restricted classes claim capacity narrowest first (water-filling over the groups'
         capacity, each claim spread by what the narrower ones left): the work that fits only
         the 128-CPU machines claims them before the 8-GPU work that fits every 8-GPU machine
-        spreads over the rest. Measured on the benchmark's mixes (below, ``_unreserved``)."""
+        spreads over the rest. Measured on the benchmark's mixes: see the module docstring."""
         weights = [
             (c.weight if c.share is None else c.share)
             * (c.gpu_count * WHOLE + (0 if c.gpu_count else c.gpu_milli))
@@ -524,7 +524,7 @@ class Cluster:
             )
             holds = float(self.g_capacity[fits].sum())
             if holds <= 0.5 * self.g_capacity.sum():
-                sets.append((holds, fits, w / total * (1.0 - pinned_share)))
+                sets.append((holds, fits, w / total))  # its share of the classes' demand
         left = self.g_capacity.astype(np.float64).copy()
         owed = np.zeros(len(self.g_key))
         capacity = float(self.g_capacity.sum()) or 1.0
