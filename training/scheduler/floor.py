@@ -67,6 +67,17 @@ def _fits(shape: tuple, group: tuple) -> bool:
     return n <= gpus if n else (gpus >= 1 and milli <= WHOLE)
 
 
+def _shapes(requests: Iterable[Request]) -> Counter[tuple]:
+    """Workers per shape ``(cpu, memory, whole GPUs, slice milli, GPU types)`` of the requests
+    that ask for a GPU (a whole-GPU request's slice is 0)."""
+    shapes: Counter[tuple] = Counter()
+    for r in requests:
+        if r.gpu_demand_milli:
+            milli = 0 if r.gpu_count else r.gpu_milli
+            shapes[(r.cpu_milli, r.memory_mb, r.gpu_count, milli, r.gpu_types)] += max(r.workers, 1)
+    return shapes
+
+
 def placement_floor(
     requests: Iterable[Request],
     nodes: Sequence[NodeInventory],
@@ -92,17 +103,9 @@ def placement_floor(
         (len(n.gpus), n.gpu_type, n.cpu_milli, n.memory_mb) for n in nodes if len(n.gpus)
     )
     capacity = sum(g[0] * k for g, k in groups.items()) * WHOLE
-    shapes: Counter[tuple] = Counter()
-    for r in requests:
-        if r.gpu_demand_milli:
-            milli = 0 if r.gpu_count else r.gpu_milli
-            shapes[(r.cpu_milli, r.memory_mb, r.gpu_count, milli, r.gpu_types)] += max(r.workers, 1)
+    shapes = _shapes(requests)
     demand = sum((s[2] * WHOLE + s[3]) * k for s, k in shapes.items())
-    must: Counter[tuple] = Counter()
-    for r in placed:
-        if r.gpu_demand_milli:
-            milli = 0 if r.gpu_count else r.gpu_milli
-            must[(r.cpu_milli, r.memory_mb, r.gpu_count, milli, r.gpu_types)] += max(r.workers, 1)
+    must = _shapes(placed)
     if any(k > shapes[shape] for shape, k in must.items()):
         raise ValueError("placed: every request placed must be one of the requests")
     out = {"capacity_milli": capacity, "demand_milli": demand, "patterns": 0}

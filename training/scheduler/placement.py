@@ -355,12 +355,18 @@ class WorkloadEstimator:
         return classes[: self.max_classes]
 
 
+def _gpu_demand(c: TaskClass) -> float:
+    """A class's expected GPU demand: its share (its weight when it has none) times the
+    milli-GPU one of its pods asks for."""
+    share = c.weight if c.share is None else c.share
+    return share * (c.gpu_count * WHOLE + (0 if c.gpu_count else c.gpu_milli))
+
+
 def pinned_shares(classes: Iterable[TaskClass]) -> dict[tuple[str, ...], float]:
     """The share of the classes' GPU demand pinned to each set of GPU types (``()``: any)."""
     out: Counter[tuple[str, ...]] = Counter()
     for c in classes:
-        share = c.weight if c.share is None else c.share
-        out[c.gpu_types] += share * (c.gpu_count * WHOLE + (0 if c.gpu_count else c.gpu_milli))
+        out[c.gpu_types] += _gpu_demand(c)
     total = sum(out.values()) or 1.0
     return {k: v / total for k, v in out.items()}
 
@@ -506,11 +512,7 @@ class Cluster:
         capacity, each claim spread by what the narrower ones left): the work that fits only
         the 128-CPU machines claims them before the 8-GPU work that fits every 8-GPU machine
         spreads over the rest. Measured on the benchmark's mixes: see the module docstring."""
-        weights = [
-            (c.weight if c.share is None else c.share)
-            * (c.gpu_count * WHOLE + (0 if c.gpu_count else c.gpu_milli))
-            for c in classes
-        ]
+        weights = [_gpu_demand(c) for c in classes]
         total = sum(weights) or 1.0
         sets: list[tuple[float, np.ndarray, float]] = []
         for c, w in zip(classes, weights, strict=True):

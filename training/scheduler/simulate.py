@@ -283,7 +283,7 @@ def simulate(
         if estimator is not None and warmup:
             estimator.observe_all(arrival_sequence(pods, capacity, seed + 7919)[:warmup])
             cluster.set_workload(estimator.classes(), estimator.pinned())
-        placed = updates = 0
+        updates = 0
         accepted: list[Request] = []
         started, cpu_started = time.perf_counter(), time.process_time()
         for req in sequence:
@@ -291,7 +291,6 @@ def simulate(
                 cluster.set_workload(estimator.classes(), estimator.pinned())
                 updates += 1
             if cluster.place(req, policy) is not None:
-                placed += 1
                 accepted.append(req)
         if policy == "default":
             result["workload_updates"] = updates
@@ -303,7 +302,7 @@ def simulate(
         timings[policy] = len(sequence) / elapsed if elapsed else 0.0
         result[f"unallocated_gpu_share_{policy}"] = round(cluster.gpu_free_milli / capacity, 4)
         result[f"fragmentation_share_{policy}"] = round(cluster.fragmentation(), 4)
-        result[f"placed_pods_{policy}"] = placed
+        result[f"placed_pods_{policy}"] = len(accepted)
         result[f"placements_per_s_{policy}"] = round(timings[policy], 1)
         if policy == "default":
             result.update(_accepted_floor(sequence, nodes, accepted, result))
