@@ -39,7 +39,9 @@ from workspaces.models import Role
 from workspaces.notifications import notify
 from workspaces.testing.factories import make_member
 
-pytestmark = pytest.mark.django_db
+# What a page asks of the database is the ORM's doing, counted the same on either database: it
+# runs in the server pass, on the production database (conftest.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.server_pass]
 
 _seq = itertools.count(1)
 

@@ -26,6 +26,10 @@ from workspaces.testing.factories import make_member, make_workspace
 from workspaces.testing.permission_matrix import Endpoint, MatrixContext, load_endpoints
 from workspaces.tests.matrix import PUBLIC_HOOK
 
+# What a route asks of the database is the ORM's doing, counted the same on either database: it
+# runs in the server pass, on the production database (conftest.py).
+pytestmark = pytest.mark.server_pass
+
 SMALL, LARGE = 2, 6
 # Queries one GET may run whatever its rows: authentication (token, user, memberships and the
 # token's workspaces), the workspace, permissions, the page's count and rows, their prefetches.
