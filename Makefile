@@ -15,12 +15,9 @@ help:
 	@echo "make lint     ruff check and format check, import-linter contracts, mypy"
 	@echo "make bench    run benchmarks (ONLY=<area> for one area)"
 
-# --no-compile: the platform imports a fraction of what it installs; compiling every module at
-# install time took 135 s of the install's wall time against 73 s without (pip's CPU 113 s vs
-# 60 s), and Python compiles what is imported on first use.
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -c requirements.lock -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -27,9 +27,10 @@ def pytest_collection_modifyitems(config, items):
       runs in the embedded-defaults pass; a run with ``DATABASE_URL`` set reports it skipped.
     - ``server_pass``: training children, node agents and Celery workers killed, preempted or
       tuned, whose database rows only record what the processes did; the query budgets, which
-      count what the ORM asks. It runs in the server pass (the production stack); CI's
-      embedded-defaults pass (``RANKOPS_SERVER_PASS_BESIDE=1``, set by .ci/run alone) reports
-      it skipped. A plain ``make test`` runs it on either.
+      count what the ORM asks; Schemathesis, whose inputs PostgreSQL refuses more of than
+      SQLite. It runs in the server pass (the production stack); CI's embedded-defaults pass
+      (``RANKOPS_SERVER_PASS_BESIDE=1``, set by .ci/run alone) reports it skipped. A plain
+      ``make test`` runs it on either.
 
     The permission matrix marks its cases one by one (``test_permission_matrix.matrix_cases``).
 

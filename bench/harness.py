@@ -691,9 +691,7 @@ def peer_venv(
     when the stamp file in it does not match them (the first time, or after they change) and the
     stamp is written only once pip succeeded. The check and the build hold an exclusive lock
     (``.<name>.lock`` beside the venv), so a second caller waits for a build under way instead of
-    starting its own. pip installs without compiling bytecode (``--no-compile``): a peer
-    imports a fraction of what it installs, and compiling all of it doubled the build's CPU
-    time (Feast's: 22 s to 11 s of user time here). Returns the venv's python. ``runner`` has
+    starting its own. Returns the venv's python. ``runner`` has
     ``subprocess.run``'s signature; tests pass a fake one.
     """
     if not _PEER_NAME.match(name):
@@ -725,7 +723,6 @@ def peer_venv(
                     "install",
                     "--quiet",
                     "--disable-pip-version-check",
-                    "--no-compile",
                     *requirements,
                 ],
                 check=True,

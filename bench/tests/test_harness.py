@@ -297,7 +297,6 @@ def test_peer_venv_creates_the_venv_and_installs_the_pins(tmp_path):
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            "--no-compile",
             *REQS,
         ],
     ]

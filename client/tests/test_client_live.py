@@ -66,7 +66,6 @@ def client_venv(tmp_path_factory) -> Path:
             "install",
             "-q",
             "--disable-pip-version-check",
-            "--no-compile",
             *index,
             *(["--force-reinstall", "--no-deps"] if reuse else []),
             str(source),
