@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from training.scheduler.placement import WHOLE, NodeInventory, Request
+from training.scheduler.placement import WHOLE, NodeInventory, Request, request_shape
 
 
 def slice_patterns(counts: dict[int, int], *, max_patterns: int = 50_000) -> list[list[int]] | None:
@@ -73,8 +73,7 @@ def _shapes(requests: Iterable[Request]) -> Counter[tuple]:
     shapes: Counter[tuple] = Counter()
     for r in requests:
         if r.gpu_demand_milli:
-            milli = 0 if r.gpu_count else r.gpu_milli
-            shapes[(r.cpu_milli, r.memory_mb, r.gpu_count, milli, r.gpu_types)] += max(r.workers, 1)
+            shapes[request_shape(r)] += max(r.workers, 1)
     return shapes
 
 

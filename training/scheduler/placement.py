@@ -255,7 +255,9 @@ def slice_prices(shares: dict[int, float]) -> SlicePrices:
     return prices
 
 
-def _shape(r: Request) -> tuple:
+def request_shape(r: Request) -> tuple:
+    """A request's workload class: ``(cpu, memory, whole GPUs, slice milli, GPU types)``, the
+    slice 0 for a whole-GPU request (the estimator's and the floor's key)."""
     return (r.cpu_milli, r.memory_mb, r.gpu_count, 0 if r.gpu_count else r.gpu_milli, r.gpu_types)
 
 
@@ -295,7 +297,7 @@ class WorkloadEstimator:
 
     def observe(self, req: Request) -> bool:
         """Count one arrival; True when the caller should take ``classes()`` again."""
-        key = _shape(req)
+        key = request_shape(req)
         self._counts[key] = self._counts.get(key, 0.0) + self._scale
         self._scale *= self._growth
         if self._scale > 1e12:  # rescale before the weights lose precision
