@@ -45,6 +45,13 @@ Policies:
 
 The target workload is estimated online from arrivals (``WorkloadEstimator``), by the live tick
 and the simulator alike; nothing in it is fitted to one trace.
+
+Cost of a decision (the default policy): the values of the states after placement are kept per
+node version and request shape (``Cluster._after_frag``), the fragmentation counts free capacity
+below each demand with one histogram, the slice knapsack runs in strides of each size, and each
+node's whole and largest free GPU are kept as it changes. Measured on the benchmark's ten mixes
+(seeds 42 and 43, one process per mix, on a two-core machine), these took the CPU-time throughput
+from 1,102-1,667 to 1,848-2,447 placements per second, with every placement the same.
 """
 
 from __future__ import annotations
@@ -184,33 +191,43 @@ class SlicePrices:
         return np.maximum(-done.ineqlin.marginals, 0.0)
 
     def _knapsack(self, duals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Unbounded knapsack on the prices for every capacity 0..1000; the best full pattern."""
+        """Unbounded knapsack on the prices for every capacity 0..1000; the best full pattern.
+
+        Item by item, each item's pass in strides of its size (a stride depends only on the one
+        before it, already final for this item): about 1000/size vector operations per size
+        instead of a Python step per capacity. The pattern is then read back from the top, the
+        smallest-index size that strictly beats leaving a milli unused, as the step-per-capacity
+        form chose it (the same columns, so the same prices: 1 pattern in 2,000 random cases
+        differed, on a floating-point tie). Measured on the openb trace's 19 slice sizes: 0.3 ms
+        against 13 ms a solve; column generation solves it once a round, and re-pricing had
+        taken a third to a half of the default policy's CPU time on the multi-GPU mixes."""
+        best = np.zeros(WHOLE + 1)  # best[f]: the most value in at most f milli
+        for k, size in enumerate(self.sizes):
+            if duals[k] <= 0:  # adds nothing
+                continue
+            for lo in range(size, WHOLE + 1, size):
+                hi = min(lo + size, WHOLE + 1)
+                np.maximum(best[lo:hi], best[lo - size : hi - size] + duals[k], out=best[lo:hi])
         sizes = np.array(self.sizes, dtype=np.int64)  # ascending
-        best = np.zeros(WHOLE + 1)
-        last = np.full(WHOLE + 1, -1, dtype=np.int64)
-        for f in range(1, WHOLE + 1):
-            fits = int(np.searchsorted(sizes, f, side="right"))
-            best[f] = best[f - 1]  # capacity left unused
-            if fits:
-                gains = best[f - sizes[:fits]] + duals[:fits]
-                k = int(np.argmax(gains))
-                if gains[k] > best[f] + 1e-12:
-                    best[f], last[f] = gains[k], k
         pattern = np.zeros(len(self.sizes))
         f = WHOLE
         while f > 0:
-            if last[f] < 0:
-                f -= 1
-                continue
-            pattern[last[f]] += 1
-            f -= self.sizes[last[f]]
+            fits = int(np.searchsorted(sizes, f, side="right"))
+            if fits:
+                gains = best[f - sizes[:fits]] + duals[:fits]
+                k = int(np.argmax(gains))
+                if gains[k] > best[f - 1] + 1e-12:
+                    pattern[k] += 1
+                    f -= self.sizes[k]
+                    continue
+            f -= 1
         return best, pattern
 
     def loss(self, free: np.ndarray, size: int) -> np.ndarray:
         """Packing value lost by putting a slice of ``size`` on GPUs with ``free`` milli free
         (meaningless, but defined, where the slice does not fit)."""
-        free = np.clip(free, 0, WHOLE)
-        left = np.clip(free - size, 0, WHOLE)
+        free = np.minimum(np.maximum(free, 0), WHOLE)  # np.clip costs more than the rest
+        left = np.maximum(free - size, 0)
         return self.value[free] - self.price.get(size, 0.0) - self.value[left]
 
 
@@ -437,6 +454,10 @@ class Cluster:
         )
         self.rng = _random.Random(seed)  # noqa: S311 - placement, not security
         self._keys = np.zeros(n, dtype=np.int64)
+        self._type_masks: dict[tuple[str, ...], np.ndarray] = {}
+        self._version = np.zeros(n, dtype=np.int64)  # raised whenever the node's state changes
+        self.whole_free = np.zeros(n, dtype=np.int64)
+        self.max_free = np.zeros(n, dtype=np.int64)
         self._dirty: set[int] = set()
         self._known_frag: tuple[int, float, int] | None = None
         for i in range(n):
@@ -449,6 +470,11 @@ class Cluster:
         return len(self.names)
 
     def _rekey(self, i: int) -> None:
+        """After node ``i`` changed: its state key, its whole free GPUs and largest free GPU
+        (kept per node rather than recomputed for every node at every decision)."""
+        self._version[i] += 1
+        self.whole_free[i] = int((self.free[i] >= WHOLE).sum())
+        self.max_free[i] = int(self.free[i].max())
         gpus = tuple(sorted(int(v) for v in self.free[i]))
         self._keys[i] = hash((int(self.typ[i]), int(self.cpu[i]), int(self.mem[i]), gpus))
         known = getattr(self, "_known_frag", None)
@@ -484,7 +510,8 @@ class Cluster:
         self.c_cpu_only = (self.c_n == 0) & (self.c_d == 0)
         self.c_frac = (self.c_n == 0) & (self.c_d > 0)
         self.c_whole = self.c_n > 0
-        self.c_typeok_any = self.c_typeok | self.c_cpu_only[None, :]
+        # Which classes each node GPU type can take: (classes, types), CPU-only work anywhere.
+        self.c_typeok_any = np.ascontiguousarray((self.c_typeok | self.c_cpu_only[None, :]).T)
         # Expected GPU demand pinned to each set of GPU types (share of all GPU demand).
         pinned = pinned_shares(classes) if pinned is None else dict(pinned)
         sets = sorted(k for k, v in pinned.items() if k and v > 0)
@@ -496,10 +523,17 @@ class Cluster:
         self._size_reservations(classes)
         # The "below demand" sums depend only on the per-GPU demand: compute them per distinct one.
         self.d_values, self.c_dpos = np.unique(self.c_d, return_inverse=True)
+        self.c_dpos = self.c_dpos.reshape(-1)
+        self.d_whole = (
+            int(np.searchsorted(self.d_values, WHOLE)) if bool(self.c_whole.any()) else None
+        )
         self._slice_shares = slice_shares(classes)
         self._prices: SlicePrices | None = None
         self._frag = self.fragmentation_of(self.free, self.cpu, self.mem, self.typ)
         self._dirty = set()
+        # Per request shape: the value after placement per node and GPU choice, and the node's
+        # version it was computed for (see _after_frag).
+        self._after_memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def _size_reservations(self, classes: Sequence[TaskClass]) -> None:
         """What share of the free GPU capacity each node group is expected to owe unpinned
@@ -576,42 +610,58 @@ class Cluster:
     # -- feasibility and fragmentation ----------------------------------------------------
 
     def _type_mask(self, req: Request) -> np.ndarray:
-        if not req.gpu_types:
-            return np.ones(len(self.names), dtype=bool)
-        allowed = [self.type_of[t] for t in req.gpu_types if t in self.type_of]
-        return np.isin(self.typ, allowed)
+        """Nodes of the GPU types ``req`` accepts (a node's type never changes: kept per set)."""
+        mask = self._type_masks.get(req.gpu_types)
+        if mask is None:
+            if req.gpu_types:
+                allowed = [self.type_of[t] for t in req.gpu_types if t in self.type_of]
+                mask = np.isin(self.typ, allowed)
+            else:
+                mask = np.ones(len(self.names), dtype=bool)
+            mask.flags.writeable = False
+            self._type_masks[req.gpu_types] = mask
+        return mask
 
     def feasible(self, req: Request) -> np.ndarray:
         """Nodes where one worker of ``req`` fits now."""
         ok = (self.cpu >= req.cpu_milli) & (self.mem >= req.memory_mb)
         if req.gpu_count:
-            ok &= (self.free >= WHOLE).sum(axis=1) >= req.gpu_count
+            ok &= self.whole_free >= req.gpu_count
             ok &= self._type_mask(req)
         elif req.gpu_milli:
-            ok &= self.free.max(axis=1) >= req.gpu_milli
+            ok &= self.max_free >= req.gpu_milli
             ok &= self._type_mask(req)
         return ok
 
     def fragmentation_of(self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, typ):
-        """Expected unusable free milli-GPU of node states (rows) under the target workload."""
+        """Expected unusable free milli-GPU of node states (rows) under the target workload:
+        per class, the free capacity on GPUs below its per-GPU demand where the class fits the
+        node at all (CPU, memory, GPU type, whole GPUs), else all of it; weighted by the
+        classes' popularity.
+
+        Laid out (classes or demands, rows), and the capacity below each demand counted by one
+        histogram of the GPUs' demand bands and a cumulative sum, instead of a (rows, demands,
+        GPUs) mask: it is the default policy's inner loop, called once a decision on every
+        candidate state. Measured on 100 candidate states, 93 classes, 20 demands: 150 us
+        against 381 us a call (2.5x), the same values to 1e-12."""
         free = np.atleast_2d(free)
-        pos = np.maximum(free, 0)
-        total = pos.sum(axis=1)  # (H,)
-        # Per class: does it fit on the node at all (CPU, memory, GPU type, GPUs)?
-        fits = (cpu[:, None] >= self.c_cpu[None, :]) & (mem[:, None] >= self.c_mem[None, :])
-        fits &= self.c_typeok_any[typ]
-        whole_free = (free >= WHOLE).sum(axis=1)
-        max_free = free.max(axis=1)
-        gpu_ok = (
-            (self.c_whole & (whole_free[:, None] >= self.c_n))
-            | (self.c_frac & (max_free[:, None] >= self.c_d))
-            | self.c_cpu_only
+        rows, n_d = free.shape[0], len(self.d_values)
+        # Band of each GPU: how many demands its free capacity reaches (free < d_j iff j >= band).
+        band = np.searchsorted(self.d_values, free, side="right")
+        hist = np.bincount(
+            (band * rows + np.arange(rows)[:, None]).ravel(),
+            weights=np.maximum(free, 0).ravel(),
+            minlength=rows * (n_d + 1),
         )
-        fits &= gpu_ok
-        # Free capacity on GPUs below each per-GPU demand, then spread to the classes.
-        below_d = (pos[:, None, :] * (free[:, None, :] < self.d_values[None, :, None])).sum(axis=2)
-        frag = np.where(fits, below_d[:, self.c_dpos], total[:, None])
-        return frag @ self.c_p
+        below = np.cumsum(hist.reshape(n_d + 1, rows), axis=0)  # (demands + 1, rows)
+        total = below[n_d]
+        fits = (self.c_cpu[:, None] <= cpu) & (self.c_mem[:, None] <= mem)
+        fits &= self.c_typeok_any[:, typ]
+        if self.d_whole is not None:  # whole-GPU classes need that many GPUs wholly free
+            fits &= self.c_n[:, None] * WHOLE <= total - below[self.d_whole]
+        # A fractional class that no GPU can take has all the free capacity below its demand,
+        # the same as not fitting: no separate test is needed for it.
+        return self.c_p @ np.where(fits, below[self.c_dpos], total)
 
     def fragmentation(self) -> float:
         """The cluster's expected fragmentation, as a share of its GPU capacity."""
@@ -733,41 +783,66 @@ class Cluster:
             self._prices = slice_prices(self._slice_shares)
         return self._prices
 
+    def _after_frag(
+        self, req: Request, rows: np.ndarray, owners: np.ndarray, choice: np.ndarray
+    ) -> np.ndarray:
+        """``fragmentation_of`` the states after placing ``req`` (free GPUs ``rows``) on nodes
+        ``owners``, GPU choice ``choice`` (the slot a slice takes; 0 for other work): remembered
+        per request shape, node and choice while the node and the workload stay as they were.
+        Few nodes change between decisions: on the benchmark's mixes 82-91% of the states
+        evaluated had been evaluated before under the same workload (seed 42), and evaluating
+        them had been half of the default policy's CPU time."""
+        shape = request_shape(req)
+        table = self._after_memo.get(shape)
+        if table is None:
+            if len(self._after_memo) >= 256:  # bounded: start again
+                self._after_memo.clear()
+            table = (np.zeros(self.free.shape), np.zeros(self.free.shape, dtype=np.int64))
+            self._after_memo[shape] = table
+        values, versions = table
+        out = values[owners, choice]
+        stale = np.flatnonzero(versions[owners, choice] != self._version[owners])
+        if len(stale):
+            nodes, slots = owners[stale], choice[stale]
+            fresh = self.fragmentation_of(
+                rows[stale],
+                self.cpu[nodes] - req.cpu_milli,
+                self.mem[nodes] - req.memory_mb,
+                self.typ[nodes],
+            )
+            out[stale] = fresh
+            values[nodes, slots] = fresh
+            versions[nodes, slots] = self._version[nodes]
+        return out
+
     def _choose_fgd(self, idx: np.ndarray, req: Request) -> Placement:
         self._refresh_frag()
         # One representative per distinct node state among the feasible nodes.
         _, first = np.unique(self._keys[idx], return_index=True)
         reps = idx[np.sort(first)]
         free = self.free[reps]  # (R, G)
-        g = free.shape[1]
-        if req.gpu_count:
-            # Which GPUs: the first fully free ones (any choice gives the same state).
-            whole = free >= WHOLE
-            take = whole & (np.cumsum(whole, axis=1) <= req.gpu_count)
-            after = (free - take * WHOLE)[:, None, :]  # (R, 1, G)
-            valid = np.ones((len(reps), 1), dtype=bool)
-        elif req.gpu_milli:
-            # Every GPU that can take the slice is a candidate: (R, G choices, G).
-            after = np.repeat(free[:, None, :], g, axis=1)
-            diag = np.arange(g)
-            after[:, diag, diag] -= req.gpu_milli
+        # Candidates: (representative, GPU choice) pairs, and each one's free GPUs after it.
+        if req.gpu_milli and not req.gpu_count:
+            # Every GPU that can take the slice is a candidate.
             valid = free >= req.gpu_milli
             if self.slice_pricing:
                 # Only the GPUs where the slice loses the least packing value (SlicePrices).
                 loss = np.where(valid, self.prices.loss(free, req.gpu_milli), np.inf)
                 valid &= loss <= loss.min() + 1e-7
+            r_idx, c_idx = np.nonzero(valid)
+            rows = free[r_idx]
+            rows[np.arange(len(r_idx)), c_idx] -= req.gpu_milli
         else:
-            after = free[:, None, :]
-            valid = np.ones((len(reps), 1), dtype=bool)
-        r_idx, c_idx = np.nonzero(valid)
-        rows = after[r_idx, c_idx]
+            r_idx = np.arange(len(reps))
+            c_idx = np.zeros(len(reps), dtype=np.int64)
+            rows = free
+            if req.gpu_count:
+                # Which GPUs: the first fully free ones (any choice gives the same state).
+                whole = free >= WHOLE
+                take = whole & (np.cumsum(whole, axis=1) <= req.gpu_count)
+                rows = free - take * WHOLE
         owners = reps[r_idx]
-        after_frag = self.fragmentation_of(
-            rows,
-            self.cpu[owners] - req.cpu_milli,
-            self.mem[owners] - req.memory_mb,
-            self.typ[owners],
-        )
+        after_frag = self._after_frag(req, rows, owners, c_idx)
         delta = after_frag - self._frag[owners]
         # Ties (e.g. CPU-only work): best-fit on the remaining resources, then the first GPU.
         tied = np.flatnonzero(delta <= delta.min() + 1e-6)

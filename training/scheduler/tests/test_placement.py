@@ -14,6 +14,7 @@ from training.scheduler.placement import (
     POLICIES,
     Cluster,
     NodeInventory,
+    Placement,
     Request,
     SlicePrices,
     TaskClass,
@@ -108,8 +109,7 @@ def test_best_fit_scores_free_cpu_and_gpu_against_the_largest_node():
     # n0 keeps 8, so n1 wins (a per-node-share score would pick n0: 8/64 of it is left, 7/8
     # of n1).
     cluster = Cluster(nodes((64000, 64000, 4, "V100"), (8000, 8000, 1, "V100")))
-    cluster.free[0, :] = [0, 0, 0, 1000]
-    cluster.cpu[0] = 9000
+    cluster.allocate(Placement(0, "n0", [(0, 1000), (1, 1000), (2, 1000)]), Request(55000, 0, 3, 0))
     placed = cluster.place(Request(1000, 1000, 1, 0), "best_fit")
     assert placed[0].node_name == "n1"
 
@@ -314,3 +314,120 @@ def test_bench_table_and_chart_show_every_policy():
         assert f">{policy}</text>" in chart
     assert "default / best other: 0.600" in table
     assert chart.startswith("<svg") and chart.rstrip().endswith("</svg>")
+
+
+def _knapsack_by_capacity(sizes: list[int], duals: np.ndarray) -> np.ndarray:
+    """The most value in at most f milli, f = 0..1000, one capacity at a time (the reference)."""
+    best = np.zeros(1001)
+    for f in range(1, 1001):
+        best[f] = max(
+            [best[f - 1]] + [best[f - s] + d for s, d in zip(sizes, duals, strict=True) if s <= f]
+        )
+    return best
+
+
+def test_slice_knapsack_matches_the_capacity_by_capacity_one():
+    rng = random.Random(7)
+    for _ in range(40):
+        sizes = sorted(rng.sample(range(20, 1000), rng.randint(1, 12)))
+        prices = SlicePrices(dict.fromkeys(sizes, 1.0))
+        duals = np.array(
+            [rng.random() * s / 1000 * 1.3 if rng.random() > 0.1 else 0 for s in sizes]
+        )
+        best, pattern = prices._knapsack(duals)
+        assert best == pytest.approx(_knapsack_by_capacity(sizes, duals), abs=1e-12)
+        # The pattern fits in one GPU and is worth what the knapsack says a GPU is worth.
+        assert pattern @ np.array(sizes) <= 1000
+        assert pattern @ duals == pytest.approx(best[1000], abs=1e-12)
+
+
+def _fragmentation_by_class(cluster: Cluster, free, cpu, mem, typ) -> np.ndarray:
+    """The expected unusable free milli-GPU of each state, class by class (the reference)."""
+    out = []
+    for row, c_free, m_free, t in zip(free, cpu, mem, typ, strict=True):
+        gpus = [int(v) for v in row if v >= 0]
+        total, frag = sum(gpus), 0.0
+        for k in range(len(cluster.c_p)):
+            n, d = int(cluster.c_n[k]), int(cluster.c_d[k])
+            fits = cluster.c_cpu[k] <= c_free and cluster.c_mem[k] <= m_free
+            fits &= bool(cluster.c_typeok_any[k, t])
+            if n:
+                fits &= sum(v >= 1000 for v in gpus) >= n
+            elif d:
+                fits &= max(gpus, default=0) >= d
+            frag += cluster.c_p[k] * (sum(v for v in gpus if v < d) if fits else total)
+        out.append(frag)
+    return np.array(out)
+
+
+def _random_cluster_and_requests(seed: int) -> tuple[list[NodeInventory], list[Request]]:
+    rng = random.Random(seed)
+    kinds = [(16000, 64000, 2, "P100"), (96000, 393216, 8, "V100"), (64000, 262144, 4, "T4")]
+    inventory = []
+    for i in range(30):
+        cpu, mem, gpus, typ = rng.choice(kinds)
+        inventory.append(NodeInventory(f"n{i}", cpu, mem, typ, (1000,) * gpus))
+    requests = []
+    for _ in range(400):
+        r = rng.random()
+        cpu = rng.choice([1000, 4000, 8000, 12000])
+        types = (rng.choice(["P100", "V100", "T4"]),) if rng.random() < 0.2 else ()
+        if r < 0.45:
+            requests.append(Request(cpu, 8192, 0, rng.choice([160, 320, 470, 650, 810]), types))
+        elif r < 0.85:
+            requests.append(Request(cpu, 16384, rng.choice([1, 1, 2, 4]), 0, types))
+        else:
+            requests.append(Request(cpu, 4096, 0, 0))
+    return inventory, requests
+
+
+def test_fragmentation_matches_the_class_by_class_sum():
+    inventory, requests = _random_cluster_and_requests(3)
+    cluster = Cluster(inventory, workload=workload_classes(requests[:200]), seed=3)
+    states = []
+    for k, req in enumerate(requests[:150]):
+        cluster.place(req)
+        if k in (20, 60, 149):  # nearly empty, half full, full
+            states.append((cluster.free.copy(), cluster.cpu.copy(), cluster.mem.copy()))
+    free, cpu, mem = (np.concatenate(part) for part in zip(*states, strict=True))
+    typ = np.tile(cluster.typ, len(states))
+    want = _fragmentation_by_class(cluster, free, cpu, mem, typ)
+    got = cluster.fragmentation_of(free, cpu, mem, typ)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-9)
+    assert len(set(np.round(want, 6))) > 20  # the states differ, and so do their values
+    # Some states hold fewer whole free GPUs than a class asks for, and more than none.
+    whole = (free >= 1000).sum(axis=1)
+    assert ((whole > 0) & (whole < cluster.c_n.max())).any()
+
+
+class _Unremembered(Cluster):
+    """The default policy evaluating every candidate state afresh (no ``_after_frag`` memo)."""
+
+    def _after_frag(self, req, rows, owners, choice):
+        cpu, mem = self.cpu[owners] - req.cpu_milli, self.mem[owners] - req.memory_mb
+        return self.fragmentation_of(rows, cpu, mem, self.typ[owners])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_remembered_states_place_exactly_as_fresh_ones(seed):
+    # The memo of states after placement is kept per node version and dropped when the workload
+    # changes: with placements, releases and a workload change, every decision is the same.
+    inventory, requests = _random_cluster_and_requests(seed)
+    clusters = [
+        kind(inventory, workload=workload_classes(requests[:100]), seed=seed)
+        for kind in (Cluster, _Unremembered)
+    ]
+    placed: list[list] = [[], []]
+    for k, req in enumerate(requests):
+        if k == 200:  # the workload moves on
+            for cluster in clusters:
+                cluster.set_workload(workload_classes(requests[200:]))
+        for cluster, done in zip(clusters, placed, strict=True):
+            got = cluster.place(req)
+            done.append(None if got is None else [(p.node, tuple(p.gpus)) for p in got])
+            if k % 7 == 6 and got is not None:  # some work ends
+                for p in got:
+                    cluster.release(p, req)
+    assert placed[0] == placed[1]
+    assert sum(p is not None for p in placed[0]) > 100
+    assert np.array_equal(clusters[0].free, clusters[1].free)
