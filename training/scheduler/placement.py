@@ -60,7 +60,6 @@ import random as _random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -231,11 +230,6 @@ class SlicePrices:
         return self.value[free] - self.price.get(size, 0.0) - self.value[left]
 
 
-@lru_cache(maxsize=32)
-def _slice_prices(shares: tuple[tuple[int, float], ...]) -> SlicePrices:
-    return SlicePrices(dict(shares))
-
-
 def slice_shares(classes: Iterable[TaskClass]) -> dict[int, float]:
     """How often each fractional-GPU slice size occurs in a workload (what the prices price)."""
     slices: Counter[int] = Counter()
@@ -246,30 +240,56 @@ def slice_shares(classes: Iterable[TaskClass]) -> dict[int, float]:
 
 
 PRICE_TOLERANCE = 0.05
-_solved: list[tuple[dict[int, float], SlicePrices]] = []  # the newest last
 
 
-def slice_prices(shares: dict[int, float]) -> SlicePrices:
-    """``SlicePrices`` for a workload, cached (the live tick rebuilds its cluster every time).
+class PriceCache:
+    """``SlicePrices`` per workload, solved once (the live tick rebuilds its cluster every time).
 
     Prices solved for a slice mix within ``PRICE_TOLERANCE`` (total variation) of this one are
     reused: LP duals change only where the optimal packing does, so a mix that drifts by a few
     points keeps its prices. Measured on the sharing-heavy and model-pinned mixes, where the
     online estimate moves every few hundred arrivals: re-solving on every move took a third of
     the default policy's CPU time (1,670 placements per CPU-second on gpuspec10, seed 42).
+
+    Which prices a mix gets depends on the mixes solved before it, so a run that must be
+    reproducible on its own (``simulate``, one per policy and seed) keeps a cache of its own;
+    the live tick shares ``SHARED_PRICES`` across ticks.
     """
-    total = sum(w for w in shares.values() if w > 0) or 1.0
-    norm = {s: w / total for s, w in shares.items() if w > 0}
-    for known, prices in reversed(_solved):
-        keys = known.keys() | norm.keys()
-        if 0.5 * sum(abs(known.get(k, 0.0) - norm.get(k, 0.0)) for k in keys) <= PRICE_TOLERANCE:
-            return prices
-    # Shares to the point (rare sizes kept at half a point), so that equal mixes share a key.
-    key = tuple(sorted((s, max(round(w, 2), 0.005)) for s, w in norm.items()))
-    prices = _slice_prices(key)
-    _solved.append((norm, prices))
-    del _solved[:-16]
-    return prices
+
+    def __init__(self, *, recent: int = 16, solved: int = 32) -> None:
+        self._recent: list[tuple[dict[int, float], SlicePrices]] = []  # the newest last
+        self._by_key: dict[tuple[tuple[int, float], ...], SlicePrices] = {}
+        self._recent_max, self._solved_max = recent, solved
+
+    def clear(self) -> None:
+        self._recent.clear()
+        self._by_key.clear()
+
+    def get(self, shares: dict[int, float]) -> SlicePrices:
+        total = sum(w for w in shares.values() if w > 0) or 1.0
+        norm = {s: w / total for s, w in shares.items() if w > 0}
+        for known, prices in reversed(self._recent):
+            keys = known.keys() | norm.keys()
+            drift = 0.5 * sum(abs(known.get(k, 0.0) - norm.get(k, 0.0)) for k in keys)
+            if drift <= PRICE_TOLERANCE:
+                return prices
+        # Shares to the point (rare sizes kept at half a point), so that equal mixes share a key.
+        key = tuple(sorted((s, max(round(w, 2), 0.005)) for s, w in norm.items()))
+        prices = self._by_key.pop(key) if key in self._by_key else SlicePrices(dict(key))
+        self._by_key[key] = prices  # the newest last: the oldest goes first
+        while len(self._by_key) > self._solved_max:
+            del self._by_key[next(iter(self._by_key))]
+        self._recent.append((norm, prices))
+        del self._recent[: -self._recent_max]
+        return prices
+
+
+SHARED_PRICES = PriceCache()
+
+
+def slice_prices(shares: dict[int, float]) -> SlicePrices:
+    """``SlicePrices`` for a workload from the process's shared cache (``PriceCache``)."""
+    return SHARED_PRICES.get(shares)
 
 
 def request_shape(r: Request) -> tuple:
@@ -417,8 +437,11 @@ class Cluster:
         seed: int | None = None,
         slice_pricing: bool = True,
         reserve: bool = True,
+        prices: PriceCache | None = None,
     ) -> None:
         self.names = [n.name for n in nodes]
+        # Where slice prices come from: the process's shared cache unless given one of its own.
+        self.price_cache = SHARED_PRICES if prices is None else prices
         self.slice_pricing = slice_pricing  # False: the default policy is FGD's measure alone
         self.reserve = reserve  # False: no capacity kept for work pinned to GPU types
         self.index_of = {name: i for i, name in enumerate(self.names)}
@@ -508,11 +531,9 @@ class Cluster:
             if c.gpu_types:
                 for t, name in enumerate(self.types):
                     self.c_typeok[t, k] = name in c.gpu_types
-        self.c_cpu_only = (self.c_n == 0) & (self.c_d == 0)
-        self.c_frac = (self.c_n == 0) & (self.c_d > 0)
-        self.c_whole = self.c_n > 0
+        cpu_only = (self.c_n == 0) & (self.c_d == 0)
         # Which classes each node GPU type can take: (classes, types), CPU-only work anywhere.
-        self.c_typeok_any = np.ascontiguousarray((self.c_typeok | self.c_cpu_only[None, :]).T)
+        self.c_typeok_any = np.ascontiguousarray((self.c_typeok | cpu_only[None, :]).T)
         # Expected GPU demand pinned to each set of GPU types (share of all GPU demand).
         pinned = pinned_shares(classes) if pinned is None else dict(pinned)
         sets = sorted(k for k, v in pinned.items() if k and v > 0)
@@ -526,7 +547,7 @@ class Cluster:
         self.d_values, self.c_dpos = np.unique(self.c_d, return_inverse=True)
         self.c_dpos = self.c_dpos.reshape(-1)
         self.d_whole = (
-            int(np.searchsorted(self.d_values, WHOLE)) if bool(self.c_whole.any()) else None
+            int(np.searchsorted(self.d_values, WHOLE)) if bool((self.c_n > 0).any()) else None
         )
         self._slice_shares = slice_shares(classes)
         self._prices: SlicePrices | None = None
@@ -781,7 +802,7 @@ class Cluster:
     def prices(self) -> SlicePrices:
         """The target workload's slice prices, solved on first use."""
         if self._prices is None:
-            self._prices = slice_prices(self._slice_shares)
+            self._prices = self.price_cache.get(self._slice_shares)
         return self._prices
 
     def _after_frag(

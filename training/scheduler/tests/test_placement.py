@@ -431,3 +431,42 @@ def test_remembered_states_place_exactly_as_fresh_ones(seed):
     assert placed[0] == placed[1]
     assert sum(p is not None for p in placed[0]) > 100
     assert np.array_equal(clusters[0].free, clusters[1].free)
+
+
+def test_a_simulated_run_prices_on_its_own_whatever_ran_before_it(tmp_path, monkeypatch):
+    """Which prices a mix gets depends on the mixes solved before it (within the tolerance,
+    the first found is reused): ``simulate`` keeps a cache per run, so a seed's result is the
+    same alone or after other runs, and the live tick's shared cache is never read."""
+    from training.scheduler import placement
+
+    pod_file, node_file = write_trace(tmp_path, seed=5)
+    pods, trace_nodes = load_pods(pod_file), load_nodes(node_file)
+    alone = simulate(pods, trace_nodes, seed=5, policies=("default",), warmup=300)
+
+    class Untouchable(placement.PriceCache):
+        def get(self, shares):
+            raise AssertionError("simulate read the shared price cache")
+
+    monkeypatch.setattr(placement, "SHARED_PRICES", Untouchable())
+    simulate(pods, trace_nodes, seed=6, policies=("default",), warmup=300)
+    again = simulate(pods, trace_nodes, seed=5, policies=("default",), warmup=300)
+    for key in (
+        "unallocated_gpu_share_default",
+        "placed_pods_default",
+        "fragmentation_share_default",
+    ):
+        assert again[key] == alone[key], key
+
+
+def test_the_price_cache_reuses_prices_within_its_tolerance_only():
+    from training.scheduler.placement import PRICE_TOLERANCE, PriceCache
+
+    cache, other = PriceCache(), PriceCache()
+    first = cache.get({250: 0.5, 500: 0.5})
+    near = {250: 0.5 + PRICE_TOLERANCE / 2, 500: 0.5 - PRICE_TOLERANCE / 2}
+    assert cache.get(near) is first  # drift within the tolerance: the same prices
+    far = cache.get({250: 0.8, 500: 0.2})
+    assert far is not first  # solved anew
+    assert other.get({250: 0.5, 500: 0.5}) is not first  # caches share nothing
+    cache.clear()
+    assert cache.get({250: 0.5, 500: 0.5}) is not first

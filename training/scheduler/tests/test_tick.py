@@ -199,7 +199,7 @@ def test_the_tick_solves_its_slice_prices_before_it_takes_any_lock(workspace, mo
 
     from training.scheduler import placement
 
-    placement._slice_prices.cache_clear()
+    placement.SHARED_PRICES.clear()
     solved_in_transaction: list[bool] = []
     master = placement.SlicePrices._master
 
