@@ -20,7 +20,8 @@ training bench's 2-rank job at 554k-686k samples/s against 678k-760k for this on
 same machine, same session. On two busy CPU ranks a gloo ``all_reduce`` costs the same ~2.5 ms
 for 16 floats as for 12,000 (latency, not bandwidth), so every extra collective costs a step
 that much. With equal shards the averaged gradient is the full batch's, so N ranks train the
-same model as one process (``tests/test_distributed.py``).
+same model as one process (``tests/test_distributed.py``). While the collective is in flight a
+rank reads the next step's rows (``synchronise(during=...)``, ``_reduce``).
 
 Rank 0 alone reports (progress, with the loss summed over every rank's rows; metrics),
 validates, decides early stopping, writes checkpoints and the model; its decisions (stop
@@ -48,6 +49,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -285,6 +287,7 @@ class Sync:
     stopped_early: bool  # rank 0's early stopping ended the run
     loss_sum: float  # the step's loss summed over every rank's rows
     rows: int  # every rank's rows
+    during: Any = None  # what ``during`` answered, run while the collective was in flight
 
 
 def synchronise(
@@ -296,6 +299,7 @@ def synchronise(
     loss_sum: float,
     rows: int,
     buffer: GradientBuffer | None = None,
+    during: Callable[[], Any] | None = None,
 ) -> Sync:
     """One ``all_reduce`` per step: every parameter's gradient replaced by its mean over the
     ranks, with rank 0's decisions and the step's loss riding along (four more numbers). Two
@@ -304,14 +308,13 @@ def synchronise(
     case) the gradients are reduced where backward left them; without one they are copied into
     a flat tensor and back."""
     import torch
-    import torch.distributed as dist
 
     leader = group.rank == 0
     extra = [float(stop and leader), float(stopped_early and leader), loss_sum, float(rows)]
     if buffer is not None:
         flat, size = buffer.flat, buffer.size
         flat[size:] = torch.tensor(extra, dtype=flat.dtype)
-        dist.all_reduce(flat)
+        answer = _reduce(flat, during)
         flat[:size].mul_(1.0 / group.world)
         tail = flat[size:].tolist()
     else:
@@ -327,14 +330,42 @@ def synchronise(
                 )
             ]
         )
-        dist.all_reduce(flat)
+        answer = _reduce(flat, during)
         offset = 0
         for p in params:
             n = p.numel()
             p.grad = (flat[offset : offset + n] / group.world).view_as(p).clone()
             offset += n
         tail = flat[offset:].tolist()
-    return Sync(stop=tail[0] > 0, stopped_early=tail[1] > 0, loss_sum=tail[2], rows=round(tail[3]))
+    return Sync(
+        stop=tail[0] > 0,
+        stopped_early=tail[1] > 0,
+        loss_sum=tail[2],
+        rows=round(tail[3]),
+        during=answer,
+    )
+
+
+def _reduce(flat, during: Callable[[], Any] | None) -> Any:
+    """``all_reduce`` of ``flat`` in place; ``during()`` (the runner: the next step's rows,
+    which no gradient changes) runs while the collective is in flight, and its answer is
+    returned. A rank waits for the collective mostly while the other is woken (about 2.3 ms a
+    step on two busy vCPUs, against 0.5 ms back to back), so the rows' gather (1.7 ms of the
+    2-rank bench job's 24 ms step) fits in that wait. Measured on the training bench's job
+    (global batch 16,384, 6 interleaved pairs of runs, twice): 689k samples/s against 587k
+    with the gather after the collective, and 634k against 581k for the code before it; the
+    same AUC to the last digit."""
+    import torch.distributed as dist
+
+    if during is None:
+        dist.all_reduce(flat)
+        return None
+    work = dist.all_reduce(flat, async_op=True)
+    try:
+        answer = during()
+    finally:
+        work.wait()
+    return answer
 
 
 def finish(group: Group) -> int:

@@ -32,6 +32,7 @@ optionally ``training_loss(dense, cat, label)``); it is registered as template `
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -380,6 +381,13 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         emit("metric", step=at, name="val_logloss", value=values["logloss"])
         stopping.update(at / order.steps_per_epoch, values[stopping.metric], model)
 
+    def rows_of(at: int) -> tuple[Any, Any, Any, Any, Any]:
+        """Step ``at``'s batch (every rank's rows), this rank's share of it and those rows."""
+        batch = order.indices(at)
+        index = distributed.shard(group, batch).to(device)
+        return batch, index, dense_all[index], cat_all[index], y_all[index]
+
+    ahead: tuple[int, Any] | None = None  # the next step's rows, read during the collective
     while step < total:
         if not group.active:
             if stopping.stopped:
@@ -388,9 +396,11 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
                 save_checkpoint(step)
                 emit("stopped", step=step)
                 return EXIT_STOPPED
-        batch = order.indices(step)
-        index = distributed.shard(group, batch).to(device)
-        dense, cat, label = dense_all[index], cat_all[index], y_all[index]
+        if ahead is not None and ahead[0] == step:
+            batch, index, dense, cat, label = ahead[1]
+        else:
+            batch, index, dense, cat, label = rows_of(step)
+        ahead = None
         if custom_loss is not None:
             loss = custom_loss(dense, cat, label)
         else:
@@ -413,7 +423,10 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
                 loss_sum=step_loss,
                 rows=rows,
                 buffer=grads,
+                during=functools.partial(rows_of, step + 1) if step + 1 < total else None,
             )
+            if sync.during is not None:
+                ahead = (step + 1, sync.during)
             if sync.stopped_early:
                 break
             if sync.stop:
