@@ -387,7 +387,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
         index = distributed.shard(group, batch).to(device)
         return batch, index, dense_all[index], cat_all[index], y_all[index]
 
-    ahead: tuple[int, Any] | None = None  # the next step's rows, read during the collective
+    ahead: tuple[Any, ...] | None = None  # this step's rows, read during the last collective
     while step < total:
         if not group.active:
             if stopping.stopped:
@@ -396,10 +396,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
                 save_checkpoint(step)
                 emit("stopped", step=step)
                 return EXIT_STOPPED
-        if ahead is not None and ahead[0] == step:
-            batch, index, dense, cat, label = ahead[1]
-        else:
-            batch, index, dense, cat, label = rows_of(step)
+        batch, index, dense, cat, label = ahead if ahead is not None else rows_of(step)
         ahead = None
         if custom_loss is not None:
             loss = custom_loss(dense, cat, label)
@@ -425,8 +422,7 @@ def train(job, *, emit: Emitter, stop: StopFlag | None = None) -> int:
                 buffer=grads,
                 during=functools.partial(rows_of, step + 1) if step + 1 < total else None,
             )
-            if sync.during is not None:
-                ahead = (step + 1, sync.during)
+            ahead = sync.during
             if sync.stopped_early:
                 break
             if sync.stop:
