@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from training.scheduler.floor import placement_floor, slice_patterns
+from training.scheduler.floor import offline_placement, placement_floor, slice_patterns
 from training.scheduler.placement import (
     POLICIES,
     WHOLE,
@@ -36,6 +36,7 @@ from training.scheduler.placement import (
     PriceCache,
     Request,
     WorkloadEstimator,
+    request_shape,
 )
 
 
@@ -213,6 +214,18 @@ def fractional_packing_waste_lb(
     return max(done.fun * WHOLE - demand, 0.0) / capacity_milli
 
 
+def _node_loads(placed: list[tuple[Request, list]]) -> list[tuple[int, Counter]]:
+    """What each node holds at the end of a run: ``(node position, {request shape: workers})``
+    of the GPU requests placed."""
+    loads: dict[int, Counter] = {}
+    for req, where in placed:
+        if req.gpu_demand_milli:
+            shape = request_shape(req)
+            for p in where:
+                loads.setdefault(p.node, Counter())[shape] += 1
+    return list(loads.items())
+
+
 def _accepted_floor(
     sequence: list[Request], nodes: list[NodeInventory], accepted: list[Request], result: dict
 ) -> dict:
@@ -252,7 +265,12 @@ def simulate(
     ``default_vs_accepted_floor`` is where the pods went (no placement of the same pods leaves
     less than the accepted floor, so this is the most a better one could save),
     ``accepted_floor_vs_floor`` which pods got in (the floor turns away the wasteful ones,
-    knowing the whole sequence)."""
+    knowing the whole sequence).
+
+    ``offline_placement``: the unallocated share of the best integral placement assembled from
+    the node loads of every policy's run (``floor.offline_placement``), an offline placement
+    that exists; ``offline_vs_floor`` its ratio to the floor. Near 1, the floor is the offline
+    optimum, and ``default_vs_floor`` what online placement costs against it."""
     if workload not in ("online", "trace"):
         raise ValueError(f"workload: online or trace, not {workload!r}")
     classes: list = []
@@ -276,6 +294,7 @@ def simulate(
     if bound is not None:
         result["fractional_packing_waste_lb"] = round(bound, 4)
     timings = {}
+    loads: list[tuple[int, Counter]] = []  # every policy's node loads (``offline_placement``)
     for policy in policies:
         # Prices of its own: a run's result does not depend on what ran before it in the process.
         cluster = Cluster(
@@ -293,14 +312,15 @@ def simulate(
             if policy == "default" and slice_pricing:
                 cluster.prices  # noqa: B018 - solved in the warm-up period, as a live tick has
         updates = 0
-        accepted: list[Request] = []
+        placed: list[tuple[Request, list]] = []
         started, cpu_started = time.perf_counter(), time.process_time()
         for req in sequence:
             if estimator is not None and policy == "default" and estimator.observe(req):
                 cluster.set_workload(estimator.classes(), estimator.pinned())
                 updates += 1
-            if cluster.place(req, policy) is not None:
-                accepted.append(req)
+            where = cluster.place(req, policy)
+            if where is not None:
+                placed.append((req, where))
         if policy == "default":
             result["workload_updates"] = updates
         elapsed = time.perf_counter() - started
@@ -311,10 +331,18 @@ def simulate(
         timings[policy] = len(sequence) / elapsed if elapsed else 0.0
         result[f"unallocated_gpu_share_{policy}"] = round(cluster.gpu_free_milli / capacity, 4)
         result[f"fragmentation_share_{policy}"] = round(cluster.fragmentation(), 4)
-        result[f"placed_pods_{policy}"] = len(accepted)
+        result[f"placed_pods_{policy}"] = len(placed)
         result[f"placements_per_s_{policy}"] = round(timings[policy], 1)
         if policy == "default":
-            result.update(_accepted_floor(sequence, nodes, accepted, result))
+            result.update(_accepted_floor(sequence, nodes, [r for r, _ in placed], result))
+        loads.extend(_node_loads(placed))
+    offline = offline_placement(sequence, nodes, loads)
+    if offline is not None:
+        result["offline_placement"] = round(offline["unallocated"], 4)
+        if result["placement_floor"]:
+            result["offline_vs_floor"] = round(
+                offline["unallocated"] / result["placement_floor"], 4
+            )
     others = [result[f"unallocated_gpu_share_{p}"] for p in policies if p != "default"]
     if "default" in policies and others:
         best = min(others)

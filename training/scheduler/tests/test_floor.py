@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 
-from training.scheduler.floor import placement_floor, slice_patterns
+from training.scheduler.floor import offline_placement, placement_floor, slice_patterns
 from training.scheduler.placement import (
     WHOLE,
     Cluster,
@@ -18,6 +18,7 @@ from training.scheduler.placement import (
     Request,
     TaskClass,
     WorkloadEstimator,
+    request_shape,
 )
 from training.scheduler.simulate import (
     MIXES,
@@ -175,6 +176,78 @@ def test_a_policy_that_took_the_wasteful_slices_is_held_to_more():
         placement_floor([Request(0, 0, 3, 0)], nodes, placed=[Request(0, 0, 3, 0)])
 
 
+def policy_loads(requests, nodes, policy):
+    """What each node holds after ``policy`` placed ``requests``, and what it left unallocated."""
+    cluster = Cluster(nodes)
+    loads: dict[int, Counter] = {}
+    for r in requests:
+        for p in cluster.place(r, policy) or ():
+            if r.gpu_demand_milli:
+                loads.setdefault(p.node, Counter())[request_shape(r)] += 1
+    return list(loads.items()), cluster.gpu_free_milli / cluster.gpu_capacity_milli
+
+
+def every_load(requests, nodes):
+    """Every set of the requests each node can hold at once (brute force), as loads."""
+    loads = []
+    gpu = [r for r in requests if r.gpu_demand_milli]
+    for position, node in enumerate(nodes):
+        for mask in range(1, 1 << len(gpu)):
+            chosen = [r for i, r in enumerate(gpu) if mask >> i & 1]
+            held = optimum_unallocated(chosen, [node], must=frozenset(range(len(chosen))))
+            if held != float("inf"):
+                loads.append((position, Counter(request_shape(r) for r in chosen)))
+    return loads
+
+
+def test_the_offline_placement_is_a_placement_between_the_optimum_and_every_policy():
+    """Assembled from the loads the policies left on the nodes, it is never better than the
+    brute-force optimum (it is a placement) nor worse than any of those policies' (each of
+    them is one of its choices); from every load a node can hold it is the optimum itself."""
+    rng = random.Random(19)
+    for _ in range(40):
+        requests, nodes = random_instance(rng)
+        optimum = optimum_unallocated(requests, nodes)
+        runs = [policy_loads(requests, nodes, p) for p in ("best_fit", "binpack", "spread")]
+        offline = offline_placement(requests, nodes, [load for loads, _ in runs for load in loads])
+        best_policy = min(left for _, left in runs)
+        if offline is None:  # no policy placed a GPU request: nothing to assemble
+            assert best_policy == pytest.approx(1.0)
+            continue
+        assert offline["optimal"]
+        assert optimum - 1e-9 <= offline["unallocated"] <= best_policy + 1e-9
+        complete = offline_placement(requests, nodes, every_load(requests, nodes))
+        assert complete["unallocated"] == pytest.approx(optimum), (requests, nodes)
+        floor = placement_floor(requests, nodes)["floor"]
+        assert floor <= complete["unallocated"] + 1e-9
+
+
+def test_the_offline_placement_takes_no_more_than_arrived_and_no_more_nodes_than_exist():
+    nodes = [NodeInventory("a", 8000, 8000, "X", (WHOLE, WHOLE))] * 2
+    two_slices = Counter({request_shape(Request(0, 0, 0, 600)): 2})
+    # Two nodes could each take two 0.6 slices, but only three arrived: one node takes two.
+    done = offline_placement([Request(0, 0, 0, 600)] * 3, nodes, [(0, two_slices)])
+    assert done["placed_milli"] == 1200 and done["nodes_loaded"] == 1
+    assert done["unallocated"] == pytest.approx(1 - 1200 / 4000)
+    # Loads of two runs, each of which left one node idle: together they load both.
+    pinned = [Request(0, 0, 1, 0, ("X",)), Request(0, 0, 1, 0, ("Y",))]
+    two = [
+        NodeInventory("a", 8000, 8000, "X", (WHOLE,)),
+        NodeInventory("b", 8000, 8000, "Y", (WHOLE,)),
+    ]
+    runs = [
+        (0, Counter({request_shape(pinned[0]): 1})),
+        (1, Counter({request_shape(pinned[1]): 1})),
+    ]
+    assert offline_placement(pinned, two, runs)["unallocated"] == 0
+    assert offline_placement(pinned, two, runs[:1])["unallocated"] == pytest.approx(0.5)
+    # A load of more than arrived is no placement of these requests.
+    assert offline_placement([Request(0, 0, 0, 600)], nodes, [(0, two_slices)]) is None
+    # Gang workers may not be split, which per-worker loads cannot promise.
+    gang = Request(0, 0, 1, 0, workers=2)
+    assert offline_placement([gang], nodes, [(0, Counter({request_shape(gang): 2}))]) is None
+
+
 def test_slice_patterns_are_every_fitting_multiset():
     patterns = slice_patterns({600: 2, 400: 3})
     assert sorted(map(tuple, patterns)) == [(0, 1), (0, 2), (1, 0), (1, 1)]
@@ -260,6 +333,9 @@ def test_the_simulator_learns_the_mix_online_or_takes_the_trace():
     assert online["placement_floor"] <= online["accepted_floor"]
     assert online["accepted_floor"] <= online["unallocated_gpu_share_default"] + 1e-4
     assert online["default_vs_accepted_floor"] >= 1 - 1e-3
+    # A placement the policies' loads make up: between the floor and the default's own.
+    assert online["placement_floor"] - 1e-4 <= online["offline_placement"]
+    assert online["offline_placement"] <= online["unallocated_gpu_share_default"] + 1e-4
     with pytest.raises(ValueError, match="online or trace"):
         simulate(pods, nodes, seed=1, workload="psychic")
 

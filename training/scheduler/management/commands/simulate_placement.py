@@ -101,7 +101,7 @@ def average(runs: list[dict]) -> dict:
             out[key] = max(values)  # throughput: the best run, the least disturbed by others
         else:
             out[key] = round(sum(values) / len(values), 4)
-        if key in ("default_vs_floor", "default_vs_accepted_floor"):
+        if key in ("default_vs_floor", "default_vs_accepted_floor", "offline_vs_floor"):
             out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
     others = [out[f"unallocated_gpu_share_{p}"] for p in POLICIES if p != "default" and p in ran]
     if "default" in ran and others and min(others):
