@@ -22,6 +22,7 @@ from training.scheduler.placement import (
 )
 from training.scheduler.simulate import (
     MIXES,
+    _node_loads,
     fractional_packing_waste_lb,
     parse_mix,
     simulate,
@@ -179,12 +180,8 @@ def test_a_policy_that_took_the_wasteful_slices_is_held_to_more():
 def policy_loads(requests, nodes, policy):
     """What each node holds after ``policy`` placed ``requests``, and what it left unallocated."""
     cluster = Cluster(nodes)
-    loads: dict[int, Counter] = {}
-    for r in requests:
-        for p in cluster.place(r, policy) or ():
-            if r.gpu_demand_milli:
-                loads.setdefault(p.node, Counter())[request_shape(r)] += 1
-    return list(loads.items()), cluster.gpu_free_milli / cluster.gpu_capacity_milli
+    placed = [(r, where) for r in requests if (where := cluster.place(r, policy)) is not None]
+    return _node_loads(placed), cluster.gpu_free_milli / cluster.gpu_capacity_milli
 
 
 def every_load(requests, nodes):
