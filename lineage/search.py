@@ -24,15 +24,18 @@ KIND_RANKS: dict[str, int] = {
     "feature": 0,
     "dataset": 1,
     "record_set": 1,
+    "sample_stream": 1,
     "external_job": 2,
     "training_pipeline": 2,
     "pipeline": 2,
     "pipeline_run": 2,
     "pipelinerun": 2,
     "training_job": 2,
+    "registered_model": 3,
     "model_version": 3,
     "deployment": 4,
     "experiment": 5,
+    "experiment_layer": 5,
 }
 # A kind the table does not know (a producer's own) sits with the jobs, in the middle.
 OTHER_RANK = 2
@@ -43,14 +46,17 @@ KIND_NAMES: dict[str, str] = {
     "feature_group_version": "feature group version",
     "dataset": "dataset",
     "record_set": "record set",
+    "sample_stream": "sample stream",
     "annotation_task": "annotation task",
     "external_job": "external job",
     "training_pipeline": "pipeline",
     "pipeline_run": "pipeline run",
     "training_job": "training job",
+    "registered_model": "registered model",
     "model_version": "model version",
     "deployment": "deployment",
     "experiment": "experiment",
+    "experiment_layer": "experiment layer",
 }
 # What people type in ?kind=: the page's words and a few short ones.
 KIND_WORDS: dict[str, str] = {
@@ -93,14 +99,25 @@ def kind_name(kind: str) -> str:
     return KIND_NAMES.get(kind, kind.replace("_", " "))
 
 
-def kind_parse(word: str) -> str | None:
-    """The node kind ``word`` names ("model", "model version", "model_version"), or None."""
-    cleaned = (word or "").strip().lower().replace(" ", "_")
+def kind_parse(word: str, *, workspace: Workspace | None = None) -> str | None:
+    """The node kind ``word`` names ("model", "model version", "model_version"), or None.
+
+    With a ``workspace``, a kind its graph holds counts too, whether the tables above know it or
+    not (an OpenLineage producer's own, or one a later app adds): the page's own links name
+    every node by its kind, so every one of them must open."""
+    given = (word or "").strip()
+    cleaned = given.lower().replace(" ", "_")
     if not cleaned:
         return None
-    word = KIND_WORDS.get(cleaned) or KIND_WORDS.get(cleaned.replace("_", "-")) or cleaned
-    kind = canonical_kind(word)
-    return kind if kind in KIND_RANKS or kind in KIND_NAMES else None
+    kind = canonical_kind(
+        KIND_WORDS.get(cleaned) or KIND_WORDS.get(cleaned.replace("_", "-")) or cleaned
+    )
+    if kind in KIND_RANKS or kind in KIND_NAMES:
+        return kind
+    if workspace is not None:
+        held = Node.objects.for_workspace(workspace).filter(kind__in={given, cleaned})
+        return held.values_list("kind", flat=True).first()
+    return None
 
 
 def _preferred(nodes: QuerySet[Node]) -> QuerySet[Node]:

@@ -93,7 +93,7 @@ def graph_page(request: WorkspaceRequest, workspace) -> HttpResponse:
     query = (request.GET.get("q") or request.GET.get("name") or "").strip()
     kind_word = request.GET.get("kind", "").strip()
     key = request.GET.get("node", "").strip()
-    kind = search.kind_parse(kind_word) if kind_word else None
+    kind = search.kind_parse(kind_word, workspace=workspace) if kind_word else None
     has_lineage = Node.objects.for_workspace(workspace).exists()
     lookup = None
     node = None
@@ -184,7 +184,7 @@ def suggest(request: WorkspaceRequest, workspace) -> JsonResponse:
     catch_up()
     query = request.GET.get("q", "")
     kind_word = request.GET.get("kind", "").strip()
-    kind = search.kind_parse(kind_word) if kind_word else None
+    kind = search.kind_parse(kind_word, workspace=workspace) if kind_word else None
     found = search.node_suggest(workspace=workspace, query=query, kind=kind, limit=10)
     return JsonResponse(
         {

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from features import registry
 from lineage.tests.helpers import build_scene, group, record
 from workspaces.events import Ref
 from workspaces.models import Role
@@ -122,6 +123,68 @@ def test_an_unknown_kind_names_the_kinds(viewer, workspace, scene):
     response = viewer.get(PAGE.format(ws=workspace.slug), {"kind": "banana", "q": "ctr-prod"})
     assert response.status_code == 400
     assert "There is no kind called “banana”" in response.content.decode()
+
+
+def test_every_node_the_page_draws_links_to_a_page_centred_on_it(viewer, workspace, members, scene):
+    """Kinds the platform emits beside the main columns (a workspace's sample stream, a
+    registered model, an experiment layer) and a producer's own kind: each node's link names
+    its kind, and the page it opens is centred on that node (these answered 400, "no kind
+    called sample_stream", when only the kind tables were asked)."""
+    actor = members[Role.DEVELOPER]
+    registry.consumer_register(
+        actor=actor,
+        group=scene["users"],
+        kind="sample_stream",
+        object_id=workspace.slug,
+        label=f"{workspace.slug} sample stream",
+        feature_name="age",
+    )
+    record(
+        workspace,
+        "serving.registered_model.created",
+        [
+            Ref("registered_model", 7001, "ctr-model", role="input"),
+            Ref("model_version", scene["model"], "ctr-model v1", role="output"),
+        ],
+        actor=actor,
+    )
+    record(
+        workspace,
+        "experiments.layer.created",
+        [
+            Ref("experiment", scene["experiment"], "ctr-ab", role="input"),
+            Ref("experiment_layer", 7002, "homepage layer", role="output"),
+        ],
+        actor=actor,
+    )
+    record(
+        workspace,
+        "producer.report.written",
+        [
+            Ref("deployment", scene["deployment"], "ctr-prod", role="input"),
+            Ref("weekly_report", 7003, "ctr weekly", role="output"),
+        ],
+        actor=actor,
+    )
+    page = PAGE.format(ws=workspace.slug)
+    drawn = [
+        node
+        for centre in ({"q": "ctr-prod"}, {"q": "users", "kind": "feature group"})
+        for node in embedded_graph(viewer.get(page, centre))["nodes"]
+    ]
+    kinds = {n["kind"] for n in drawn}
+    assert {"sample_stream", "registered_model", "experiment_layer", "weekly_report"} <= kinds
+    for node in drawn:
+        response = viewer.get(node["page"])
+        assert response.status_code == 200, (node["page"], response.status_code)
+        graph = embedded_graph(response)
+        assert graph["root"] == node["key"], node["page"]
+    # The suggestion box names them by kind as well, and a kind the workspace has never held
+    # is still refused with the kinds to choose from.
+    found = viewer.get(f"{page}suggest/", {"q": "weekly", "kind": "weekly_report"}).json()
+    assert [r["name"] for r in found["results"]] == ["ctr weekly"]
+    response = viewer.get(page, {"kind": "monthly_report", "q": "ctr weekly"})
+    assert response.status_code == 400
 
 
 def test_another_workspaces_names_are_never_found(viewer, workspace, other_workspace, scene):
