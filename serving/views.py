@@ -387,6 +387,7 @@ def version_detail(
             deploy_form=deploy_form or DeployForm(workspace=workspace, version=found),
             quantization=presentation.version_quantization(found),
             can_quantize=role_at_least(request.workspace_role, Role.DEVELOPER),
+            can_try=role_at_least(request.workspace_role, Role.DEVELOPER),
             benchmark_view=benchmarks.version_benchmarks(found),
             benchmark_kind=benchmarks.version_kind(found),
         ),

@@ -87,8 +87,16 @@ def test_a_ranking_version_is_tried_by_a_sandbox_replica(workspace, members, cli
     assert bad.status_code == 400
     assert 'data-error-for="rows"' in bad.content.decode()
     assert "not JSON" in bad.content.decode()
-    detail = page.get(f"/w/{workspace.slug}/models/{version.model.name}/v{version.version}/")
+    detail_url = f"/w/{workspace.slug}/models/{version.model.name}/v{version.version}/"
+    detail = page.get(detail_url)
     assert try_url in detail.content.decode()
+    # A viewer, whom the playground refuses, is not sent there: the page says who can try it.
+    reader = client_for(members[Role.VIEWER])
+    reader.force_login(members[Role.VIEWER])
+    assert reader.get(try_url).status_code == 403
+    seen = reader.get(detail_url).content.decode()
+    assert try_url not in seen
+    assert "takes the developer role" in seen
 
 
 @pytest.mark.django_db
