@@ -105,7 +105,9 @@ class OverQuotaJobAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.Mode
 
 
 @admin.register(LendingLease)
-class LendingLeaseAdmin(UnscopedAdminMixin, admin.ModelAdmin):
+class LendingLeaseAdmin(ServiceManagedAdminMixin, UnscopedAdminMixin, admin.ModelAdmin):
+    """Leases the scheduler opens and ends (``scheduler.lending``): shown, never written here."""
+
     list_display = ("node", "job", "gpu_milli", "started_at", "ended_at", "end_reason")
     change_list_template = "scheduler/admin_lending_changelist.html"
 

@@ -1,6 +1,7 @@
 """Every model admin over workspace-owned rows reads platform-wide through the one
 ``UnscopedAdminMixin``, and its change list answers for a superuser with rows of two
-workspaces in it (a scoped queryset would raise instead)."""
+workspaces in it (a scoped queryset would raise instead); every add page an admin offers
+renders (a choice list over workspace-owned rows, unscoped, would raise)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,21 @@ def test_each_change_list_shows_every_workspace(client, label):
         listed = {event.workspace_id for event in response.context["cl"].result_list}
         assert {first.pk, second.pk} <= listed
         assert response.context["cl"].result_count == Event.objects.unscoped().count()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "label",
+    sorted(model._meta.label_lower for model in admin.site._registry),
+)
+def test_every_add_page_the_admin_offers_renders(client, label):
+    """An admin that lets a superuser add rows renders its form; one whose rows only services
+    write offers no add page (403) instead of failing on its choice lists."""
+    make_workspace()
+    user = UserFactory(is_staff=True, is_superuser=True)
+    client.force_login(user)
+    app_label, model_name = label.split(".")
+    model = next(m for m in admin.site._registry if m._meta.label_lower == label)
+    offers = admin.site._registry[model].has_add_permission(client.get("/").wsgi_request)
+    response = client.get(reverse(f"admin:{app_label}_{model_name}_add"))
+    assert response.status_code == (200 if offers else 403), response.content[-2000:]
