@@ -139,33 +139,24 @@ def test_every_node_the_page_draws_links_to_a_page_centred_on_it(viewer, workspa
         label=f"{workspace.slug} sample stream",
         feature_name="age",
     )
-    record(
-        workspace,
-        "serving.registered_model.created",
-        [
+    for verb, source, made in (
+        (
+            "serving.registered_model.created",
             Ref("registered_model", 7001, "ctr-model", role="input"),
             Ref("model_version", scene["model"], "ctr-model v1", role="output"),
-        ],
-        actor=actor,
-    )
-    record(
-        workspace,
-        "experiments.layer.created",
-        [
+        ),
+        (
+            "experiments.layer.created",
             Ref("experiment", scene["experiment"], "ctr-ab", role="input"),
             Ref("experiment_layer", 7002, "homepage layer", role="output"),
-        ],
-        actor=actor,
-    )
-    record(
-        workspace,
-        "producer.report.written",
-        [
+        ),
+        (
+            "producer.report.written",
             Ref("deployment", scene["deployment"], "ctr-prod", role="input"),
             Ref("weekly_report", 7003, "ctr weekly", role="output"),
-        ],
-        actor=actor,
-    )
+        ),
+    ):
+        record(workspace, verb, [source, made], actor=actor)
     page = PAGE.format(ws=workspace.slug)
     drawn = [
         node
