@@ -66,7 +66,7 @@ def node_dict(node: Node) -> dict[str, Any]:
 
 def _check(direction: str, depth: int) -> None:
     if direction not in ("upstream", "downstream"):
-        raise ValidationError({"direction": "Use upstream or downstream."})
+        raise ValidationError({"direction": "Use upstream, downstream or both."})
     if not 1 <= depth <= int(setting("LINEAGE_MAX_DEPTH")):
         raise ValidationError(
             {"depth": f"Depth must be between 1 and {setting('LINEAGE_MAX_DEPTH')}."}

@@ -29,7 +29,7 @@ from typing import Any
 
 import click
 
-from rankops import config, errors
+from rankops import config, errors, views
 
 EXIT_CODES = {
     "ok": 0,
@@ -87,36 +87,23 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
-def emit(state: State, value: Any, columns: list[str] | None = None) -> None:
+def emit(state: State, value: Any, columns: list[str] | tuple[str, ...] | None = None) -> None:
     """Print ``value`` as JSON (``--json``) or as a table / key-value list for people."""
     if state.as_json:
         click.echo(json.dumps(value, indent=2, default=str))
         return
     if isinstance(value, list):
-        click.echo(table(value, columns))
+        click.echo(views.table(value, columns))
     elif isinstance(value, dict):
-        width = max((len(str(k)) for k in value), default=0)
-        for key, item in value.items():
-            shown = json.dumps(item, default=str) if isinstance(item, dict | list) else item
-            click.echo(f"{str(key).ljust(width)}  {_clip(shown, 100)}")
+        click.echo(views.pairs(value))
     elif value is not None:
         click.echo(value)
 
 
-def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    if not rows:
-        return "(none)"
-    cols = columns or [k for k in rows[0] if not isinstance(rows[0][k], dict | list)][:8]
-    cells = [[_clip(row.get(c, ""), 40) for c in cols] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _clip(value: Any, width: int) -> str:
-    text = "" if value is None else str(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def emit_answer(state: State, body: dict[str, Any], operation: str) -> None:
+    """``operation``'s answer: whole with ``--json``, else the fields people read
+    (``views.FIELDS``)."""
+    emit(state, body if state.as_json else views.pick(body, operation))
 
 
 def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
@@ -224,7 +211,7 @@ def login(state: State, url: str, username: str, password: str, default_ws, prof
 @pass_state
 def workspaces(state: State) -> None:
     """The workspaces you can see."""
-    emit(state, state.client.workspaces(), ["slug", "name", "scene", "prediction_type", "role"])
+    emit(state, state.client.workspaces(), views.FIELDS["v1_workspaces_list"])
 
 
 @main.command("call")
@@ -264,11 +251,7 @@ def features() -> None:
 @features.command("list")
 @pass_state
 def features_list(state: State) -> None:
-    emit(
-        state,
-        state.client.feature_groups(),
-        ["name", "entity", "version", "status", "health", "online"],
-    )
+    emit(state, state.client.feature_groups(), views.FIELDS["v1_workspaces_feature_groups_list"])
 
 
 @features.command("register")
@@ -346,7 +329,7 @@ def datasets() -> None:
 @pass_state
 def datasets_list(state: State) -> None:
     rows = list(state.client.iterate("v1_workspaces_datasets_list"))
-    emit(state, rows, ["id", "name", "version", "status", "row_count", "label_source"])
+    emit(state, rows, views.FIELDS["v1_workspaces_datasets_list"])
 
 
 @datasets.command("build")
@@ -365,7 +348,7 @@ def datasets_build(state: State, name, label_source, label_columns, refs, wait) 
         features=list(refs),
         wait=wait,
     )
-    emit(state, dataset if state.as_json else _pick(dataset, "id", "name", "status", "row_count"))
+    emit_answer(state, dataset, "v1_workspaces_datasets_retrieve")
 
 
 # ------------------------------------------------------------------------------ training
@@ -389,7 +372,7 @@ def train(state: State, name, dataset, template, params, wait, timeout) -> None:
         job = client.wait_job(
             job["id"], timeout=timeout, on_log=lambda line: click.echo(line, err=True)
         )
-    emit(state, job if state.as_json else _pick(job, "id", "name", "state", "metrics"))
+    emit_answer(state, job, "v1_workspaces_training_jobs_retrieve")
 
 
 @main.command()
@@ -405,7 +388,7 @@ def templates(state: State, name) -> None:
         rows = [{"param": k, **v} for k, v in template["params"].items()]
         emit(state, rows, ["param", "type", "default", "allowed"])
         return
-    emit(state, state.client.templates(), ["name", "description"])
+    emit(state, state.client.templates(), views.FIELDS["v1_workspaces_training_templates_list"])
 
 
 @main.group()
@@ -417,7 +400,7 @@ def jobs() -> None:
 @pass_state
 def jobs_list(state: State) -> None:
     rows = list(state.client.iterate("v1_workspaces_training_jobs_list"))
-    emit(state, rows, ["id", "name", "template", "state", "progress", "node"])
+    emit(state, rows, views.FIELDS["v1_workspaces_training_jobs_list"])
 
 
 @jobs.command("logs")
@@ -455,7 +438,7 @@ def tune(state: State, name, dataset, template, space, trials, refit_cv_folds) -
         name, dataset=dataset, template=template, space=json.loads(space), n_trials=trials,
         **extra,
     )  # fmt: skip
-    emit(state, tuning if state.as_json else _pick(tuning, "id", "name", "state", "n_trials"))
+    emit_answer(state, tuning, "v1_workspaces_tuning_jobs_create")
 
 
 # ------------------------------------------------------------------------------ serving
@@ -467,7 +450,7 @@ def models(ctx: click.Context) -> None:
     """Registered models (no subcommand: list them)."""
     if ctx.invoked_subcommand is None:
         state = ctx.find_object(State)
-        emit(state, state.client.models(), ["name", "latest_version", "aliases", "description"])
+        emit(state, state.client.models(), views.FIELDS["v1_workspaces_models_list"])
 
 
 @models.command("register")
@@ -477,9 +460,7 @@ def models(ctx: click.Context) -> None:
 def models_register(state: State, model, job_id) -> None:
     """Register a trained job as a new version of MODEL."""
     version = state.client.register_model(model, job_id=job_id)
-    emit(
-        state, version if state.as_json else _pick(version, "id", "model", "version", "gate_status")
-    )
+    emit_answer(state, version, "v1_workspaces_model_versions_create")
 
 
 @main.command()
@@ -489,7 +470,7 @@ def models_register(state: State, model, job_id) -> None:
 def deploy(state: State, name, version_id) -> None:
     """Deploy a model version as NAME."""
     dep = state.client.deploy(name, version_id=version_id)
-    emit(state, dep)
+    emit_answer(state, dep, "v1_workspaces_deployments_create")
 
 
 # --------------------------------------------------------------------------- experiments
@@ -528,26 +509,22 @@ def experiments_launch(
         hypothesis=hypothesis,
         **extra,
     )
-    emit(state, exp if state.as_json else _pick(exp, "key", "state", "traffic_percent"))
+    emit_answer(state, exp, "v1_workspaces_experiments_create")
 
 
 @experiments.command("status")
 @click.argument("key")
 @pass_state
 def experiments_status(state: State, key) -> None:
-    """The experiment's state and its analysis."""
+    """The experiment's state and its analysis: each arm's counts and rates, each treatment's
+    lift on each metric with its interval and p-value, the sample-ratio check and any failed
+    guardrail."""
     exp = state.client.experiment(key)
     analysis = state.client.analysis(key)
     if state.as_json:
         emit(state, {"experiment": exp, "analysis": analysis})
         return
-    emit(state, _pick(exp, "key", "state", "traffic_percent", "primary_metric"))
-    arms = analysis.get("arms", {})
-    rows = [
-        {"arm": name, **{k: v for k, v in a.items() if not isinstance(v, dict)}}
-        for name, a in arms.items()
-    ]
-    click.echo(table(rows))
+    click.echo(views.experiment_status(exp, analysis))
 
 
 @experiments.command("conclude")
@@ -559,7 +536,7 @@ def experiments_status(state: State, key) -> None:
 def experiments_conclude(state: State, key, action, arm, note) -> None:
     """Conclude experiment KEY."""
     exp = state.client.conclude(key, action=action, arm=arm, note=note)
-    emit(state, exp if state.as_json else _pick(exp, "key", "state", "decision"))
+    emit_answer(state, exp, "v1_workspaces_experiments_conclude_create")
 
 
 # ------------------------------------------------------------------------ loop, lineage
@@ -593,19 +570,22 @@ def loop(state: State, feature_group, deployment, wait, timeout) -> None:
 
 @main.command()
 @click.argument("node")
-@click.option("--direction", type=click.Choice(["upstream", "downstream"]))
+@click.option(
+    "--direction",
+    type=click.Choice(["upstream", "downstream", "both"]),
+    default="both",
+    show_default=True,
+)
 @click.option("--depth", type=int)
 @pass_state
 def lineage(state: State, node, direction, depth) -> None:
-    """The lineage graph around NODE (kind:id, e.g. model_version:3)."""
+    """The lineage graph around NODE (kind:id, e.g. model_version:3): its nodes (level < 0
+    upstream, > 0 downstream) and edges."""
     graph = state.client.lineage(node, direction=direction, depth=depth)
     if state.as_json:
         emit(state, graph)
-        return
-    nodes = graph.get("nodes", [])
-    click.echo(table(nodes, None))
-    for edge in graph.get("edges", []):
-        click.echo(f"{edge.get('source')} -> {edge.get('target')}  {edge.get('kind', '')}")
+    else:
+        click.echo(views.lineage(graph))
 
 
 # ------------------------------------------------------------------------------ notebooks
@@ -616,9 +596,6 @@ def notebooks() -> None:
     """Your JupyterLab servers, with the client set up for the workspace."""
 
 
-NOTEBOOK_COLUMNS = ["id", "state", "backend", "url", "stop_reason"]
-
-
 @notebooks.command("open")
 @click.option("--wait/--no-wait", default=True, help="Wait until it runs and print its URL.")
 @click.option("--timeout", type=float, default=300, show_default=True)
@@ -627,13 +604,13 @@ def notebooks_open(state: State, wait, timeout) -> None:
     """Open your notebook server in the workspace (the running one, or a new one); prints the
     URL to open in a browser. Exit 8 if it fails to start."""
     server = state.client.open_notebook(wait=wait, timeout=timeout)
-    emit(state, server if state.as_json else _pick(server, *NOTEBOOK_COLUMNS))
+    emit_answer(state, server, "v1_workspaces_notebooks_list")
 
 
 @notebooks.command("list")
 @pass_state
 def notebooks_list(state: State) -> None:
-    emit(state, state.client.notebooks(), NOTEBOOK_COLUMNS)
+    emit(state, state.client.notebooks(), views.FIELDS["v1_workspaces_notebooks_list"])
 
 
 @notebooks.command("stop")
@@ -642,7 +619,7 @@ def notebooks_list(state: State) -> None:
 def notebooks_stop(state: State, server_id: int) -> None:
     """Stop notebook server SERVER_ID and revoke its token."""
     server = state.client.stop_notebook(server_id)
-    emit(state, server if state.as_json else _pick(server, *NOTEBOOK_COLUMNS))
+    emit_answer(state, server, "v1_workspaces_notebooks_list")
 
 
 def _pick(body: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -5,34 +5,16 @@ regenerated, so the client cannot drift from the API."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 
-CLIENT = Path(__file__).resolve().parents[1]
 
-
-def _load(name: str):
-    """A module of the client package, loaded from the repository (the platform's virtualenv
-    has no httpx; these two modules need none)."""
-    spec = importlib.util.spec_from_file_location(
-        f"rankops.{name}", CLIENT / "rankops" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_schema_operation_is_in_the_clients_table():
-    # What GET /api/schema/?format=json answers, generated in-process (no database needed).
-    schema = json.loads(OpenApiJsonRenderer().render(SchemaGenerator().get_schema(public=True)))
-    served = _load("codegen").operations_from_schema(schema)
-    table = _load("operations").OPERATIONS
+def test_every_schema_operation_is_in_the_clients_table(client_module):
+    schema = _schema()
+    served = client_module("codegen").operations_from_schema(schema)
+    table = client_module("operations").OPERATIONS
     missing = sorted(set(served) - set(table))
     assert missing == [], (
         f"operations the client cannot reach (run python -m rankops.codegen): {missing}"
@@ -44,3 +26,53 @@ def test_every_schema_operation_is_in_the_clients_table():
     assert table["v1_workspaces_feature_groups_list"]["paginated"]
     assert table["v1_workspaces_feature_groups_batches_create"]["idempotent_key"]
     assert len(table) >= 100
+
+
+def _schema() -> dict:
+    """What GET /api/schema/?format=json answers, generated in-process (no database needed)."""
+    return json.loads(OpenApiJsonRenderer().render(SchemaGenerator().get_schema(public=True)))
+
+
+def _answer_fields(schema: dict, operation: str) -> set[str]:
+    """The properties of one item of ``operation``'s success answer (a page's ``results`` item,
+    a list's item or the object itself), following ``$ref`` and ``allOf``."""
+    components = schema["components"]["schemas"]
+
+    def resolve(node: dict) -> dict:
+        while "$ref" in node:
+            node = components[node["$ref"].rsplit("/", 1)[-1]]
+        if "allOf" in node:
+            merged: dict = {"properties": {}}
+            for part in node["allOf"]:
+                merged["properties"].update(resolve(part).get("properties", {}))
+            return merged
+        return node
+
+    op = next(
+        o
+        for methods in schema["paths"].values()
+        for o in methods.values()
+        if isinstance(o, dict) and o.get("operationId") == operation
+    )
+    code = next(c for c in op["responses"] if c.startswith("2"))
+    body = resolve(op["responses"][code]["content"]["application/json"]["schema"])
+    if body.get("type") == "array":
+        body = resolve(body["items"])
+    if "results" in body.get("properties", {}):
+        body = resolve(body["properties"]["results"]["items"])
+    return set(body.get("properties", {}))
+
+
+def test_every_field_the_cli_shows_is_in_its_answer(client_module):
+    """The CLI's tables name fields of the API's answers; a field renamed on the server would
+    print an empty column (as ``features list`` did with ``version`` and ``health``)."""
+    schema = _schema()
+    fields = client_module("views").FIELDS
+    assert set(fields) <= set(client_module("operations").OPERATIONS)
+    absent = {
+        op: sorted(set(shown) - _answer_fields(schema, op))
+        for op, shown in fields.items()
+        if set(shown) - _answer_fields(schema, op)
+    }
+    assert absent == {}, f"fields the CLI shows that the answer does not have: {absent}"
+    assert "current_version" in fields["v1_workspaces_feature_groups_list"]
