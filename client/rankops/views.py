@@ -73,7 +73,13 @@ def table(rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...] | Non
     if not rows:
         return "(none)"
     cols = list(columns or [k for k in rows[0] if _scalar(rows[0][k])][:8])
-    cells = [[clip(cell(row.get(c)), 40) for c in cols] for row in rows]
+    # The last column is not clipped: nothing follows it (a template's allowed values, a
+    # model's description), so it may run on.
+    last = len(cols) - 1
+    cells = [
+        [cell(row.get(c)) if i == last else clip(cell(row.get(c)), 40) for i, c in enumerate(cols)]
+        for row in rows
+    ]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]

@@ -132,3 +132,7 @@ def test_table_cells_are_read_by_people(client_module):
     text = views.table([row], list(row))
     assert text.splitlines()[1].split() == ["m", "0.0496586", "production=1", "True"]
     assert views.table([]) == "(none)"
+    # Cells are clipped to 40 characters, but the last column runs on.
+    long = {"name": "x" * 60, "allowed": "a whole number from 1 to 1000 (the work is split)"}
+    _, line = views.table([long], list(long)).splitlines()
+    assert line.startswith("x" * 39 + "…") and line.endswith("(the work is split)")
