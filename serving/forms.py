@@ -82,6 +82,8 @@ class MlflowImportForm(forms.Form):
     output = forms.ChoiceField(choices=OUTPUTS, initial="probability")
 
     def __init__(self, *args, workspace, **kwargs) -> None:
+        # Its ids differ from the register form's on the same page (both have a ``model``).
+        kwargs.setdefault("auto_id", "import_%s")
         super().__init__(*args, **kwargs)
         from features.selectors import datasets_of
 

@@ -13,6 +13,7 @@ from experiments import services
 from experiments.tests.factories import log_predictions, make_deployment
 from serving.routing import route, routing_table
 from workspaces.models import Role
+from workspaces.testing.markup import markup_problems
 
 pytestmark = pytest.mark.django_db
 
@@ -90,6 +91,8 @@ def test_list_and_experiment_page(workspace, members, running):
         "Discard",
     ):
         assert button in maintainer_page
+    # Each decision's input is labelled (the stop reason was a bare placeholder).
+    assert markup_problems(maintainer_page) == []
 
 
 def test_buttons_act_with_the_right_role(workspace, members, running):

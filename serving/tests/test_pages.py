@@ -26,6 +26,7 @@ from serving.models import (
 )
 from training.models import JobState, TrainingJob
 from workspaces.models import Role
+from workspaces.testing.markup import markup_problems
 
 pytestmark = pytest.mark.django_db
 _n = itertools.count(1)
@@ -356,3 +357,8 @@ def test_model_list_links_the_comparison(workspace, members, ranker):
     html = browser(members[Role.VIEWER]).get(f"/w/{workspace.slug}/models/").content.decode()
     form = html.split('data-testid="compare-ranker"')[0].rsplit("<form", 1)[1]
     assert f'action="/w/{workspace.slug}/models/ranker/compare/"' in form
+    # A developer sees both forms (register a job, import from MLflow): their ids differ, so
+    # each label names its own form's field (both have a "model" field).
+    page = browser(members[Role.DEVELOPER]).get(f"/w/{workspace.slug}/models/").content.decode()
+    assert 'id="import_model"' in page and 'id="id_model"' in page
+    assert markup_problems(page) == []
