@@ -288,9 +288,25 @@ def mlflow_app():
                 # the platform's other MLflow clients and its subprocesses keep their own.
                 handlers._get_tracking_store()
                 handlers._get_model_registry_store()
+            _lookups_read_the_store()
             server_state["app"] = app
             server_state["handlers"] = handlers
         return server_state["app"]
+
+
+def _lookups_read_the_store() -> None:
+    """Point MLflow's process-wide tracking URI, in this process's memory only, at the store the
+    server writes. MLflow's registry store resolves a ``models:/m-<id>`` source (and a version's
+    ``model_id``) with a bare ``MlflowClient()``, which reads that URI (a TODO in its code says
+    so): where nothing in the process had set it, the stock client's
+    ``mlflow.register_model("models:/m-...")`` (and ``log_model(registered_model_name=...)``)
+    answered 500, the logged model looked for in MLflow's default store. ``make run`` did; the
+    suite passed only because an earlier test set the URI. The platform's own MLflow clients name
+    their URIs; no environment variable changes, so subprocesses (user code included) inherit
+    nothing, and the registry URI stays as it was."""
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    tracking_utils._tracking_uri = backend_store_uri()  # type: ignore[assignment]
 
 
 @contextmanager

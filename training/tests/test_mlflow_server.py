@@ -311,26 +311,34 @@ def test_graphql_reads_only_the_workspaces_runs(client):
     assert ask({"query": "{ mlflowGetRun("}).status_code == 400
 
 
-def test_mounting_the_server_leaves_the_process_mlflow_uris_as_they_were(monkeypatch):
+def test_mounting_the_server_leaves_the_environment_and_the_registry_uri_as_they_were(
+    monkeypatch,
+):
     """MLflow's server points the process-wide URIs (and MLFLOW_*_URI, which child processes
-    inherit) at the backend store when it opens its stores; the mount puts them back, so a
-    client built afterwards without a registry URI still registers where its tracking URI says."""
+    inherit) at the backend store when it opens its stores; the mount puts the variables and the
+    registry URI back, so a client built afterwards without a registry URI still registers where
+    its tracking URI says. The tracking URI names the backend store in memory: the registry
+    store's own lookups of logged models read it (a process that had never set it answered the
+    stock client's ``register_model("models:/m-...")`` with a 500)."""
     import mlflow
     from mlflow.server import handlers
     from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
 
     monkeypatch.setattr(handlers, "_tracking_store", None)
     monkeypatch.setattr(handlers, "_model_registry_store", None)
     monkeypatch.setattr(mlflow_server, "server_state", {})
     monkeypatch.setattr(registry_utils, "_registry_uri", None)
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    before = mlflow.get_tracking_uri()
+    assert mlflow.get_tracking_uri() != settings.MLFLOW_TRACKING_URI  # MLflow's own default
 
     mlflow_server.mlflow_app()
     mlflow_server.tracking_store()
 
     assert "MLFLOW_REGISTRY_URI" not in os.environ and "MLFLOW_TRACKING_URI" not in os.environ
-    assert mlflow.get_tracking_uri() == before
+    assert mlflow.get_tracking_uri() == settings.MLFLOW_TRACKING_URI
+    assert registry_utils._registry_uri is None
     client = mlflow.MlflowClient(tracking_uri="http://127.0.0.1:9/mlflow")
     assert client._registry_uri == "http://127.0.0.1:9/mlflow"
