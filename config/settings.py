@@ -464,7 +464,13 @@ SERVING_PREDLOG_FLUSH_S = env_float("SERVING_PREDLOG_FLUSH_S", 1.0)
 SERVING_TORCH_THREADS = env_int("SERVING_TORCH_THREADS", 1)
 SERVING_SANDBOX = os.environ.get("SERVING_SANDBOX", "process")
 SERVING_SANDBOX_SECONDS = env_float("SERVING_SANDBOX_SECONDS", 1.0)
-SERVING_LIMITS = env_json_object("SERVING_LIMITS", {})
+# On a test run the latency limits are loose: a version the suite means to pass must not fail
+# its performance gate because two suites share two loaded cores (CI's PostgreSQL suite once
+# measured p99 56 ms against the 50 ms default). Speed goals live in bench/; the gate's own
+# tests set the limits they need, and SERVING_LIMITS in the environment still wins.
+SERVING_LIMITS = env_json_object(
+    "SERVING_LIMITS", {"p50_ms": 1000.0, "p99_ms": 5000.0, "min_rps": 1.0} if TESTING else {}
+)
 # Training scheduler: its queue, slice pricing of GPUs, when a silent node counts as lost, after
 # how many failures a node is cordoned, how long a reclaimed lent GPU is held.
 SCHEDULER_QUEUE = os.environ.get("SCHEDULER_QUEUE", "celery")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,6 +88,8 @@ def worker_env() -> dict[str, str]:
         "MLFLOW_ARTIFACT_ROOT": settings.MLFLOW_ARTIFACT_ROOT,
         "TRAINING_SANDBOX_ROOT": str(settings.TRAINING_SANDBOX_ROOT),
         "PYTHONUNBUFFERED": "1",
+        # The worker runs as development: it takes the suite's gate limits with it.
+        "SERVING_LIMITS": json.dumps(settings.SERVING_LIMITS),
     }
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
