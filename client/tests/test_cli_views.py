@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 
-from experiments.tests.factories import log_predictions, make_deployment
+from experiments.tests.factories import (
+    click_events,
+    experiment_request,
+    make_deployment,
+    served_in_experiment,
+)
 from lineage.tests.helpers import build_scene
-from serving.routing import route, routing_table
 from workspaces.models import Role
 
 pytestmark = pytest.mark.django_db
@@ -32,17 +35,7 @@ def test_experiment_status_shows_each_effect_with_its_interval(
     base = WS.format(workspace.slug)
     dep, (treatment,) = make_deployment(workspace)
     created = dev.post(
-        f"{base}/experiments/",
-        {
-            "key": "cli-ab",
-            "hypothesis": "lift",
-            "deployment": dep.name,
-            "treatment_versions": [treatment.pk],
-            "guardrails": [{"metric": "ctr", "max_drop": 0.1}],
-            "ramp_plan": [10, 20],
-            "min_units": 20,
-        },
-        format="json",
+        f"{base}/experiments/", experiment_request("cli-ab", dep, [treatment]), format="json"
     )
     assert created.status_code == 201, created.json()
     assert dev.post(f"{base}/experiments/cli-ab/submit/").json()["state"] == "running"
@@ -56,25 +49,14 @@ def test_experiment_status_shows_each_effect_with_its_interval(
     assert "%" not in empty.split("intervals)")[1]
 
     # The treatment clicks half as often as control: a significant drop past the guardrail.
-    table = routing_table(workspace, dep.name)
-    served = [
-        s
-        for s in log_predictions(
-            workspace, dep, lambda u: route(table, u), [f"u{i}" for i in range(1500)]
-        )
-        if s[2]
-    ]
-    rng = np.random.default_rng(5)
-    events = [
-        {
-            "request_id": rid,
-            "impressions": 10,
-            "clicks": int(rng.binomial(10, 0.2 if arm == "control" else 0.1)),
-            "conversions": 0,
-            "revenue": 0.25,
-        }
-        for rid, _, arm in served
-    ]
+    served = served_in_experiment(workspace, dep, units=1500)
+    events = click_events(
+        served,
+        click_rate={"control": 0.2, "treatment": 0.1},
+        seed=5,
+        conversions=0,
+        revenue=0.25,
+    )
     fed = dev.post(
         f"{base}/feedback/", {"events": events}, format="json", HTTP_IDEMPOTENCY_KEY="cli-1"
     )

@@ -6,7 +6,10 @@ from __future__ import annotations
 import itertools
 import uuid
 
+import numpy as np
+
 from serving.models import Deployment, GateStatus, ModelVersion, PredictionLog, RegisteredModel
+from serving.routing import route, routing_table
 
 PASSED = {"consistency": {"status": "passed"}, "performance": {"status": "passed"}}
 _names = itertools.count(1)
@@ -61,3 +64,45 @@ def log_predictions(workspace, dep, table_route, units, *, per_unit: int = 1):
             out.append((rid, unit, arm))
     PredictionLog.objects.bulk_create(rows, batch_size=1000)
     return out
+
+
+def served_in_experiment(workspace, dep, *, units: int) -> list[tuple[str, str, str]]:
+    """Requests from ``units`` users routed by ``dep``'s live table and logged; only those an
+    experiment's arm served: [(request_id, unit, arm)]."""
+    table = routing_table(workspace, dep.name)
+    logged = log_predictions(
+        workspace, dep, lambda unit: route(table, unit), [f"u{i}" for i in range(units)]
+    )
+    return [row for row in logged if row[2]]
+
+
+def click_events(
+    served, *, click_rate: dict[str, float], seed: int, event_ids: bool = False, **fields
+) -> list[dict]:
+    """One feedback event per served request: 10 impressions, clicks drawn at the arm's
+    ``click_rate`` (seeded, so a test's numbers repeat); ``event_ids`` names each event by its
+    request; ``fields`` are added to every event."""
+    rng = np.random.default_rng(seed)
+    events = []
+    for request_id, _, arm in served:
+        event = {"request_id": request_id, "impressions": 10, **fields}
+        event["clicks"] = int(rng.binomial(10, click_rate[arm]))
+        if event_ids:
+            event["event_id"] = request_id
+        events.append(event)
+    return events
+
+
+def experiment_request(key: str, dep, treatments, **fields) -> dict:
+    """The body a developer posts to create an A/B test of ``treatments`` on ``dep``: a 10% then
+    20% ramp, a 10% click-rate guardrail, 20 units before any verdict."""
+    return {
+        "key": key,
+        "hypothesis": "lift",
+        "deployment": dep.name,
+        "treatment_versions": [version.pk for version in treatments],
+        "guardrails": [{"metric": "ctr", "max_drop": 0.1}],
+        "ramp_plan": [10, 20],
+        "min_units": 20,
+        **fields,
+    }

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from experiments.tests.factories import log_predictions, make_deployment
-from serving.routing import route, routing_table
+from experiments.tests.factories import (
+    click_events,
+    experiment_request,
+    make_deployment,
+    served_in_experiment,
+)
+from serving.routing import routing_table
 from workspaces.models import Role
 
 pytestmark = pytest.mark.django_db
@@ -19,17 +23,7 @@ def test_experiment_lifecycle_over_the_api(workspace, members, client_for):
     base = WS.format(workspace.slug)
     dep, (treatment,) = make_deployment(workspace)
     created = dev.post(
-        f"{base}/experiments/",
-        {
-            "key": "api-ab",
-            "hypothesis": "lift",
-            "deployment": dep.name,
-            "treatment_versions": [treatment.pk],
-            "guardrails": [{"metric": "ctr", "max_drop": 0.1}],
-            "ramp_plan": [10, 20],
-            "min_units": 20,
-        },
-        format="json",
+        f"{base}/experiments/", experiment_request("api-ab", dep, [treatment]), format="json"
     )
     assert created.status_code == 201, created.json()
     assert created.json()["state"] == "draft"
@@ -37,25 +31,14 @@ def test_experiment_lifecycle_over_the_api(workspace, members, client_for):
     assert submitted.status_code == 200 and submitted.json()["state"] == "running"
     assert len(submitted.json()["allocations"]) == 2
 
-    table = routing_table(workspace, dep.name)
-    served = [
-        s
-        for s in log_predictions(
-            workspace, dep, lambda u: route(table, u), [f"u{i}" for i in range(1500)]
-        )
-        if s[2]
-    ]
-    rng = np.random.default_rng(3)
-    events = [
-        {
-            "request_id": rid,
-            "impressions": 10,
-            "clicks": int(rng.binomial(10, 0.1)),
-            "conversions": 0,
-            "revenue": 0.25,
-        }
-        for rid, _, _ in served
-    ]
+    served = served_in_experiment(workspace, dep, units=1500)
+    events = click_events(
+        served,
+        click_rate={"control": 0.1, "treatment": 0.1},
+        seed=3,
+        conversions=0,
+        revenue=0.25,
+    )
     headers = {"HTTP_IDEMPOTENCY_KEY": "batch-42"}
     first = dev.post(f"{base}/feedback/", {"events": events}, format="json", **headers)
     assert first.status_code == 200, first.json()

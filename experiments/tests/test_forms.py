@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 from django.test import Client
 
 from experiments import services
 from experiments.models import Experiment, ExperimentState, Layer
-from experiments.tests.factories import log_predictions, make_deployment
-from serving.routing import route, routing_table
+from experiments.tests.factories import click_events, make_deployment, served_in_experiment
 from workspaces.exceptions import ConflictError
 from workspaces.models import Role
 
@@ -197,28 +195,9 @@ def _running(workspace, members, *, key, ctr, method="always_valid", guardrails=
         sequential_method=method,
     )
     exp = services.experiment_submit(actor=dev, experiment=exp)
-    table = routing_table(workspace, dep.name)
-    rng = np.random.default_rng(3)
-    served = [
-        s
-        for s in log_predictions(
-            workspace, dep, lambda u: route(table, u), [f"u{i}" for i in range(3000)]
-        )
-        if s[2]
-    ]
-    services.feedback_record(
-        actor=None,
-        workspace=workspace,
-        events=[
-            {
-                "request_id": rid,
-                "event_id": rid,
-                "impressions": 10,
-                "clicks": int(rng.binomial(10, ctr[arm])),
-            }
-            for rid, _, arm in served
-        ],
-    )
+    served = served_in_experiment(workspace, dep, units=3000)
+    events = click_events(served, click_rate=ctr, seed=3, event_ids=True)
+    services.feedback_record(actor=None, workspace=workspace, events=events)
     services.snapshot_take(experiment=exp)
     return exp
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
 import pytest
 from django.conf import settings
 
 from config.celery import app
 from experiments import services, tasks
 from experiments.models import Experiment
-from experiments.tests.factories import log_predictions, make_deployment
-from serving.routing import route, routing_table
+from experiments.tests.factories import click_events, make_deployment, served_in_experiment
+from serving.routing import routing_table
 from workspaces.models import Role
 from workspaces.testing.waiting import wait_until
 from workspaces.testing.workers import embedded_worker
@@ -42,29 +41,11 @@ def test_check_running_on_a_real_worker_stops_a_breaching_experiment(workspace, 
         min_units=50,
     )
     exp = services.experiment_submit(actor=dev, experiment=exp)
-    table = routing_table(workspace, dep.name)
-    served = [
-        s
-        for s in log_predictions(
-            workspace, dep, lambda u: route(table, u), [f"u{i}" for i in range(3000)]
-        )
-        if s[2]
-    ]
-    rng = np.random.default_rng(4)
-    ctr = {"control": 0.2, "treatment": 0.08}
-    services.feedback_record(
-        actor=None,
-        workspace=workspace,
-        events=[
-            {
-                "request_id": rid,
-                "event_id": rid,
-                "impressions": 10,
-                "clicks": int(rng.binomial(10, ctr[arm])),
-            }
-            for rid, _, arm in served
-        ],
+    served = served_in_experiment(workspace, dep, units=3000)
+    events = click_events(
+        served, click_rate={"control": 0.2, "treatment": 0.08}, seed=4, event_ids=True
     )
+    services.feedback_record(actor=None, workspace=workspace, events=events)
     queue = f"test-{uuid.uuid4().hex[:12]}"
     with embedded_worker([queue]):
         tasks.check_running.apply_async(queue=queue)
