@@ -561,7 +561,7 @@ def loop(state: State, feature_group, deployment, wait, timeout) -> None:
     if state.as_json:
         emit(state, run)
     else:
-        emit(state, _pick(run, "id", "state", "failed_stage", "error"))
+        emit(state, views.pick(run, "v1_workspaces_loops_retrieve"))
         for stage in run.get("stages", []):
             made = stage.get("object") or {}
             if made:
@@ -620,10 +620,6 @@ def notebooks_stop(state: State, server_id: int) -> None:
     """Stop notebook server SERVER_ID and revoke its token."""
     server = state.client.stop_notebook(server_id)
     emit_answer(state, server, "v1_workspaces_notebooks_list")
-
-
-def _pick(body: dict[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: body.get(k) for k in keys if k in body}
 
 
 def _read_frame(path: Path) -> Any:

@@ -36,6 +36,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "v1_workspaces_experiments_retrieve": ("key", "state", "traffic_percent", "primary_metric"),
     "v1_workspaces_experiments_conclude_create": ("key", "state", "decision"),
     "v1_workspaces_notebooks_list": ("id", "state", "backend", "url", "stop_reason"),
+    "v1_workspaces_loops_retrieve": ("id", "state", "failed_stage", "error"),
 }
 
 

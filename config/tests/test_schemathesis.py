@@ -30,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from experiments import loop
 from experiments import services as experiment_services
 from experiments.tests.factories import make_deployment
 from training import pipelines, tuning
@@ -145,6 +146,10 @@ def world(db, settings) -> World:
     entry = EntryPoint.objects.create(
         workspace=workspace, name="entry1", kind="module", module="training.runner"
     )
+    loop_run = loop.loop_start(
+        actor=admin, workspace=workspace, group="user_profile",
+        deployment=deployment.name, dispatch=False,
+    )  # fmt: skip
     pipeline = pipelines.pipeline_create(actor=admin, workspace=workspace, name="pipe1")
     run = pipelines.pipeline_run_start(actor=admin, pipeline=pipeline, dispatch=False)
     tuning_job = tuning.tuning_job_create(
@@ -173,6 +178,7 @@ def world(db, settings) -> World:
             f"{ws}/experiment-layers/": {"name": layer.name},
             f"{ws}/experiments/": {"key": experiment.key},
             f"{ws}/feature-groups/": {"name": group.name, "feature": feature},
+            f"{ws}/loops/": {"id": loop_run.pk},
             f"{ws}/members/": {"username": victim.username},
             f"{ws}/model-versions/": {"id": treatment.pk},
             f"{ws}/models/": {"name": deployment.model.name},

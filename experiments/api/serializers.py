@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 from experiments import services as limits
 from experiments.models import Experiment, Layer, Metric, SequentialMethod, Snapshot, Spending, Unit
+from training.models import RunState
 
 
 class LayerSerializer(serializers.ModelSerializer):
@@ -157,6 +159,54 @@ class FeedbackResultSerializer(serializers.Serializer):
     accepted = serializers.IntegerField()
     duplicates = serializers.IntegerField()
     unmatched = serializers.IntegerField()
+
+
+# A declared field named ``label`` would shadow Field.label for the type checker: built inline.
+LoopObjectSerializer = inline_serializer(
+    name="LoopObject",
+    fields={
+        "kind": serializers.ChoiceField(choices=["dataset", "job", "model_version", "experiment"]),
+        "id": serializers.IntegerField(),
+        "label": serializers.CharField(),
+        "url": serializers.CharField(help_text="The object's page in the web UI."),
+        "state": serializers.CharField(required=False, help_text="An experiment's state."),
+    },
+    allow_null=True,
+    help_text="What the stage made, linked to its page (null in lists, before the stage made "
+    "it, or once it is gone).",
+)
+
+
+class LoopStageSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField(help_text="The pipeline stage kind (samples, train, gates, ...).")
+    state = serializers.ChoiceField(choices=RunState.choices)
+    attempts = serializers.IntegerField()
+    error = serializers.CharField(allow_blank=True)
+    seconds = serializers.FloatField(allow_null=True, help_text="How long it ran, once ended.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    object = LoopObjectSerializer
+
+
+class LoopSerializer(serializers.Serializer):
+    """A loop's answer (its resource, create, retry; lists carry no stage objects)."""
+
+    id = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=RunState.choices)
+    group = serializers.CharField(allow_null=True, help_text="The feature group it tries.")
+    features = serializers.ListField(child=serializers.CharField())
+    deployment = serializers.CharField(allow_null=True, help_text="The deployment to beat.")
+    error = serializers.CharField(allow_blank=True)
+    failed_stage = serializers.CharField(allow_null=True)
+    quality_gate_failed = serializers.BooleanField(
+        help_text="The candidate lost to production on the quality gate (a maintainer may retry "
+        "with quality_override)."
+    )
+    quality = serializers.DictField(help_text="The quality gate's comparison, once it ran.")
+    stages = LoopStageSerializer(many=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
 
 
 class LoopCreateSerializer(serializers.Serializer):

@@ -24,6 +24,7 @@ from experiments.api.serializers import (
     LayerSerializer,
     LoopCreateSerializer,
     LoopRetrySerializer,
+    LoopSerializer,
     NoteSerializer,
     SnapshotSerializer,
     StopSerializer,
@@ -235,7 +236,7 @@ class LoopViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(
         operation_id="v1_workspaces_loops_list",
-        responses={200: OpenApiTypes.OBJECT},
+        responses={200: LoopSerializer(many=True)},
         description="The workspace's loops, newest first (paginated: count, next, results); "
         "each stage's linked object is in the loop's own resource.",
     )
@@ -243,11 +244,11 @@ class LoopViewSet(WorkspaceScopedViewSet):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response([loop.loop_summary(run, links=False) for run in page])
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: LoopSerializer})
     def retrieve(self, request: Request, ws: str, pk: str) -> Response:
         return Response(loop.loop_summary(self.get_object()))
 
-    @extend_schema(request=LoopCreateSerializer, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(request=LoopCreateSerializer, responses={202: LoopSerializer})
     def create(self, request: Request, ws: str) -> Response:
         serializer = LoopCreateSerializer(data=_body(request))
         serializer.is_valid(raise_exception=True)
@@ -261,7 +262,7 @@ class LoopViewSet(WorkspaceScopedViewSet):
             headers={"Location": f"/api/v1/workspaces/{self.workspace.slug}/loops/{run.pk}/"},
         )
 
-    @extend_schema(request=LoopRetrySerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=LoopRetrySerializer, responses={200: LoopSerializer})
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, ws: str, pk: str) -> Response:
         serializer = LoopRetrySerializer(data=_body(request) if request.data else {})
