@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from lineage import cost, queries
+from lineage.api import answers
 from lineage.models import Node
 from lineage.openlineage import (
     MARQUEZ_MAX_DEPTH,
@@ -25,6 +26,7 @@ from lineage.openlineage import (
     parse_marquez_node_id,
 )
 from lineage.projection import catch_up
+from workspaces.api.schema import SingleAnswerSchema
 from workspaces.api.viewsets import ROLE_PERMISSION, WorkspaceScopedViewSet, request_token
 from workspaces.models import Role
 from workspaces.selectors import workspace_access
@@ -50,6 +52,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
     """The workspace's lineage graph (a projection of its event log)."""
 
     queryset = Node.objects.none()
+    schema = SingleAnswerSchema()
 
     def get_workspace_queryset(self):
         return Node.objects.for_workspace(self.workspace)
@@ -65,7 +68,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
             DEPTH,
             OpenApiParameter("ended", bool, description="Include uses that ended."),
         ],
-        responses={200: OpenApiTypes.OBJECT},
+        responses={200: answers.GRAPH},
     )
     def list(self, request: Request, ws: str) -> Response:
         """Nodes and edges within ``depth`` steps of ``node``, upstream or downstream."""
@@ -80,7 +83,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
             )
         )
 
-    @extend_schema(parameters=[NODE, DEPTH], responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(parameters=[NODE, DEPTH], responses={200: answers.IMPACT})
     @action(detail=False)
     def impact(self, request: Request, ws: str) -> Response:
         """What breaks if the node is retired: live downstream jobs, models, deployments and
@@ -89,7 +92,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
         depth = _int(request, "depth", 6, 1, 10)
         return Response(queries.impact(workspace=self.workspace, node=node, depth=depth))
 
-    @extend_schema(parameters=[NODE], responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(parameters=[NODE], responses={200: answers.CONSUMERS})
     @action(detail=False)
     def consumers(self, request: Request, ws: str) -> Response:
         """Objects that use the node now."""
@@ -97,7 +100,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
         found = queries.consumers_of(workspace=self.workspace, node=node)
         return Response({"root": node.key, "consumers": [queries.node_dict(n) for n in found]})
 
-    @extend_schema(parameters=[NODE], responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(parameters=[NODE], responses={200: answers.FEATURES})
     @action(detail=False)
     def features(self, request: Request, ws: str) -> Response:
         """The feature groups and features upstream of a node (e.g. a model version)."""
@@ -105,7 +108,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
         found = queries.features_of_model(workspace=self.workspace, node=node)
         return Response({"root": node.key, "features": [queries.node_dict(n) for n in found]})
 
-    @extend_schema(parameters=[NODE], responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(parameters=[NODE], responses={200: answers.MODELS})
     @action(detail=False)
     def models(self, request: Request, ws: str) -> Response:
         """The model versions downstream of a node (e.g. a feature)."""
@@ -115,7 +118,7 @@ class LineageViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(
         parameters=[OpenApiParameter("days", int, description="Idle for at least (default 30).")],
-        responses={200: OpenApiTypes.OBJECT},
+        responses={200: answers.UNUSED},
     )
     @action(detail=False, url_path="unused-features")
     def unused_features(self, request: Request, ws: str) -> Response:

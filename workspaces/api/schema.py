@@ -112,3 +112,12 @@ class AutoSchema(SpectacularAutoSchema):
         if getattr(self.view, "throttle_classes", None):
             codes.append("429")
         return codes
+
+
+class SingleAnswerSchema(AutoSchema):
+    """For a viewset whose ``list`` route answers one object (a lineage graph around a node), not
+    a page of its queryset: drf-spectacular would otherwise wrap the answer in a paginated
+    array and name the operation ``..._list``."""
+
+    def _is_list_view(self, serializer=None) -> bool:
+        return False
