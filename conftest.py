@@ -12,6 +12,20 @@ from workspaces.models import Role
 from workspaces.testing.factories import UserFactory, make_member, make_workspace, token_for
 
 ONE_PASS_MARKERS = ("browser", "one_backend")
+# A test that asks for none of these (nor the django_db mark) cannot touch the database.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "live_server",
+        "client",
+        "admin_client",
+        "admin_user",
+        "django_user_model",
+    }
+)
 # Set by .ci/run in its embedded-defaults pass, which runs beside the server pass.
 SERVER_PASS_BESIDE = "RANKOPS_SERVER_PASS_BESIDE"
 
@@ -32,6 +46,11 @@ def pytest_collection_modifyitems(config, items):
       (``RANKOPS_SERVER_PASS_BESIDE=1``, set by .ci/run alone) reports it skipped. A plain
       ``make test`` runs it on either.
 
+    A test that asks for no database (no ``django_db`` mark, no database fixture) cannot be
+    changed by it, so it runs in the embedded-defaults pass too, unless it is marked
+    ``every_pass`` (what it checks depends on the other services the settings switch: Redis as
+    cache, broker or online store) or ``server_pass``.
+
     The permission matrix marks its cases one by one (``test_permission_matrix.matrix_cases``).
 
     ``RANKOPS_TEST_EVERY_PASS=1`` runs every test in every pass."""
@@ -39,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
         return
     if os.environ.get("DATABASE_URL"):
         markers = ONE_PASS_MARKERS
-        reason = "runs once, in the embedded-defaults pass (the database does not change what it "
+        reason = "runs once, in the embedded-defaults pass (the database does not change "
     elif os.environ.get(SERVER_PASS_BESIDE) == "1":
         markers = ("server_pass",)
         reason = "runs once, in the server pass beside this one (the database does not change "
@@ -47,9 +66,19 @@ def pytest_collection_modifyitems(config, items):
         return
     reason += "what it checks); RANKOPS_TEST_EVERY_PASS=1 runs it here"
     once = pytest.mark.skip(reason=reason)
+    server = bool(os.environ.get("DATABASE_URL"))
     for item in items:
-        if any(item.get_closest_marker(name) for name in markers):
+        if any(item.get_closest_marker(name) for name in markers) or (
+            server and _without_database(item)
+        ):
             item.add_marker(once)
+
+
+def _without_database(item) -> bool:
+    """The test asks for no database and nothing keeps it in the server pass."""
+    if any(item.get_closest_marker(m) for m in ("django_db", "every_pass", "server_pass")):
+        return False
+    return not DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.faults_stack import drop_celery_pools
 
 
+@pytest.mark.every_pass  # the broker the settings choose
 def test_pools_dropped_around_a_broker_swap_open_again_for_the_original_broker():
     from config.celery import app
 

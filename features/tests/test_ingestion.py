@@ -316,6 +316,7 @@ def test_newer_wins_across_write_chunks_of_new_and_stored_entities(group, produc
     assert [row[0] for row in result["rows"]] == [1, 1, 1, 3, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3]
 
 
+@pytest.mark.every_pass  # the online store the settings choose: Redis in the server pass
 @pytest.mark.parametrize("second", [("older", 5.0, "a1"), ("newer", 20.0, "a2")])
 def test_a_key_written_by_an_earlier_chunk_of_the_same_write_is_compared(monkeypatch, second):
     """With Redis, the second chunk's existence check runs before the first chunk is written:

@@ -100,6 +100,7 @@ def test_a_group_version_spreads_over_every_master_and_its_newest_rows_win(clust
     assert sum(master.dbsize() for master in masters) == 0
 
 
+@pytest.mark.every_pass  # the guard is on where the cache is Redis
 def test_the_settings_choose_the_cluster_store_and_turn_the_fast_paths_guard_off(cluster, settings):
     from features.fastpath import _redis_guard_key
 
