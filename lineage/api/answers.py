@@ -58,16 +58,15 @@ GRAPH = inline_serializer(
         "depth": serializers.IntegerField(),
         "truncated": serializers.BooleanField(help_text="More nodes than the cap were reached."),
         "nodes": LineageGraphNodeSerializer(many=True),
-        "edges": serializers.ListField(
-            child=inline_serializer(
-                name="LineageEdge",
-                fields={
-                    "src": serializers.CharField(),
-                    "dst": serializers.CharField(),
-                    "type": serializers.ChoiceField(choices=EdgeType.choices),
-                    "active": serializers.BooleanField(help_text="False once the use ended."),
-                },
-            )
+        "edges": inline_serializer(
+            name="LineageEdge",
+            fields={
+                "src": serializers.CharField(),
+                "dst": serializers.CharField(),
+                "type": serializers.ChoiceField(choices=EdgeType.choices),
+                "active": serializers.BooleanField(help_text="False once the use ended."),
+            },
+            many=True,
         ),
     },
 )
@@ -81,23 +80,21 @@ IMPACT = inline_serializer(
             child=serializers.IntegerField(), help_text="Live objects downstream, by kind."
         ),
         "total": serializers.IntegerField(),
-        "owners": serializers.ListField(
-            child=inline_serializer(
-                name="LineageOwner",
-                fields={"owner": serializers.CharField(), "items": serializers.IntegerField()},
-            )
+        "owners": inline_serializer(
+            name="LineageOwner",
+            fields={"owner": serializers.CharField(), "items": serializers.IntegerField()},
+            many=True,
         ),
-        "items": serializers.ListField(
-            child=inline_serializer(
-                name="LineageImpactItem",
-                fields={
-                    "key": serializers.CharField(),
-                    "kind": serializers.CharField(),
-                    "label": serializers.CharField(allow_blank=True),
-                    "owner": serializers.CharField(allow_blank=True),
-                    "depth": serializers.IntegerField(),
-                },
-            ),
+        "items": inline_serializer(
+            name="LineageImpactItem",
+            fields={
+                "key": serializers.CharField(),
+                "kind": serializers.CharField(),
+                "label": serializers.CharField(allow_blank=True),
+                "owner": serializers.CharField(allow_blank=True),
+                "depth": serializers.IntegerField(),
+            },
+            many=True,
             help_text="The first 100, by kind.",
         ),
         "truncated": serializers.BooleanField(help_text="total is more than items lists."),
